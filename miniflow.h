@@ -1,6 +1,19 @@
 // miniflow: a deep learning framework in C++20. This one header reaches everything a user needs.
 #pragma once
 
+#include "core/allocator.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/generator.h"
+#include "core/graph.h"
+#include "core/parallel.h"
+#include "core/shape.h"
+#include "core/tensor.h"
+
+#include "ops/op.h"
+#include "ops/ops.h"
+
+#include "cuda/cuda.h"
+
+#include "autograd/autograd.h"

@@ -1,0 +1,181 @@
+// The backward engine: runs the recorded nodes reachable from the roots in reverse tape order
+// (largest sequence number first, so every node has all its output gradients when it runs),
+// sums each gradient back to its input's shape, and accumulates into leaves' .grad.
+#include "autograd/autograd.h"
+
+#include "core/graph.h"
+#include "ops/ops.h"
+
+#include <fmt/ranges.h>
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace mf::autograd {
+namespace {
+
+void accumulate(Tensor& slot, Tensor grad) {
+  if (!slot.defined())
+    slot = std::move(grad);
+  else
+    slot = add(slot, grad);
+}
+
+/// Stores the first gradient of a leaf without a copy when nothing else can see it.
+void accumulate_into_leaf(TensorImpl& leaf, Tensor grad) {
+  Tensor& slot = leaf.autograd->grad;
+  if (slot.defined()) {
+    slot.add_(grad);
+    return;
+  }
+  bool unshared = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous();
+  slot = unshared ? std::move(grad) : grad.clone();
+}
+
+std::string describe(const Node& node) {
+  std::vector<std::string> shapes;
+  for (const Shape& shape : node.input_shapes) shapes.push_back(shape_str(shape));
+  return fmt::format("backward of {} (created at {}, inputs {})", node.name(), format_location(node.site),
+                     fmt::join(shapes, ", "));
+}
+
+/// Runs one node and routes its input gradients along its edges.
+void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
+              std::unordered_map<Node*, std::vector<Tensor>>& pending,
+              const std::unordered_map<const TensorImpl*, size_t>* captured_leaves, std::vector<Tensor>* captured) {
+  for (size_t i = 0; i < grad_outputs.size(); ++i)
+    if (!grad_outputs[i].defined() && is_floating(node.output_dtypes[i]))
+      grad_outputs[i] = zeros(node.output_shapes[i], node.output_dtypes[i], node.device);
+  std::vector<Tensor> grad_inputs;
+  try {
+    grad_inputs = node.apply(grad_outputs);
+    MF_CHECK(grad_inputs.size() == node.next_edges.size(), "returned {} gradients for {} inputs", grad_inputs.size(),
+             node.next_edges.size());
+    for (size_t i = 0; i < grad_inputs.size(); ++i) {
+      Tensor& g = grad_inputs[i];
+      if (!g.defined() || !node.next_edges[i].is_valid()) continue;
+      if (g.shape() != node.input_shapes[i]) g = sum_to(g, node.input_shapes[i]);
+      if (g.dtype() != node.input_dtypes[i]) g = g.to(node.input_dtypes[i]);
+    }
+  } catch (const Error& error) {
+    throw Error(fmt::format("{}: {}", describe(node), error.what()));
+  }
+  if (!retain_graph) node.release_saved();
+  for (size_t i = 0; i < grad_inputs.size(); ++i) {
+    const Edge& edge = node.next_edges[i];
+    Tensor& g = grad_inputs[i];
+    if (!g.defined() || !edge.is_valid()) continue;
+    if (edge.node) {
+      auto& slots = pending[edge.node.get()];
+      slots.resize(edge.node->num_outputs);
+      accumulate(slots[edge.output_nr], std::move(g));
+    } else if (captured_leaves) {
+      auto it = captured_leaves->find(edge.leaf.get());
+      if (it != captured_leaves->end()) accumulate((*captured)[it->second], std::move(g));
+    } else {
+      accumulate_into_leaf(*edge.leaf, std::move(g));
+    }
+  }
+}
+
+struct LaterFirst {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
+};
+
+/// The shared walk behind backward() and grad(). With `captured_leaves`, gradients of those leaves
+/// are collected into `captured` instead of .grad, and other leaves are left alone.
+void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
+             const std::unordered_map<const TensorImpl*, size_t>* captured_leaves, std::vector<Tensor>* captured) {
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, std::vector<Tensor>> pending;
+  std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
+  std::unordered_set<Node*> queued;
+  std::vector<std::shared_ptr<Node>> keep_alive;  // nodes stay valid even if a root handle drops them
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& root = roots[r];
+    Tensor g = root_grads[r];
+    if (auto fn = root.grad_fn()) {
+      auto& slots = pending[fn.get()];
+      slots.resize(fn->num_outputs);
+      accumulate(slots[root.autograd_meta().output_nr], std::move(g));
+      if (queued.insert(fn.get()).second) {
+        ready.push(fn.get());
+        keep_alive.push_back(fn);
+      }
+    } else if (captured_leaves) {
+      auto it = captured_leaves->find(root.impl_ptr().get());
+      if (it != captured_leaves->end()) accumulate((*captured)[it->second], std::move(g));
+    } else {
+      accumulate_into_leaf(root.impl(), std::move(g));
+    }
+  }
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(pending[node]);
+    pending.erase(node);
+    grads.resize(node->num_outputs);
+    run_node(*node, grads, retain_graph, pending, captured_leaves, captured);
+    for (const Edge& edge : node->next_edges)
+      if (edge.node && pending.count(edge.node.get()) && queued.insert(edge.node.get()).second) {
+        ready.push(edge.node.get());
+        keep_alive.push_back(edge.node);
+      }
+  }
+}
+
+Tensor checked_root_grad(const Tensor& root, const Tensor& gradient, const char* api) {
+  MF_CHECK(root.defined(), "{}: the tensor is undefined", api);
+  MF_CHECK(root.requires_grad(), "{}: the tensor (shape {}) does not require grad and has no grad_fn; call "
+           "set_requires_grad() on the inputs you want gradients for", api, shape_str(root.shape()));
+  if (!gradient.defined()) {
+    MF_CHECK(root.numel() == 1, "{}: a gradient can be created implicitly only for a one-element tensor, got shape "
+             "{}; pass the gradient explicitly", api, shape_str(root.shape()));
+    return ones(root.shape(), root.dtype(), root.device());
+  }
+  MF_CHECK(gradient.shape() == root.shape(), "{}: gradient of shape {} does not match the tensor's shape {}", api,
+           shape_str(gradient.shape()), shape_str(root.shape()));
+  return gradient.to(root.dtype()).to(root.device());
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients, bool retain_graph) {
+  MF_CHECK(gradients.empty() || gradients.size() == roots.size(), "backward: {} gradients for {} tensors",
+           gradients.size(), roots.size());
+  std::vector<Tensor> root_grads;
+  for (size_t r = 0; r < roots.size(); ++r)
+    root_grads.push_back(checked_root_grad(roots[r], gradients.empty() ? Tensor() : gradients[r], "backward"));
+  execute(roots, root_grads, retain_graph, nullptr, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool allow_unused) {
+  std::unordered_map<const TensorImpl*, size_t> wanted;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    MF_CHECK(inputs[i].requires_grad() && inputs[i].is_leaf(),
+             "grad: input {} must be a leaf that requires grad (shape {})", i, shape_str(inputs[i].shape()));
+    wanted[inputs[i].impl_ptr().get()] = i;
+  }
+  std::vector<Tensor> root_grads;
+  for (size_t r = 0; r < outputs.size(); ++r)
+    root_grads.push_back(checked_root_grad(outputs[r], grad_outputs.empty() ? Tensor() : grad_outputs[r], "grad"));
+  std::vector<Tensor> captured(inputs.size());
+  execute(outputs, root_grads, retain_graph, &wanted, &captured);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    MF_CHECK(allow_unused || captured[i].defined(),
+             "grad: input {} (shape {}) is not connected to the outputs; pass allow_unused = true", i,
+             shape_str(inputs[i].shape()));
+  return captured;
+}
+
+}  // namespace mf::autograd
+
+namespace mf {
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  autograd::backward({*this}, gradient.defined() ? std::vector<Tensor>{gradient} : std::vector<Tensor>{}, retain_graph);
+}
+
+}  // namespace mf

@@ -1,0 +1,54 @@
+#include "core/shape.h"
+
+#include "core/error.h"
+
+#include <fmt/ranges.h>
+
+namespace mf {
+
+int64_t shape_numel(std::span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t size : shape) n *= size;
+  return n;
+}
+
+Shape contiguous_strides(std::span<const int64_t> shape) {
+  Shape strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+std::string shape_str(std::span<const int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+Shape broadcast_shapes(std::span<const int64_t> a, std::span<const int64_t> b) {
+  size_t ndim = std::max(a.size(), b.size());
+  Shape out(ndim);
+  for (size_t i = 0; i < ndim; ++i) {
+    int64_t sa = i < ndim - a.size() ? 1 : a[i - (ndim - a.size())];
+    int64_t sb = i < ndim - b.size() ? 1 : b[i - (ndim - b.size())];
+    MF_CHECK(sa == sb || sa == 1 || sb == 1, "shapes {} and {} do not broadcast (dim {}: {} vs {})", shape_str(a),
+             shape_str(b), i, sa, sb);
+    out[i] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+int64_t normalize_dim(int64_t dim, int64_t ndim) {
+  int64_t bound = std::max<int64_t>(ndim, 1);  // a scalar accepts dim 0 and -1, as in PyTorch
+  MF_CHECK(dim >= -bound && dim < bound, "dim {} is out of range for a tensor with {} dims", dim, ndim);
+  return dim < 0 ? dim + bound : dim;
+}
+
+Shape broadcast_strides(std::span<const int64_t> shape, std::span<const int64_t> strides,
+                        std::span<const int64_t> target) {
+  Shape out(target.size(), 0);
+  size_t lead = target.size() - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i) out[lead + i] = shape[i] == 1 ? 0 : strides[i];
+  return out;
+}
+
+}  // namespace mf

@@ -1,0 +1,32 @@
+// Shapes and strides: sizes are int64 element counts, strides are in elements (not bytes).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace mf {
+
+using Shape = std::vector<int64_t>;
+
+/// Product of the sizes (1 for a scalar's empty shape).
+int64_t shape_numel(std::span<const int64_t> shape);
+
+/// Row-major strides of a contiguous tensor with this shape.
+Shape contiguous_strides(std::span<const int64_t> shape);
+
+/// "[2, 3]"; a scalar prints as "[]".
+std::string shape_str(std::span<const int64_t> shape);
+
+/// NumPy broadcasting of two shapes; throws mf::Error naming both when they do not broadcast.
+Shape broadcast_shapes(std::span<const int64_t> a, std::span<const int64_t> b);
+
+/// Maps a possibly negative dim into [0, ndim); throws mf::Error naming the op when out of range.
+int64_t normalize_dim(int64_t dim, int64_t ndim);
+
+/// Strides that make a tensor of `shape`/`strides` read as `target` (broadcast: stride 0 on new or size-1 dims).
+Shape broadcast_strides(std::span<const int64_t> shape, std::span<const int64_t> strides,
+                        std::span<const int64_t> target);
+
+}  // namespace mf

@@ -1,0 +1,15 @@
+// Linked in builds without CUDA: no GPU, no kernels, and ops asked to run on CUDA say so by name.
+#include "cuda/cuda.h"
+#include "ops/families.h"
+
+namespace mf {
+
+void register_cuda_kernels(Registry&) {}
+
+namespace cuda {
+bool is_available() { return false; }
+int device_count() { return 0; }
+bool is_built() { return false; }
+}  // namespace cuda
+
+}  // namespace mf

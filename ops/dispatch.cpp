@@ -1,0 +1,238 @@
+// The registry and the dispatcher: validation, output allocation, kernel lookup and autograd recording.
+#include "core/graph.h"
+#include "ops/families.h"
+#include "ops/op.h"
+
+#include <fmt/format.h>
+
+namespace mf {
+
+void Registry::define(OpId id, OpDef def) {
+  size_t index = static_cast<size_t>(id);
+  MF_CHECK(defs_[index].name.empty(), "op '{}' is defined twice", kOpNames[index]);
+  MF_CHECK(def.name == kOpNames[index], "op '{}' is registered under the id of '{}'", def.name, kOpNames[index]);
+  defs_[index] = def;
+}
+
+void Registry::set_kernel(OpId id, DeviceType device, KernelFn kernel) {
+  defs_[static_cast<size_t>(id)].kernels[static_cast<size_t>(device)] = kernel;
+}
+
+const Registry& registry() {
+  static const Registry instance = [] {
+    Registry r;
+    register_elementwise_ops(r);
+    register_fill_ops(r);
+    register_reduction_ops(r);
+    register_view_ops(r);
+    register_index_ops(r);
+    register_linalg_ops(r);
+    register_softmax_ops(r);
+    register_nn_ops(r);
+    register_cuda_kernels(r);
+    return r;
+  }();
+  return instance;
+}
+
+namespace {
+
+/// A tensor kept for backward, and the storage version it had then.
+struct SavedTensor {
+  Tensor tensor;
+  uint32_t version = 0;
+};
+
+class OpNode final : public Node {
+ public:
+  OpNode(const OpDef& def, const Attrs& attrs) : def_(def), attrs_(attrs) {}
+
+  std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) override {
+    MF_CHECK(!released, "backward through the graph a second time, but its saved tensors were already freed; "
+             "pass retain_graph = true to the first backward");
+    std::vector<Tensor> inputs = unpack(saved_inputs_), outputs = unpack(saved_outputs_);
+    std::vector<bool> needs_grad;
+    for (const Edge& edge : next_edges) needs_grad.push_back(edge.is_valid());
+    GradContext ctx{grad_outputs, inputs, outputs, attrs_, needs_grad, site};
+    return def_.backward(ctx);
+  }
+
+  std::string name() const override { return std::string(def_.name); }
+
+  void release_saved() override {
+    saved_inputs_.clear();
+    saved_outputs_.clear();
+    released = true;
+  }
+
+  void save(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+    if (def_.saves_inputs)
+      for (const Tensor& t : inputs) saved_inputs_.push_back({t, t.storage()->version()});
+    // Outputs are saved detached: holding an output's own grad_fn here would be a reference cycle.
+    if (def_.saves_outputs)
+      for (const Tensor& t : outputs) saved_outputs_.push_back({t.detach(), t.storage()->version()});
+  }
+
+ private:
+  std::vector<Tensor> unpack(const std::vector<SavedTensor>& saved) const {
+    std::vector<Tensor> tensors;
+    tensors.reserve(saved.size());
+    for (const SavedTensor& s : saved) {
+      uint32_t now = s.tensor.storage()->version();
+      MF_CHECK(now == s.version, "a tensor saved for backward was modified in place afterwards (version {} now, "
+               "{} when saved)", now, s.version);
+      tensors.push_back(s.tensor);
+    }
+    return tensors;
+  }
+
+  const OpDef& def_;
+  Attrs attrs_;
+  std::vector<SavedTensor> saved_inputs_, saved_outputs_;
+};
+
+// Ops that kernels or rules call internally must not wrap the message again: only the outermost
+// call names its op and the user's line.
+thread_local int call_depth = 0;
+
+struct CallDepth {
+  CallDepth() { ++call_depth; }
+  ~CallDepth() { --call_depth; }
+  CallDepth(const CallDepth&) = delete;
+  CallDepth& operator=(const CallDepth&) = delete;
+};
+
+[[noreturn]] void rethrow_with_context(std::string_view op, const Error& error, const Site& site) {
+  if (call_depth > 1) throw;
+  throw Error(fmt::format("{}: {} at {}", op, error.what(), format_location(site)));
+}
+
+Device common_device(const OpDef& def, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  Device device = attrs.device;
+  bool found = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    MF_CHECK(inputs[i].defined(), "input {} is an undefined tensor", i);
+    if (!found) {
+      device = inputs[i].device();
+      found = true;
+    } else if (!def.mixes_devices) {
+      MF_CHECK(inputs[i].device() == device, "expected all tensors on one device, got {} (input 0) and {} (input {})",
+               device.str(), inputs[i].device().str(), i);
+    }
+  }
+  return device;
+}
+
+KernelFn kernel_for(const OpDef& def, Device device) {
+  KernelFn kernel = def.kernels[static_cast<size_t>(device.type)];
+  MF_CHECK(kernel != nullptr, "no kernel for device {}{}", device.str(),
+           device.is_cuda() ? " (miniflow was built without CUDA, or this op is not on CUDA yet)" : "");
+  return kernel;
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.requires_grad()) return true;
+  return false;
+}
+
+void record(const OpDef& def, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs, const Attrs& attrs,
+            const Site& site) {
+  auto node = std::make_shared<OpNode>(def, attrs);
+  node->sequence_nr = next_sequence_nr();
+  node->site = site;
+  node->num_outputs = static_cast<uint32_t>(outputs.size());
+  node->device = outputs.empty() ? Device::cpu() : outputs[0].device();
+  for (const Tensor& output : outputs) {
+    node->output_shapes.push_back(output.shape());
+    node->output_dtypes.push_back(output.dtype());
+  }
+  for (const Tensor& input : inputs) {
+    Edge edge;
+    if (input.requires_grad()) {
+      if (auto fn = input.grad_fn()) {
+        edge.node = std::move(fn);
+        edge.output_nr = input.autograd_meta().output_nr;
+      } else {
+        edge.leaf = input.impl_ptr();
+      }
+    }
+    node->next_edges.push_back(std::move(edge));
+    node->input_shapes.push_back(input.shape());
+    node->input_dtypes.push_back(input.dtype());
+  }
+  node->save(inputs, outputs);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!is_floating(outputs[i].dtype())) continue;
+    AutogradMeta& meta = outputs[i].autograd_meta();
+    meta.requires_grad = true;
+    meta.grad_fn = node;
+    meta.output_nr = static_cast<uint32_t>(i);
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
+  const OpDef& def = registry()[id];
+  MF_CHECK(!def.name.empty(), "op '{}' is declared but not defined", kOpNames[static_cast<size_t>(id)]);
+  CallDepth depth;
+  std::vector<Tensor> outputs;
+  try {
+    Device device = common_device(def, inputs, attrs);
+    if (def.view) {
+      outputs.push_back(def.view(inputs[0], attrs));
+    } else {
+      std::vector<OutputSpec> specs = def.infer(inputs, attrs);
+      KernelFn kernel = kernel_for(def, device);
+      if (def.writes_input) {
+        outputs.push_back(inputs[0]);
+      } else {
+        Device out_device = def.mixes_devices ? attrs.device : device;
+        for (const OutputSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, out_device));
+      }
+      kernel(inputs, outputs, attrs);
+      if (def.writes_input) inputs[0].storage()->bump_version();
+    }
+  } catch (const Error& error) {
+    rethrow_with_context(def.name, error, site);
+  }
+  if (def.backward && grad_mode_enabled() && any_requires_grad(inputs)) record(def, inputs, outputs, attrs, site);
+  return outputs;
+}
+
+Tensor call1(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
+  return std::move(call(id, inputs, attrs, site)[0]);
+}
+
+void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
+  const OpDef& def = registry()[id];
+  CallDepth depth;
+  try {
+    MF_CHECK(!(grad_mode_enabled() && (self.requires_grad() || any_requires_grad(inputs))),
+             "in-place operation on a tensor that requires grad (wrap it in NoGradGuard, or use the "
+             "out-of-place form)");
+    Device device = common_device(def, inputs, attrs);
+    MF_CHECK(self.device() == device, "in-place target is on {} but the inputs are on {}", self.device().str(),
+             device.str());
+    std::vector<OutputSpec> specs = def.infer(inputs, attrs);
+    MF_CHECK(specs.size() == 1 && specs[0].shape == self.shape(),
+             "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
+             shape_str(self.shape()));
+    KernelFn kernel = kernel_for(def, device);
+    if (specs[0].dtype == self.dtype()) {
+      std::vector<Tensor> outputs{self};
+      kernel(inputs, outputs, attrs);
+    } else {
+      std::vector<Tensor> outputs{Tensor::empty(specs[0].shape, specs[0].dtype, device)};
+      kernel(inputs, outputs, attrs);
+      std::vector<Tensor> casted{self};
+      kernel_for(registry()[OpId::cast], device)({outputs[0]}, casted, Attrs{.dtype = self.dtype()});
+    }
+    self.storage()->bump_version();
+  } catch (const Error& error) {
+    rethrow_with_context(def.name, error, site);
+  }
+}
+
+}  // namespace mf

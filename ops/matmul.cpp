@@ -1,0 +1,156 @@
+// Matrix multiplication on OpenBLAS: one cblas_?gemm per batch element, transposed views passed as
+// transpose flags (no copies), and a batch folded into one GEMM when the right operand is shared.
+#include "ops/families.h"
+#include "ops/ops.h"
+#include "ops/reference.h"
+
+#include <cblas.h>
+
+namespace mf {
+namespace {
+
+// a [..., N, K] @ b [..., K, M] -> [..., N, M], batch dims broadcast.
+std::vector<OutputSpec> infer_matmul(const std::vector<Tensor>& in, const Attrs&) {
+  const Tensor &a = in[0], &b = in[1];
+  MF_CHECK(a.dim() >= 2 && b.dim() >= 2, "expects operands with at least 2 dims, got {} and {}", shape_str(a.shape()),
+           shape_str(b.shape()));
+  MF_CHECK(a.dtype() == b.dtype() && is_floating(a.dtype()), "expects two float32 or two float64 operands, got {} and {}",
+           dtype_name(a.dtype()), dtype_name(b.dtype()));
+  MF_CHECK(a.size(-1) == b.size(-2), "cannot multiply {} by {} ({} != {})", shape_str(a.shape()), shape_str(b.shape()),
+           a.size(-1), b.size(-2));
+  Shape batch = broadcast_shapes(std::span(a.shape()).first(a.shape().size() - 2),
+                                 std::span(b.shape()).first(b.shape().size() - 2));
+  batch.push_back(a.size(-2));
+  batch.push_back(b.size(-1));
+  return {{batch, a.dtype()}};
+}
+
+/// How one operand's matrices are laid out for BLAS: row-major with a leading dimension, or a
+/// transposed view of one.
+struct MatrixLayout {
+  CBLAS_TRANSPOSE trans;
+  int64_t ld;
+};
+
+std::optional<MatrixLayout> blas_layout(const Tensor& t) {
+  int64_t rows = t.size(-2), cols = t.size(-1), row_stride = t.stride(-2), col_stride = t.stride(-1);
+  if (col_stride == 1 || cols == 1) return MatrixLayout{CblasNoTrans, std::max({row_stride, cols, int64_t{1}})};
+  if (row_stride == 1 || rows == 1) return MatrixLayout{CblasTrans, std::max({col_stride, rows, int64_t{1}})};
+  return std::nullopt;
+}
+
+template <typename T>
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+}
+
+void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  Tensor a = in[0], b = in[1];
+  Tensor& c = out[0];  // [..., N, M], contiguous
+  int64_t n = a.size(-2), k = a.size(-1), m = b.size(-1);
+  if (c.numel() == 0) return;
+  if (k == 0) {
+    c.zero_();
+    return;
+  }
+  if (!blas_layout(a)) a = a.contiguous();
+  if (!blas_layout(b)) b = b.contiguous();
+  MatrixLayout la = *blas_layout(a), lb = *blas_layout(b);
+  Shape batch(c.shape().begin(), c.shape().end() - 2);
+  Shape a_batch = broadcast_strides(std::span(a.shape()).first(a.dim() - 2), std::span(a.strides()).first(a.dim() - 2), batch);
+  Shape b_batch = broadcast_strides(std::span(b.shape()).first(b.dim() - 2), std::span(b.strides()).first(b.dim() - 2), batch);
+  bool b_shared = std::all_of(b_batch.begin(), b_batch.end(), [](int64_t s) { return s == 0; });
+  visit_floating(c.dtype(), [&]<typename T>() {
+    const T* pa = static_cast<const T*>(a.raw_data());
+    const T* pb = static_cast<const T*>(b.raw_data());
+    T* pc = c.data_ptr<T>();
+    if (b_shared && a.is_contiguous()) {  // the batch folds into the rows of one GEMM
+      gemm<T>(CblasNoTrans, lb.trans, c.numel() / m, m, k, pa, k, pb, lb.ld, pc, m);
+      return;
+    }
+    Shape index(batch.size(), 0);
+    for (int64_t i = 0, count = shape_numel(batch); i < count; ++i) {
+      int64_t offset_a = 0, offset_b = 0;
+      for (size_t d = 0; d < batch.size(); ++d) {
+        offset_a += index[d] * a_batch[d];
+        offset_b += index[d] * b_batch[d];
+      }
+      gemm<T>(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m);
+      for (size_t d = batch.size(); d-- > 0;) {
+        if (++index[d] < batch[d]) break;
+        index[d] = 0;
+      }
+    }
+  });
+}
+
+// dA = dC @ B^T, dB = A^T @ dC. When B is one matrix shared by a batch of A, dB is one GEMM over
+// the flattened batch instead of a batch of products summed afterwards.
+std::vector<Tensor> matmul_backward(const GradContext& ctx) {
+  const Tensor &a = ctx.inputs[0], &b = ctx.inputs[1], &dout = ctx.grads[0];
+  Tensor da, db;
+  if (ctx.needs_grad[0]) da = matmul(dout, b.transpose(-1, -2));
+  if (ctx.needs_grad[1]) {
+    if (b.dim() == 2 && a.dim() > 2)
+      db = matmul(a.reshape({-1, a.size(-1)}).t(), dout.reshape({-1, dout.size(-1)}));
+    else
+      db = matmul(a.transpose(-1, -2), dout);
+  }
+  return {da, db};
+}
+
+std::vector<Tensor> reference_matmul(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &a = in[0], &b = in[1];
+  Shape shape = infer_matmul(in, attrs)[0].shape;
+  int64_t k = a.size(-1);
+  std::vector<double> values;
+  reference::for_each_index(shape, [&](const Shape& index) {
+    Shape ia(index.end() - a.dim(), index.end()), ib(index.end() - b.dim(), index.end());
+    for (int64_t d = 0; d < a.dim() - 2; ++d) ia[d] = a.shape()[d] == 1 ? 0 : ia[d];
+    for (int64_t d = 0; d < b.dim() - 2; ++d) ib[d] = b.shape()[d] == 1 ? 0 : ib[d];
+    double total = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      ia[a.dim() - 1] = j;
+      ib[b.dim() - 2] = j;
+      total += a.at<double>(ia) * b.at<double>(ib);
+    }
+    values.push_back(total);
+  });
+  return {reference::make(shape, a.dtype(), values)};
+}
+
+}  // namespace
+
+void register_linalg_ops(Registry& r) {
+  r.define(OpId::matmul, {.name = "matmul", .infer = infer_matmul, .kernels = {cpu_matmul},
+                          .backward = matmul_backward, .samples = [] {
+    return std::vector<Sample>{
+        {"2-d", {reference::randn({3, 4}, 71), reference::randn({4, 5}, 72)}},
+        {"batched", {reference::randn({2, 3, 4}, 73), reference::randn({2, 4, 2}, 74)}},
+        {"shared right operand", {reference::randn({2, 3, 4}, 75), reference::randn({4, 5}, 76)}},
+        {"broadcast batch", {reference::randn({2, 1, 3, 4}, 77), reference::randn({3, 4, 2}, 78)}},
+        {"transposed view", {reference::randn({4, 3}, 79).t(), reference::randn({5, 4}, 80).t()}},
+    };
+  }, .reference = reference_matmul});
+}
+
+// ---- public API -----------------------------------------------------------------------------------
+
+Tensor matmul(const Tensor& a, const Tensor& b, Site site) {
+  MF_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: cannot multiply 0-dim tensors ({} by {}) at {}",
+           shape_str(a.shape()), shape_str(b.shape()), format_location(site));
+  Tensor lhs = a.dim() == 1 ? a.unsqueeze(0, site) : a;
+  Tensor rhs = b.dim() == 1 ? b.unsqueeze(-1, site) : b;
+  Tensor out = call1(OpId::matmul, {lhs, rhs}, {}, site);
+  if (b.dim() == 1) out = out.squeeze(-1, site);
+  if (a.dim() == 1) out = out.squeeze(a.dim() == 1 && b.dim() == 1 ? 0 : -2, site);
+  return out;
+}
+
+Tensor Tensor::matmul(const Tensor& other, Site site) const { return mf::matmul(*this, other, site); }
+
+}  // namespace mf

@@ -1,0 +1,38 @@
+// Shared test helpers.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include "miniflow.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace mf::testing {
+
+/// Shape, dtype and every value of `actual` against `expected` (|a - e| <= atol + rtol |e|; exact for
+/// integer and bool tensors; NaNs must match NaNs).
+inline void check_close(const Tensor& actual, const Tensor& expected, double rtol, double atol) {
+  REQUIRE(actual.defined());
+  REQUIRE(expected.defined());
+  REQUIRE(shape_str(actual.shape()) == shape_str(expected.shape()));
+  REQUIRE(dtype_name(actual.dtype()) == dtype_name(expected.dtype()));
+  std::vector<double> a = actual.to_vector<double>(), e = expected.to_vector<double>();
+  bool exact = !is_floating(expected.dtype());
+  for (size_t i = 0; i < a.size(); ++i) {
+    bool ok = exact ? a[i] == e[i]
+                    : (std::isnan(e[i]) ? std::isnan(a[i]) : std::abs(a[i] - e[i]) <= atol + rtol * std::abs(e[i]));
+    if (!ok) {
+      FAIL_CHECK("element " << i << ": got " << a[i] << ", expected " << e[i]);
+      return;
+    }
+  }
+}
+
+/// A float64 tensor from values, for hand-worked expectations.
+inline Tensor f64(const std::vector<double>& values, const Shape& shape = {}) {
+  return from_vector(values, shape);
+}
+
+}  // namespace mf::testing
