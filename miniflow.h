@@ -4,3 +4,8 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "models/batching.h"
+#include "models/bleu.h"
+#include "models/corpus.h"
+#include "models/tokenizer.h"
+#include "models/vocab.h"
