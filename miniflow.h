@@ -17,3 +17,8 @@
 #include "cuda/cuda.h"
 
 #include "autograd/autograd.h"
+#include "models/batching.h"
+#include "models/bleu.h"
+#include "models/corpus.h"
+#include "models/tokenizer.h"
+#include "models/vocab.h"
