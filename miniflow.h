@@ -4,3 +4,4 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/safetensors.h"
