@@ -8,6 +8,7 @@
 #include "core/generator.h"
 #include "core/graph.h"
 #include "core/parallel.h"
+#include "core/safetensors.h"
 #include "core/shape.h"
 #include "core/tensor.h"
 
@@ -17,6 +18,7 @@
 #include "cuda/cuda.h"
 
 #include "autograd/autograd.h"
+
 #include "models/batching.h"
 #include "models/bleu.h"
 #include "models/corpus.h"
