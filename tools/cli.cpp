@@ -1,0 +1,107 @@
+#include "tools/cli.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdio>
+
+namespace mf::tools {
+namespace {
+
+template <typename T>
+T parse_number(const std::string& name, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end) throw UsageError(fmt::format("--{}: '{}' is not a valid number", name, text));
+  return value;
+}
+
+}  // namespace
+
+ArgParser::ArgParser(std::string program, std::string summary)
+    : program_(std::move(program)), summary_(std::move(summary)) {}
+
+void ArgParser::add_option(Option option) { options_.push_back(std::move(option)); }
+
+void ArgParser::add(const std::string& name, int64_t* target, const std::string& help) {
+  add_option({name, help, std::to_string(*target), true, [=](const std::string& v) {
+                *target = parse_number<int64_t>(name, v);
+              }});
+}
+
+void ArgParser::add(const std::string& name, int* target, const std::string& help) {
+  add_option({name, help, std::to_string(*target), true, [=](const std::string& v) {
+                *target = parse_number<int>(name, v);
+              }});
+}
+
+void ArgParser::add(const std::string& name, double* target, const std::string& help) {
+  add_option({name, help, fmt::format("{}", *target), true, [=](const std::string& v) {
+                *target = parse_number<double>(name, v);
+              }});
+}
+
+void ArgParser::add(const std::string& name, std::string* target, const std::string& help) {
+  add_option({name, help, *target, true, [=](const std::string& v) { *target = v; }});
+}
+
+void ArgParser::add_switch(const std::string& name, bool* target, const std::string& help) {
+  add_option({name, help, "", false, [=](const std::string&) { *target = true; }});
+}
+
+bool ArgParser::parse(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(help().c_str(), stdout);
+      return false;
+    }
+    if (!arg.starts_with("--")) throw UsageError(fmt::format("unexpected argument '{}'", arg));
+    std::string name = arg.substr(2), value;
+    bool inline_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    auto it = std::find_if(options_.begin(), options_.end(), [&](const Option& o) { return o.name == name; });
+    if (it == options_.end()) throw UsageError(fmt::format("unknown option '--{}'", name));
+    if (it->takes_value && !inline_value) {
+      if (i + 1 >= argc) throw UsageError(fmt::format("--{} needs a value", name));
+      value = argv[++i];
+    } else if (!it->takes_value && inline_value) {
+      throw UsageError(fmt::format("--{} takes no value", name));
+    }
+    it->set(value);
+  }
+  return true;
+}
+
+std::string ArgParser::help() const {
+  std::string text = fmt::format("usage: {} [options]\n\n{}\n\noptions:\n", program_, summary_);
+  for (const Option& o : options_) {
+    std::string left = o.takes_value ? fmt::format("--{} VALUE", o.name) : fmt::format("--{}", o.name);
+    std::string right = o.help;
+    if (o.takes_value && !o.default_text.empty()) right += fmt::format(" (default {})", o.default_text);
+    text += fmt::format("  {:<24} {}\n", left, right);
+  }
+  text += fmt::format("  {:<24} {}\n", "--help", "print this help and exit");
+  return text;
+}
+
+int run_tool(const std::string& program, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& error) {
+    fmt::print(stderr, "{}: {}\ntry '{} --help'\n", program, error.what(), program);
+    return 2;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "{}: error: {}\n", program, error.what());
+    return 1;
+  }
+}
+
+}  // namespace mf::tools

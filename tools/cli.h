@@ -1,0 +1,49 @@
+// GNU-style long flags for the tools: `--name value` or `--name=value`, `--help`. Every tool exits 0 on
+// success, 2 on bad usage and 1 on any other error; run_tool() does that mapping.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mf::tools {
+
+/// Bad command-line usage (exit status 2).
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class ArgParser {
+ public:
+  ArgParser(std::string program, std::string summary);
+
+  void add(const std::string& name, int64_t* target, const std::string& help);
+  void add(const std::string& name, int* target, const std::string& help);
+  void add(const std::string& name, double* target, const std::string& help);
+  void add(const std::string& name, std::string* target, const std::string& help);
+  /// A switch without a value.
+  void add_switch(const std::string& name, bool* target, const std::string& help);
+
+  /// Parses argv; returns false when --help was printed (the tool should exit 0). Throws UsageError.
+  bool parse(int argc, char** argv);
+  std::string help() const;
+
+ private:
+  struct Option {
+    std::string name, help, default_text;
+    bool takes_value = true;
+    std::function<void(const std::string&)> set;
+  };
+  void add_option(Option option);
+
+  std::string program_, summary_;
+  std::vector<Option> options_;
+};
+
+/// Runs body() and maps its outcome to an exit status, printing errors to stderr.
+int run_tool(const std::string& program, const std::function<int()>& body);
+
+}  // namespace mf::tools
