@@ -2,6 +2,7 @@
 
 #include "helpers.h"
 
+#include <limits>
 #include <sstream>
 
 using namespace mf;
@@ -56,6 +57,12 @@ TEST_CASE("printing: scientific notation for wide or tiny magnitudes") {
   CHECK(to_string(tensor({1e-5, 1.0})) == "tensor([1.0000e-05, 1.0000e+00])");
   CHECK(to_string(tensor({1e10, 1.0})) == "tensor([1.0000e+10, 1.0000e+00])");
   CHECK(to_string(tensor({100, 0.5})) == "tensor([100.0000,   0.5000])");
+}
+
+TEST_CASE("printing: non-finite values take the column width but not the notation") {
+  double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(to_string(tensor({nan, 1.5, -inf})) == "tensor([   nan, 1.5000,   -inf])");
+  CHECK(to_string(tensor({nan, 1})) == "tensor([nan, 1.])");
 }
 
 TEST_CASE("printing: strided views read through their strides") {
