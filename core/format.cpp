@@ -26,21 +26,23 @@ struct Element {
   int64_t integer = 0;  // int64 and bool
 };
 
-/// The element indices of one dim that are printed: all of them, or the first and last kEdgeItems.
+/// Whether a dim of this size shows only its first and last kEdgeItems entries.
+bool elided(int64_t size, bool summarize) { return summarize && size > 2 * kEdgeItems; }
+
+/// The indices of one dim that are printed.
 std::vector<int64_t> shown_indices(int64_t size, bool summarize) {
   std::vector<int64_t> indices;
-  bool elide = summarize && size > 2 * kEdgeItems;
+  bool elide = elided(size, summarize);
   for (int64_t i = 0; i < size; ++i)
     if (!elide || i < kEdgeItems || i >= size - kEdgeItems) indices.push_back(i);
   return indices;
 }
 
-bool elided(int64_t size, bool summarize) { return summarize && size > 2 * kEdgeItems; }
-
 /// PyTorch's _Formatter: one width and one notation for every element shown.
 class Formatter {
  public:
-  Formatter(DType dtype, const std::vector<Element>& shown) : floating_(is_floating(dtype)), bool_(dtype == DType::Bool) {
+  Formatter(DType dtype, const std::vector<Element>& shown)
+      : floating_(is_floating(dtype)), bool_(dtype == DType::Bool) {
     if (!floating_) {
       for (const Element& e : shown) width_ = std::max(width_, plain(e).size());
       return;
@@ -170,9 +172,10 @@ std::string backward_name(const std::string& op) {
 
 /// _add_suffixes: ", suffix" while the line stays within the width, else on a new indented line.
 std::string with_suffixes(std::string text, const std::vector<std::string>& suffixes) {
-  size_t newline = text.rfind('\n');
-  // PyTorch's arithmetic, kept as is (it counts two more than the line when there is no newline).
-  int64_t line = static_cast<int64_t>(text.size()) - (newline == std::string::npos ? -1 : static_cast<int64_t>(newline)) + 1;
+  // PyTorch's arithmetic, kept as is: with no newline, rfind's -1 counts two columns too many.
+  size_t found = text.rfind('\n');
+  int64_t newline = found == std::string::npos ? -1 : static_cast<int64_t>(found);
+  int64_t line = static_cast<int64_t>(text.size()) - newline + 1;
   for (const std::string& suffix : suffixes) {
     int64_t len = static_cast<int64_t>(suffix.size());
     if (line + len + 2 > kLineWidth) {

@@ -109,4 +109,8 @@ TEST_CASE("printing: long rows wrap at 80 columns") {
   CHECK(to_string(t) ==
         "tensor([0.0000, 0.1429, 0.2857, 0.4286, 0.5714, 0.7143, 0.8571, 1.0000, 1.1429,\n"
         "        1.2857, 1.4286, 1.5714], dtype=float64)");
+  // A suffix that would pass column 80 goes on its own line.
+  CHECK(to_string(t.slice(0, 0, 9)) ==
+        "tensor([0.0000, 0.1429, 0.2857, 0.4286, 0.5714, 0.7143, 0.8571, 1.0000, 1.1429],\n"
+        "       dtype=float64)");
 }
