@@ -141,7 +141,7 @@ class Printer {
         if (i > 0) body += i % per_line == 0 ? ",\n" + std::string(indent + 1, ' ') : ", ";
         body += parts[i];
       }
-    } else {  // sub-blocks separated by one blank line per dim below the next
+    } else {  // sub-blocks: one newline per dim below this one, so matrices get a blank line between
       std::string separator = ",";
       separator.append(t_.dim() - d - 1, '\n').append(indent + 1, ' ');
       for (size_t i = 0; i < parts.size(); ++i) body += (i > 0 ? separator : "") + parts[i];
