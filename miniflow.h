@@ -5,6 +5,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/generator.h"
 #include "core/graph.h"
 #include "core/parallel.h"

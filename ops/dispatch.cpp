@@ -130,6 +130,12 @@ KernelFn kernel_for(const OpDef& def, Device device) {
   return kernel;
 }
 
+bool all_empty(const std::vector<Tensor>& tensors) {
+  for (const Tensor& t : tensors)
+    if (t.numel() != 0) return false;
+  return true;
+}
+
 bool any_requires_grad(const std::vector<Tensor>& inputs) {
   for (const Tensor& t : inputs)
     if (t.requires_grad()) return true;
@@ -191,7 +197,8 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
         Device out_device = def.mixes_devices ? attrs.device : device;
         for (const OutputSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, out_device));
       }
-      kernel(inputs, outputs, attrs);
+      // Nothing to compute for empty outputs (and the CPU loops cannot plan a zero-size dim).
+      if (!all_empty(outputs)) kernel(inputs, outputs, attrs);
       if (def.writes_input) inputs[0].storage()->bump_version();
     }
   } catch (const Error& error) {
@@ -220,7 +227,9 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));
     KernelFn kernel = kernel_for(def, device);
-    if (specs[0].dtype == self.dtype()) {
+    if (self.numel() == 0) {
+      // nothing to write
+    } else if (specs[0].dtype == self.dtype()) {
       std::vector<Tensor> outputs{self};
       kernel(inputs, outputs, attrs);
     } else {

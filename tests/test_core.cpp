@@ -1,9 +1,116 @@
 #include <doctest/doctest.h>
 
-#include "miniflow.h"
+#include "helpers.h"
+
+#include <limits>
+#include <sstream>
+
+using namespace mf;
+
+namespace {
+
+/// 0, 1, ..., n-1 as a 1-D tensor of `dtype` (arange is not needed for this).
+Tensor iota(int64_t n, DType dtype) {
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<double>(i);
+  return from_vector(values).to(dtype);
+}
+
+}  // namespace
 
 TEST_CASE("device names parse and print") {
   CHECK(mf::Device::parse("cpu") == mf::Device::cpu());
   CHECK(mf::Device::parse("cuda:1").str() == "cuda:1");
   CHECK_THROWS_WITH_AS(mf::Device::parse("tpu"), "unknown device 'tpu' (expected cpu, cuda or cuda:N)", mf::Error);
+}
+
+// Expected strings are what PyTorch prints for the same tensors (with "dtype=float64" for its
+// "dtype=torch.float64" and "AddBackward" for "AddBackward0").
+TEST_CASE("printing: floats get 4 decimals in aligned columns") {
+  Tensor t = from_vector(std::vector<float>{1, 2.5, -3, 4}, {2, 2});
+  CHECK(fmt::format("{}", t) ==
+        "tensor([[ 1.0000,  2.5000],\n"
+        "        [-3.0000,  4.0000]])");
+  CHECK(to_string(scalar_tensor(3.5)) == "tensor(3.5000)");
+  std::ostringstream out;
+  out << tensor({0.25, -1});
+  CHECK(out.str() == "tensor([ 0.2500, -1.0000])");
+}
+
+TEST_CASE("printing: whole-number floats, integers and bools print plainly") {
+  CHECK(to_string(tensor({1, 2, 3})) == "tensor([1., 2., 3.])");
+  CHECK(to_string(zeros({2, 2, 2})) ==
+        "tensor([[[0., 0.],\n"
+        "         [0., 0.]],\n"
+        "\n"
+        "        [[0., 0.],\n"
+        "         [0., 0.]]])");
+  CHECK(to_string(iota(12, DType::Int64).view({3, 4})) ==
+        "tensor([[ 0,  1,  2,  3],\n"
+        "        [ 4,  5,  6,  7],\n"
+        "        [ 8,  9, 10, 11]])");
+  CHECK(to_string(from_vector(std::vector<bool>{true, false})) == "tensor([ True, False])");
+}
+
+TEST_CASE("printing: scientific notation for wide or tiny magnitudes") {
+  // max / min > 1000 switches to %.4e, as does anything below 1e-4.
+  CHECK(to_string(tensor({1e-5, 1.0})) == "tensor([1.0000e-05, 1.0000e+00])");
+  CHECK(to_string(tensor({1e10, 1.0})) == "tensor([1.0000e+10, 1.0000e+00])");
+  CHECK(to_string(tensor({100, 0.5})) == "tensor([100.0000,   0.5000])");
+}
+
+TEST_CASE("printing: non-finite values take the column width but not the notation") {
+  double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(to_string(tensor({nan, 1.5, -inf})) == "tensor([   nan, 1.5000,   -inf])");
+  CHECK(to_string(tensor({nan, 1})) == "tensor([nan, 1.])");
+}
+
+TEST_CASE("printing: strided views read through their strides") {
+  Tensor t = iota(6, DType::Int64).view({2, 3}).t();  // [3, 2], strides [1, 3]
+  CHECK(to_string(t) ==
+        "tensor([[0, 3],\n"
+        "        [1, 4],\n"
+        "        [2, 5]])");
+  CHECK(to_string(iota(10, DType::Int64).slice(0, 1, 10, 4)) == "tensor([1, 5, 9])");
+}
+
+TEST_CASE("printing: suffixes name non-default dtype, autograd state") {
+  CHECK(to_string(tensor({1, 2}, DType::Float64)) == "tensor([1., 2.], dtype=float64)");
+  CHECK(to_string(tensor({1, 2}, DType::Int64)) == "tensor([1, 2])");
+  Tensor x = ones({2}).set_requires_grad();
+  CHECK(to_string(x) == "tensor([1., 1.], requires_grad=True)");
+  CHECK(to_string(x + x) == "tensor([2., 2.], grad_fn=<AddBackward>)");
+  CHECK(to_string((x + x).detach()) == "tensor([2., 2.])");
+}
+
+TEST_CASE("printing: empty and undefined tensors") {
+  CHECK(to_string(zeros({0})) == "tensor([])");
+  CHECK(to_string(zeros({0, 3})) == "tensor([], size=(0, 3))");
+  CHECK(to_string(zeros({0}, DType::Int64)) == "tensor([], dtype=int64)");
+  CHECK(to_string(Tensor()) == "tensor(undefined)");
+}
+
+TEST_CASE("printing: over 1000 elements elides the middle of every dim") {
+  CHECK(to_string(iota(2000, DType::Int64)) == "tensor([   0,    1,    2,  ..., 1997, 1998, 1999])");
+  CHECK(to_string(iota(1000, DType::Int64)).find("...") == std::string::npos);  // 1000 is not over the threshold
+  CHECK(to_string(iota(2000, DType::Int64).view({40, 50})) ==
+        "tensor([[   0,    1,    2,  ...,   47,   48,   49],\n"
+        "        [  50,   51,   52,  ...,   97,   98,   99],\n"
+        "        [ 100,  101,  102,  ...,  147,  148,  149],\n"
+        "        ...,\n"
+        "        [1850, 1851, 1852,  ..., 1897, 1898, 1899],\n"
+        "        [1900, 1901, 1902,  ..., 1947, 1948, 1949],\n"
+        "        [1950, 1951, 1952,  ..., 1997, 1998, 1999]])");
+}
+
+TEST_CASE("printing: long rows wrap at 80 columns") {
+  // Width 6 + ", " per element: (80 - 7) / 8 = 9 elements per line.
+  Tensor t = iota(12, DType::Float64).div(scalar_tensor(7.0, DType::Float64));
+  CHECK(to_string(t) ==
+        "tensor([0.0000, 0.1429, 0.2857, 0.4286, 0.5714, 0.7143, 0.8571, 1.0000, 1.1429,\n"
+        "        1.2857, 1.4286, 1.5714], dtype=float64)");
+  // A suffix that would pass column 80 goes on its own line.
+  CHECK(to_string(t.slice(0, 0, 9)) ==
+        "tensor([0.0000, 0.1429, 0.2857, 0.4286, 0.5714, 0.7143, 0.8571, 1.0000, 1.1429],\n"
+        "       dtype=float64)");
 }

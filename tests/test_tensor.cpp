@@ -1,3 +1,441 @@
+// The Tensor handle and the core beneath it: views and strides, copies, element access, factories,
+// broadcasting and promotion, the caching allocator, the thread pool and the random number generator.
 #include <doctest/doctest.h>
 
 #include "helpers.h"
+#include "ops/reference.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <utility>
+
+using namespace mf;
+using mf::testing::check_close;
+
+namespace {
+
+/// 0, 1, ..., n-1 as a 1-D tensor of `dtype`.
+Tensor iota(int64_t n, DType dtype = DType::Float32) {
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<double>(i);
+  return from_vector(values).to(dtype);
+}
+
+}  // namespace
+
+// ---- views --------------------------------------------------------------------------------------
+
+TEST_CASE("views share storage: writing through a view changes the base") {
+  Tensor x = zeros({3, 4});
+  size_t allocations = cpu_allocator().stats().system_allocations;
+  size_t bytes = cpu_allocator().stats().allocated_bytes;
+  Tensor row = x.select(0, 1);
+  Tensor column = x.t().select(0, 2);
+  Tensor block = x.slice(0, 1, 3).slice(1, 2, 4);
+  CHECK(cpu_allocator().stats().system_allocations == allocations);  // no copies were made
+  CHECK(cpu_allocator().stats().allocated_bytes == bytes);
+  CHECK(row.storage() == x.storage());
+  CHECK(column.storage() == x.storage());
+
+  row.fill_(1);
+  column.fill_(2);
+  block.copy_(from_vector(std::vector<float>{7, 8}, {1, 2}));  // broadcast over the block's 2 rows
+  // Row 1 is ones, column 2 is twos (written after the row), then the block x[1:3, 2:4] = [7, 8].
+  CHECK(x.to_vector<float>() == std::vector<float>{0, 0, 2, 0,  //
+                                                   1, 1, 7, 8,  //
+                                                   0, 0, 7, 8});
+}
+
+TEST_CASE("views: shapes, strides and offsets") {
+  Tensor x = zeros({2, 3, 4});
+  CHECK(x.strides() == Shape{12, 4, 1});
+  CHECK(x.is_contiguous());
+
+  Tensor t = x.transpose(0, 2);
+  CHECK(t.shape() == Shape{4, 3, 2});
+  CHECK(t.strides() == Shape{1, 4, 12});
+  CHECK_FALSE(t.is_contiguous());
+
+  Tensor p = x.permute({1, 2, 0});
+  CHECK(p.shape() == Shape{3, 4, 2});
+  CHECK(p.strides() == Shape{4, 1, 12});
+
+  Tensor s = x.slice(1, 1, 3);
+  CHECK(s.shape() == Shape{2, 2, 4});
+  CHECK(s.strides() == Shape{12, 4, 1});
+  CHECK(s.offset() == 4);
+
+  Tensor stepped = x.slice(-1, 1, 4, 2);  // elements 1 and 3 of the last dim
+  CHECK(stepped.shape() == Shape{2, 3, 2});
+  CHECK(stepped.strides() == Shape{12, 4, 2});
+  CHECK(stepped.offset() == 1);
+
+  Tensor selected = x.select(1, -1);  // index 2
+  CHECK(selected.shape() == Shape{2, 4});
+  CHECK(selected.strides() == Shape{12, 1});
+  CHECK(selected.offset() == 8);
+
+  Tensor narrowed = x.narrow(2, 1, 2);
+  CHECK(narrowed.shape() == Shape{2, 3, 2});
+  CHECK(narrowed.offset() == 1);
+
+  Tensor e = zeros({3, 1}).expand({2, 3, 4});
+  CHECK(e.shape() == Shape{2, 3, 4});
+  CHECK(e.strides() == Shape{0, 1, 0});
+
+  CHECK(zeros({1, 3, 1}).squeeze().shape() == Shape{3});
+  CHECK(zeros({1, 3, 1}).squeeze(0).shape() == Shape{3, 1});
+  CHECK(zeros({3}).unsqueeze(-1).shape() == Shape{3, 1});
+  CHECK(x.flatten(1).shape() == Shape{2, 12});
+  CHECK(zeros({}).flatten().shape() == Shape{1});
+}
+
+TEST_CASE("views: split and chunk are views covering the dim") {
+  Tensor x = iota(10);
+  std::vector<Tensor> parts = split(x, 4);
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[2].to_vector<float>() == std::vector<float>{8, 9});
+  CHECK(parts[1].offset() == 4);
+  std::vector<Tensor> chunks = chunk(x.view({2, 5}), 2, 1);  // sizes 3 and 2 along dim 1
+  REQUIRE(chunks.size() == 2);
+  CHECK(chunks[0].shape() == Shape{2, 3});
+  CHECK(chunks[1].to_vector<float>() == std::vector<float>{3, 4, 8, 9});
+  CHECK(chunks[1].storage() == x.storage());
+}
+
+TEST_CASE("views: errors name the problem") {
+  Tensor x = zeros({2, 3});
+  CHECK_THROWS_WITH_AS(x.select(0, 2), doctest::Contains("index 2 is out of range for dim 0 of size 2"), Error);
+  CHECK_THROWS_WITH_AS(x.permute({0, 0}), doctest::Contains("repeats a dim"), Error);
+  CHECK_THROWS_WITH_AS(x.expand({4, 3}), doctest::Contains("cannot expand shape [2, 3] to [4, 3]"), Error);
+  CHECK_THROWS_WITH_AS(x.view({4, 2}), doctest::Contains("shape [4, 2] is invalid for 6 elements"), Error);
+  CHECK_THROWS_WITH_AS(x.transpose(0, 2), doctest::Contains("dim 2 is out of range"), Error);
+}
+
+TEST_CASE("contiguous() copies only when needed") {
+  Tensor x = iota(6).view({2, 3});
+  CHECK(x.contiguous().is_same(x));
+  CHECK(x.slice(0, 1, 2).contiguous().storage() == x.storage());  // one row: already contiguous
+
+  Tensor t = x.t();
+  Tensor c = t.contiguous();
+  CHECK(c.storage() != x.storage());
+  CHECK(c.is_contiguous());
+  CHECK(c.strides() == Shape{2, 1});
+  CHECK(c.to_vector<float>() == std::vector<float>{0, 3, 1, 4, 2, 5});
+}
+
+TEST_CASE("reshape views when strides allow, view refuses a copy") {
+  Tensor x = iota(6).view({2, 3});
+  Tensor r = x.reshape({3, 2});
+  CHECK(r.storage() == x.storage());
+  CHECK(x.slice(0, 1, 2).view({3}).storage() == x.storage());  // a row slice stays viewable
+
+  Tensor t = x.t();
+  CHECK_THROWS_WITH_AS(t.view({6}), doctest::Contains("use reshape"), Error);
+  Tensor flat = t.reshape({6});
+  CHECK(flat.storage() != x.storage());
+  CHECK(flat.to_vector<float>() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  CHECK(x.reshape({-1}).shape() == Shape{6});
+  CHECK_THROWS_WITH_AS(x.reshape({-1, -1}), doctest::Contains("more than one -1"), Error);
+}
+
+// ---- element access -----------------------------------------------------------------------------
+
+TEST_CASE("item, at and to_vector read through strides") {
+  Tensor x = iota(12).view({3, 4});
+  Tensor v = x.t().slice(0, 1, 3);  // [2, 3]: v[i][j] = x[j][i + 1]
+  CHECK(v.shape() == Shape{2, 3});
+  CHECK(v.at<float>({1, 2}) == 10);  // x[2][2]
+  CHECK(v.at<int64_t>({0, 1}) == 5);  // x[1][1]
+  CHECK(v.to_vector<float>() == std::vector<float>{1, 5, 9, 2, 6, 10});
+  CHECK(x.select(0, 2).select(0, 3).item<double>() == 11);
+  CHECK(scalar_tensor(2.5).item<float>() == 2.5f);
+  CHECK(zeros({1, 1}).item<float>() == 0);
+  CHECK(zeros({3}).expand({2, 3}).to_vector<float>().size() == 6);
+
+  CHECK_THROWS_WITH_AS(x.item<float>(), doctest::Contains("has 12 elements, expected 1"), Error);
+  CHECK_THROWS_WITH_AS(x.at<float>({3, 0}), doctest::Contains("index [3, 0] is out of bounds for shape [3, 4]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(x.at<float>({1}), doctest::Contains("index has 1 entries"), Error);
+  CHECK_THROWS_WITH_AS(x.data_ptr<double>(), doctest::Contains("tensor has dtype float32, asked for float64"), Error);
+}
+
+// ---- factories ----------------------------------------------------------------------------------
+
+TEST_CASE("factories: shapes, dtypes and values") {
+  Tensor z = zeros({2, 3});
+  CHECK(z.shape() == Shape{2, 3});
+  CHECK(z.dtype() == DType::Float32);
+  CHECK(z.device() == Device::cpu());
+  CHECK(z.to_vector<float>() == std::vector<float>(6, 0));
+  CHECK(ones({4}, DType::Int64).to_vector<int64_t>() == std::vector<int64_t>(4, 1));
+  CHECK(full({2}, -1.5, DType::Float64).to_vector<double>() == std::vector<double>{-1.5, -1.5});
+  CHECK(full({3}, 1, DType::Bool).to_vector<bool>() == std::vector<bool>{true, true, true});
+
+  Tensor s = scalar_tensor(4);
+  CHECK(s.dim() == 0);
+  CHECK(s.numel() == 1);
+  CHECK(s.item<float>() == 4);
+
+  Tensor v = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(v.dtype() == DType::Int64);
+  CHECK(v.at<int64_t>({1, 0}) == 4);
+  CHECK(from_vector(std::vector<double>{7}).dim() == 0);  // one value and no shape: a scalar
+  CHECK(from_vector(std::vector<double>{1, 2}).shape() == Shape{2});
+  CHECK_THROWS_WITH_AS(from_vector(std::vector<float>{1, 2, 3}, {2, 2}),
+                       doctest::Contains("3 values do not fill shape [2, 2]"), Error);
+
+  Tensor t = tensor({1, 2, 3}, DType::Float64);
+  CHECK(t.dtype() == DType::Float64);
+  CHECK(t.to_vector<double>() == std::vector<double>{1, 2, 3});
+  CHECK(zeros_like(t).dtype() == DType::Float64);
+  CHECK(ones_like(v).to_vector<int64_t>() == std::vector<int64_t>(6, 1));
+  CHECK(empty_like(v).shape() == Shape{2, 3});
+  CHECK(zeros({0, 4}).numel() == 0);
+  CHECK_THROWS_WITH_AS(Tensor::empty({2, -1}), doctest::Contains("negative size in shape [2, -1]"), Error);
+}
+
+TEST_CASE("clone, to(dtype), fill_, zero_, add_, mul_") {
+  Tensor x = iota(4, DType::Float64);
+  Tensor c = x.clone();
+  CHECK(c.storage() != x.storage());
+  c.fill_(3);
+  CHECK(x.to_vector<double>() == std::vector<double>{0, 1, 2, 3});
+  c.add_(1).mul_(2);
+  CHECK(c.to_vector<double>() == std::vector<double>{8, 8, 8, 8});
+  c.zero_();
+  CHECK(c.to_vector<double>() == std::vector<double>(4, 0));
+  c.add_(x).mul_(x);  // x^2
+  CHECK(c.to_vector<double>() == std::vector<double>{0, 1, 4, 9});
+
+  Tensor i = tensor({-1.7, 2.9}).to(DType::Int64);  // truncates toward zero, as a C++ cast
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{-1, 2});
+  CHECK(x.to(DType::Float64).is_same(x));  // same dtype: no copy
+  CHECK(tensor({0, 2}).to(DType::Bool).to_vector<bool>() == std::vector<bool>{false, true});
+  CHECK_THROWS_WITH_AS(c.add_(zeros({2, 4}, DType::Float64)),
+                       doctest::Contains("cannot be written in place into a tensor of shape [4]"), Error);
+}
+
+// ---- broadcasting and promotion -----------------------------------------------------------------
+
+TEST_CASE("broadcasting shapes and errors") {
+  CHECK(broadcast_shapes(Shape{3, 1}, Shape{1, 4}) == Shape{3, 4});
+  CHECK(broadcast_shapes(Shape{2, 3, 4}, Shape{4}) == Shape{2, 3, 4});
+  CHECK(broadcast_shapes(Shape{}, Shape{2}) == Shape{2});
+  CHECK(broadcast_shapes(Shape{5, 1, 3}, Shape{2, 1}) == Shape{5, 2, 3});
+  CHECK(broadcast_shapes(Shape{0, 1}, Shape{1, 3}) == Shape{0, 3});
+  CHECK_THROWS_WITH_AS(broadcast_shapes(Shape{2, 3}, Shape{4}),
+                       "shapes [2, 3] and [4] do not broadcast (dim 1: 3 vs 4)", Error);
+
+  // Column [3, 1] + row [4]: out[i][j] = i + 10 j.
+  Tensor sum = iota(3).view({3, 1}) + iota(4).mul(10.0);
+  CHECK(sum.shape() == Shape{3, 4});
+  CHECK(sum.at<float>({2, 3}) == 32);
+  CHECK_THROWS_WITH_AS(add(zeros({2, 3}), zeros({2})), doctest::Contains("add: shapes [2, 3] and [2] do not broadcast"),
+                       Error);
+}
+
+TEST_CASE("dtype promotion") {
+  Tensor i = from_vector(std::vector<int64_t>{1, 2});
+  Tensor f = tensor({0.5, 0.25});
+  Tensor d = tensor({1, 1}, DType::Float64);
+  Tensor r = i + f;
+  CHECK(r.dtype() == DType::Float32);
+  CHECK(r.to_vector<float>() == std::vector<float>{1.5f, 2.25f});
+  CHECK((f * d).dtype() == DType::Float64);
+  CHECK((i - i).dtype() == DType::Int64);
+  CHECK(i.mul(2.0).dtype() == DType::Int64);   // a whole scalar keeps the integer dtype
+  CHECK(i.mul(2.5).dtype() == DType::Float32);  // a fractional one promotes, as in PyTorch
+  CHECK(promote_types(DType::Bool, DType::Int64) == DType::Int64);
+  CHECK(promote_types(DType::Float32, DType::Float64) == DType::Float64);
+  Tensor b = full({2}, 1, DType::Bool);
+  CHECK_THROWS_WITH_AS(add(b, b), doctest::Contains("not defined for bool tensors"), Error);
+}
+
+// ---- allocator ----------------------------------------------------------------------------------
+
+TEST_CASE("caching allocator reuses freed blocks and empty_cache releases them") {
+  Allocator& allocator = cpu_allocator();
+  const Shape shape{777'777};  // a size no other test allocates
+  {
+    size_t held = allocator.stats().allocated_bytes;
+    Tensor first = Tensor::empty(shape);
+    CHECK(allocator.stats().allocated_bytes - held >= 777'777 * sizeof(float));
+  }
+  AllocatorStats before = allocator.stats();
+  CHECK(before.cached_bytes >= 777'777 * sizeof(float));
+  {
+    Tensor second = Tensor::empty(shape);
+    AllocatorStats during = allocator.stats();
+    CHECK(during.system_allocations == before.system_allocations);  // served from the pool
+    CHECK(during.cached_bytes < before.cached_bytes);
+    CHECK(during.peak_allocated_bytes >= during.allocated_bytes);
+  }
+  allocator.empty_cache();
+  AllocatorStats after = allocator.stats();
+  CHECK(after.cached_bytes == 0);
+  {
+    Tensor third = Tensor::empty(shape);
+    CHECK(allocator.stats().system_allocations == after.system_allocations + 1);  // the pool was emptied
+  }
+}
+
+TEST_CASE("data pointers are 64-byte aligned") {
+  for (int64_t n : {0, 1, 3, 17, 1000, 100'003}) {
+    CAPTURE(n);
+    for (DType dtype : {DType::Float32, DType::Float64, DType::Bool}) {
+      Tensor t = Tensor::empty({n}, dtype);
+      CHECK(reinterpret_cast<uintptr_t>(t.storage()->data()) % kCpuAlignment == 0);
+    }
+  }
+  void* p = cpu_allocator().allocate(0);  // zero bytes still gives a distinct usable pointer
+  void* q = cpu_allocator().allocate(0);
+  CHECK(p != nullptr);
+  CHECK(p != q);
+  cpu_allocator().deallocate(p, 0);
+  cpu_allocator().deallocate(q, 0);
+}
+
+// ---- threads ------------------------------------------------------------------------------------
+
+namespace {
+
+/// Restores the thread count a test changed.
+struct ThreadCountGuard {
+  int saved = get_num_threads();
+  ~ThreadCountGuard() { set_num_threads(saved); }
+};
+
+std::set<std::pair<int64_t, int64_t>> chunks_of(int64_t begin, int64_t end, int64_t grain) {
+  std::mutex mutex;
+  std::set<std::pair<int64_t, int64_t>> chunks;
+  parallel_for(begin, end, grain, [&](int64_t lo, int64_t hi) {
+    std::lock_guard lock(mutex);
+    chunks.insert({lo, hi});
+  });
+  return chunks;
+}
+
+}  // namespace
+
+TEST_CASE("set_num_threads / get_num_threads") {
+  ThreadCountGuard guard;
+  set_num_threads(3);
+  CHECK(get_num_threads() == 3);
+  CHECK(intra_op_threads() == 3);
+  set_num_threads(1);
+  CHECK(get_num_threads() == 1);
+  CHECK_THROWS_WITH_AS(set_num_threads(0), doctest::Contains("thread count must be at least 1, got 0"), Error);
+}
+
+TEST_CASE("parallel_for covers the range exactly once") {
+  ThreadCountGuard guard;
+  set_num_threads(4);
+  for (auto [begin, end, grain] : {std::tuple<int64_t, int64_t, int64_t>{0, 1000, 1}, {5, 1006, 100}, {0, 7, 1},
+                                   {3, 4, 1}, {0, 100'000, 1000}}) {
+    CAPTURE(begin);
+    CAPTURE(end);
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(end));
+    parallel_for(begin, end, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) hits[static_cast<size_t>(i)]++;
+    });
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < end; ++i) wrong += hits[static_cast<size_t>(i)] != (i >= begin ? 1 : 0);
+    CHECK(wrong == 0);
+  }
+  bool called = false;
+  parallel_for(4, 4, 1, [&](int64_t, int64_t) { called = true; });
+  CHECK_FALSE(called);  // an empty range runs nothing
+}
+
+TEST_CASE("parallel_for chunking is deterministic") {
+  ThreadCountGuard guard;
+  set_num_threads(4);
+  // 1000 items over 4 threads: 4 chunks of 250.
+  auto chunks = chunks_of(0, 1000, 1);
+  CHECK(chunks == std::set<std::pair<int64_t, int64_t>>{{0, 250}, {250, 500}, {500, 750}, {750, 1000}});
+  for (int run = 0; run < 20; ++run) CHECK(chunks_of(0, 1000, 1) == chunks);
+  // A grain of 400 allows only ceil(1000 / 400) = 3 chunks of ceil(1000 / 3) = 334.
+  CHECK(chunks_of(0, 1000, 400) == std::set<std::pair<int64_t, int64_t>>{{0, 334}, {334, 668}, {668, 1000}});
+  // Below one grain the caller runs everything itself.
+  CHECK(chunks_of(0, 10, 100) == std::set<std::pair<int64_t, int64_t>>{{0, 10}});
+  // Nested calls run serially inside their chunk.
+  std::atomic<int> inner_calls = 0;
+  parallel_for(0, 4, 1, [&](int64_t, int64_t) { parallel_for(0, 100, 1, [&](int64_t, int64_t) { ++inner_calls; }); });
+  CHECK(inner_calls == 4);
+}
+
+TEST_CASE("parallel_for propagates exceptions and stays usable") {
+  ThreadCountGuard guard;
+  set_num_threads(4);
+  auto failing = [](int64_t lo, int64_t) {
+    if (lo >= 500) fail("chunk starting at {} failed", lo);
+  };
+  CHECK_THROWS_WITH_AS(parallel_for(0, 1000, 1, failing), doctest::Contains("failed"), Error);
+  CHECK_THROWS_WITH_AS(parallel_for(0, 1000, 1, [](int64_t lo, int64_t) {
+                         if (lo == 0) fail("caller's chunk failed");
+                       }),
+                       "caller's chunk failed", Error);
+  std::atomic<int64_t> total = 0;
+  parallel_for(0, 1000, 1, [&](int64_t lo, int64_t hi) { total += hi - lo; });
+  CHECK(total == 1000);
+}
+
+// ---- random numbers -----------------------------------------------------------------------------
+
+TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
+  // Random123's kat_vectors: counter words (c0, c1, c2, c3), key words (k0, k1) -> 4 outputs.
+  // block(key, counter_hi, counter_lo) packs key = k1:k0, counter_lo = c1:c0, counter_hi = c3:c2.
+  CHECK(Philox::block(0, 0, 0) == std::array<uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  CHECK(Philox::block(~0ull, ~0ull, ~0ull) == std::array<uint32_t, 4>{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  // counter 243f6a88 85a308d3 13198a2e 03707344, key a4093822 299f31d0 (the digits of pi).
+  CHECK(Philox::block(0x299f31d0'a4093822, 0x03707344'13198a2e, 0x85a308d3'243f6a88) ==
+        std::array<uint32_t, 4>{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+  static_assert(Philox::block(0, 0, 0)[0] == 0x6627e8d5);  // usable at compile time
+}
+
+TEST_CASE("uniform conversions stay in [0, 1)") {
+  CHECK(uniform_float(0) == 0.0f);
+  CHECK(uniform_float(0xffffffff) < 1.0f);
+  CHECK(uniform_double(0, 0) == 0.0);
+  CHECK(uniform_double(0xffffffff, 0xffffffff) < 1.0);
+  CHECK(uniform_double(0x80000000, 0) == 0.5);
+}
+
+TEST_CASE("Generator: same seed, same reserve sequence") {
+  Generator a(42), b(42);
+  std::vector<uint64_t> first, second;
+  for (uint64_t blocks : {3, 1, 10, 0, 5}) {
+    first.push_back(a.reserve(blocks));
+    second.push_back(b.reserve(blocks));
+  }
+  CHECK(first == second);
+  CHECK(first == std::vector<uint64_t>{0, 3, 4, 14, 14});
+  CHECK(a.offset() == 19);
+
+  Generator snapshot = a;  // a copy replays from where it was taken
+  CHECK(a.reserve(2) == snapshot.reserve(2));
+  a.manual_seed(7);
+  CHECK(a.seed() == 7);
+  CHECK(a.offset() == 0);
+  a.set_offset(100);
+  CHECK(a.reserve(1) == 100);
+
+  manual_seed(123);
+  CHECK(default_generator().seed() == 123);
+  CHECK(default_generator().offset() == 0);
+}
+
+TEST_CASE("reference inputs are reproducible from their seed") {
+  check_close(reference::randn({3, 4}, 5), reference::randn({3, 4}, 5), 0, 0);
+  CHECK(reference::randn({4}, 5).to_vector<double>() != reference::randn({4}, 6).to_vector<double>());
+  std::vector<double> u = reference::uniform({1000}, -2, 3, 9).to_vector<double>();
+  CHECK(*std::min_element(u.begin(), u.end()) >= -2);
+  CHECK(*std::max_element(u.begin(), u.end()) < 3);
+}
