@@ -51,7 +51,7 @@ struct LoopPlan {
   }
 
   int64_t inner() const { return shape.back(); }
-  int64_t outer() const { return shape_numel(shape) / shape.back(); }
+  int64_t outer() const { return shape.back() == 0 ? 0 : shape_numel(shape) / shape.back(); }
 
   /// Calls run(ptrs, inner_strides, n) for every innermost run, rows split across threads.
   template <typename Run>
