@@ -1,6 +1,6 @@
-// Elementwise ops: arithmetic, math functions, comparisons, logic, casts and copies.
-// Binary ops broadcast (NumPy rules); the public functions promote mixed dtypes with a cast first,
-// so kernels see one dtype.
+// Elementwise ops: arithmetic, powers, math functions, clamp, comparisons, logic, where/masked_fill,
+// casts and copies. Binary ops broadcast (NumPy rules); the public functions promote mixed dtypes with
+// a cast first, so kernels see one dtype (logical ops excepted: they read each operand as truthy).
 #include "ops/families.h"
 #include "ops/loops.h"
 #include "ops/math.h"
@@ -16,9 +16,11 @@ namespace {
 // ---- shared helpers -----------------------------------------------------------------------------
 
 /// A scalar operand as a 0-dim tensor beside `like`: same dtype, except a fractional value next to an
-/// integer tensor, which promotes to float32 as in PyTorch.
+/// integer tensor, which promotes to float32, and a value other than 0 or 1 next to a bool tensor,
+/// which promotes to int64, as in PyTorch.
 Tensor scalar_like(double value, const Tensor& like) {
   DType dtype = like.dtype();
+  if (dtype == DType::Bool && value != 0 && value != 1) dtype = DType::Int64;
   if (!is_floating(dtype) && value != std::floor(value)) dtype = DType::Float32;
   return scalar_tensor(value, dtype, like.device());
 }
@@ -110,6 +112,13 @@ std::vector<Sample> unary_samples(double low, double high) {
       {"3-d", {reference::uniform({2, 3, 5}, low, high, 12)}},
       {"scalar", {reference::uniform({}, low, high, 13)}},
   };
+}
+
+/// unary_samples(-2, 2) plus int64 values of both signs, for ops that keep integer dtypes.
+std::vector<Sample> signed_samples() {
+  std::vector<Sample> samples = unary_samples(-2, 2);
+  samples.push_back({"int64", {reference::randint({7}, 9, 14).sub(4.0)}});
+  return samples;
 }
 
 // ---- arithmetic ---------------------------------------------------------------------------------
@@ -462,8 +471,13 @@ std::vector<Tensor> reference_copy(const std::vector<Tensor>& in, const Attrs&) 
   return {reference::map(in, in[0].dtype(), [](std::span<const double> v) { return v[0]; })};
 }
 
-// Copies between devices: this CPU kernel serves cpu -> cpu; the CUDA layer registers the copies that
-// touch a GPU (a build without CUDA cannot allocate the CUDA output and says so).
+// Copies between devices. The CPU kernel serves cpu -> cpu; copies that touch a GPU belong to the CUDA
+// layer (a build without CUDA cannot even allocate the CUDA output, and says so).
+void cpu_to_device(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  MF_CHECK(out[0].device().is_cpu(), "copying from cpu to {} needs the CUDA backend", out[0].device().str());
+  cpu_copy(in, out, attrs);
+}
+
 std::vector<Tensor> to_device_backward(const GradContext& ctx) {
   return {ctx.grads[0].to(ctx.inputs[0].device(), ctx.site)};
 }
@@ -519,7 +533,7 @@ void register_elementwise_ops(Registry& r) {
                           };
                         },
                         .reference = reference_cast});
-  r.define(OpId::to_device, {.name = "to_device", .infer = infer_copy, .kernels = {cpu_copy},
+  r.define(OpId::to_device, {.name = "to_device", .infer = infer_copy, .kernels = {cpu_to_device},
                              .backward = to_device_backward, .mixes_devices = true,
                              .samples = [] {
                                return std::vector<Sample>{
@@ -545,7 +559,7 @@ void register_elementwise_ops(Registry& r) {
   SamplesFn any_sign = [] { return unary_samples(-2, 2); };
   SamplesFn positive = [] { return unary_samples(0.5, 3); };
   SamplesFn wide = [] { return unary_samples(-4, 4); };
-  unary(OpId::abs, "abs", infer_unary_same, cpu_unary<math::Abs>, abs_backward, false, any_sign,
+  unary(OpId::abs, "abs", infer_unary_same, cpu_unary<math::Abs>, abs_backward, false, signed_samples,
         reference_formula<ref_abs>);
   unary(OpId::exp, "exp", infer_unary_float, cpu_unary_float<math::Exp>, exp_backward, true, any_sign,
         reference_formula<ref_exp>);
@@ -555,7 +569,7 @@ void register_elementwise_ops(Registry& r) {
         reference_formula<ref_sqrt>);
   unary(OpId::rsqrt, "rsqrt", infer_unary_float, cpu_unary_float<math::Rsqrt>, rsqrt_backward, true, positive,
         reference_formula<ref_rsqrt>);
-  unary(OpId::relu, "relu", infer_unary_same, cpu_unary<math::Relu>, relu_backward, true, any_sign,
+  unary(OpId::relu, "relu", infer_unary_same, cpu_unary<math::Relu>, relu_backward, true, signed_samples,
         reference_formula<ref_relu>);
   unary(OpId::gelu, "gelu", infer_unary_float, cpu_unary_float<math::Gelu>, gelu_backward, false, wide,
         reference_formula<ref_gelu>);
