@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 
 namespace mf {
 namespace {
@@ -292,8 +293,11 @@ std::vector<OutputSpec> infer_clamp(const std::vector<Tensor>& in, const Attrs& 
 void cpu_clamp(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      math::Clamp<T> fn{static_cast<T>(attrs.min.value_or(0)), static_cast<T>(attrs.max.value_or(0)),
-                        attrs.min.has_value(), attrs.max.has_value()};
+      using limits = std::numeric_limits<T>;
+      T lowest = limits::has_infinity ? -limits::infinity() : limits::lowest();
+      T highest = limits::has_infinity ? limits::infinity() : limits::max();
+      math::Clamp<T> fn{attrs.min ? static_cast<T>(*attrs.min) : lowest,
+                        attrs.max ? static_cast<T>(*attrs.max) : highest};
       cpu::map<T, T>(out[0], {&in[0]}, fn);
     }
   });
@@ -443,7 +447,7 @@ std::vector<OutputSpec> infer_masked_fill(const std::vector<Tensor>& in, const A
 void cpu_masked_fill(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     T value = static_cast<T>(attrs.value);
-    cpu::map<T, T, bool>(out[0], {&in[0], &in[1]}, [value](T x, bool m) { return m ? value : x; });
+    cpu::map<T, T, bool>(out[0], {&in[0], &in[1]}, [value](T x, bool m) { return math::select(m, value, x); });
   });
 }
 

@@ -286,7 +286,9 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
   return out;
 }
 
-Tensor arange(int64_t end, DType dtype, Device device) { return arange(0.0, static_cast<double>(end), 1.0, dtype, device); }
+Tensor arange(int64_t end, DType dtype, Device device) {
+  return arange(0.0, static_cast<double>(end), 1.0, dtype, device);
+}
 
 namespace {
 /// Runs a random fill on `t` with the next counters of `generator` (the default one when null),
