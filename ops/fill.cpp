@@ -41,13 +41,15 @@ void fill_pairs(Tensor& out, Pair pair) {
   Tensor dst = out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype());
   T* data = dst.data_ptr<T>();
   int64_t n = dst.numel();
-  parallel_for(0, (n + 1) / 2, cpu::kParallelGrain / 8, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
+  int64_t full_pairs = n / 2;
+  parallel_for(0, full_pairs, cpu::kParallelGrain / 8, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {  // no tail test inside, so that the loop can vectorise
       std::array<T, 2> values = pair(p);
       data[2 * p] = values[0];
-      if (2 * p + 1 < n) data[2 * p + 1] = values[1];
+      data[2 * p + 1] = values[1];
     }
   });
+  if (n % 2 == 1) data[n - 1] = pair(full_pairs)[0];
   if (!dst.is_same(out)) cpu::map<T, T>(out, {&dst}, [](T x) { return x; });
 }
 
@@ -85,7 +87,7 @@ std::vector<Tensor> reference_arange(const std::vector<Tensor>& in, const Attrs&
 //   low + floor((high - low) u), integers in [low, high).
 // normal: Attrs.value = mean, Attrs.eps = std; Box-Muller on block (u1, u2) gives the pair
 //   r cos(theta), r sin(theta), r = sqrt(-2 log(1 - u1)), theta = 2 pi u2.
-// bernoulli: Attrs.value = p; 1 where u < p (u with 53 bits whatever the dtype), else 0.
+// bernoulli: Attrs.value = p; 1 where u < p, else 0, with u = w / 2^32 from the element's first word.
 
 std::vector<OutputSpec> infer_uniform(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& t = in[0];
@@ -147,13 +149,15 @@ void cpu_normal(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attr
   });
 }
 
+// One 32-bit word per element (words 0 and 2 of the pair's block), compared as integers so that the
+// loop vectorises: 1 where w < p 2^32.
 void cpu_bernoulli(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
-  double prob = attrs.value;
+  auto threshold = static_cast<uint64_t>(std::ceil(attrs.value * 0x1p32));
   uint64_t seed = attrs.seed, counter = attrs.counter;
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     fill_pairs<T>(out[0], [=](int64_t p) {
-      std::array<double, 2> u = uniform_pair<double>(Philox::block(seed, 0, counter + p));
-      return std::array<T, 2>{static_cast<T>(u[0] < prob), static_cast<T>(u[1] < prob)};
+      std::array<uint32_t, 4> w = Philox::block(seed, 0, counter + p);
+      return std::array<T, 2>{static_cast<T>(uint64_t{w[0]} < threshold), static_cast<T>(uint64_t{w[2]} < threshold)};
     });
   });
 }
@@ -194,7 +198,10 @@ std::vector<Tensor> reference_normal(const std::vector<Tensor>& in, const Attrs&
 }
 
 std::vector<Tensor> reference_bernoulli(const std::vector<Tensor>& in, const Attrs& attrs) {
-  return reference_draw(in[0], [&](int64_t i) { return reference_u(attrs, i) < attrs.value ? 1.0 : 0.0; });
+  return reference_draw(in[0], [&](int64_t i) {
+    double u = words_of(attrs, i)[static_cast<size_t>(i % 2) * 2] / 4294967296.0;
+    return u < attrs.value ? 1.0 : 0.0;
+  });
 }
 
 }  // namespace
