@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #if defined(__CUDACC__)
@@ -56,7 +55,14 @@ struct Pow {
 // ---- unary math (floating, except Abs and Relu) ---------------------------------------------------
 
 struct Abs {
-  template <typename T> MF_HOST_DEVICE T operator()(T x) const { return std::abs(x); }
+  template <typename T>
+  MF_HOST_DEVICE T operator()(T x) const {
+    if constexpr (std::is_integral_v<T>) {
+      return x < 0 ? -x : x;
+    } else {
+      return std::fabs(x);  // also turns -0 into +0
+    }
+  }
 };
 // NaN compares false, so it passes through as in PyTorch.
 struct Relu {
