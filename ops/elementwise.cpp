@@ -1,6 +1,6 @@
-// Elementwise ops: arithmetic, math functions, comparisons, logic, casts and copies.
-// Binary ops broadcast (NumPy rules); the public functions promote mixed dtypes with a cast first,
-// so kernels see one dtype.
+// Elementwise ops: arithmetic, powers, math functions, clamp, comparisons, logic, where/masked_fill,
+// casts and copies. Binary ops broadcast (NumPy rules); the public functions promote mixed dtypes with
+// a cast first, so kernels see one dtype (logical ops excepted: they read each operand as truthy).
 #include "ops/families.h"
 #include "ops/loops.h"
 #include "ops/math.h"
@@ -8,9 +8,26 @@
 #include "ops/reference.h"
 
 #include <cmath>
+#include <functional>
+#include <limits>
 
 namespace mf {
 namespace {
+
+// ---- shared helpers -----------------------------------------------------------------------------
+
+/// A scalar operand as a 0-dim tensor beside `like`: same dtype, except a fractional value next to an
+/// integer tensor, which promotes to float32, and a value other than 0 or 1 next to a bool tensor,
+/// which promotes to int64, as in PyTorch.
+Tensor scalar_like(double value, const Tensor& like) {
+  DType dtype = like.dtype();
+  if (dtype == DType::Bool && value != 0 && value != 1) dtype = DType::Int64;
+  if (!is_floating(dtype) && value != std::floor(value)) dtype = DType::Float32;
+  return scalar_tensor(value, dtype, like.device());
+}
+
+/// A bool tensor of 0s and 1s from a fixed seed (masks and conditions for samples).
+Tensor sample_bools(const Shape& shape, uint64_t seed) { return reference::randint(shape, 2, seed).to(DType::Bool); }
 
 // ---- shared fronts and kernels ------------------------------------------------------------------
 
@@ -23,8 +40,20 @@ std::vector<OutputSpec> infer_binary_arith(const std::vector<Tensor>& in, const 
   return {{broadcast_shapes(a.shape(), b.shape()), a.dtype()}};
 }
 
+std::vector<OutputSpec> infer_binary_float(const std::vector<Tensor>& in, const Attrs& attrs) {
+  MF_CHECK(is_floating(in[0].dtype()), "expects floating tensors, got {}", dtype_name(in[0].dtype()));
+  return infer_binary_arith(in, attrs);
+}
+
 std::vector<OutputSpec> infer_unary_same(const std::vector<Tensor>& in, const Attrs&) {
   MF_CHECK(in[0].dtype() != DType::Bool, "not defined for bool tensors (shape {})", shape_str(in[0].shape()));
+  return {{in[0].shape(), in[0].dtype()}};
+}
+
+// The public functions cast integer inputs to float32 first, as PyTorch does for exp, log, ...
+std::vector<OutputSpec> infer_unary_float(const std::vector<Tensor>& in, const Attrs&) {
+  MF_CHECK(is_floating(in[0].dtype()), "expects a floating tensor, got {} (shape {})", dtype_name(in[0].dtype()),
+           shape_str(in[0].shape()));
   return {{in[0].shape(), in[0].dtype()}};
 }
 
@@ -36,10 +65,20 @@ void cpu_binary(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
 }
 
 template <typename Fn>
+void cpu_binary_float(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  visit_floating(out[0].dtype(), [&]<typename T>() { cpu::map<T, T, T>(out[0], {&in[0], &in[1]}, Fn{}); });
+}
+
+template <typename Fn>
 void cpu_unary(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) cpu::map<T, T>(out[0], {&in[0]}, Fn{});
   });
+}
+
+template <typename Fn>
+void cpu_unary_float(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  visit_floating(out[0].dtype(), [&]<typename T>() { cpu::map<T, T>(out[0], {&in[0]}, Fn{}); });
 }
 
 template <typename Fn>
@@ -50,6 +89,12 @@ std::vector<Tensor> reference_binary(const std::vector<Tensor>& in, const Attrs&
 template <typename Fn>
 std::vector<Tensor> reference_unary(const std::vector<Tensor>& in, const Attrs&) {
   return {reference::map(in, in[0].dtype(), [](std::span<const double> v) { return Fn{}(v[0]); })};
+}
+
+/// Reference from a formula in double, written apart from the kernel's functor.
+template <double (*F)(double)>
+std::vector<Tensor> reference_formula(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, in[0].dtype(), [](std::span<const double> v) { return F(v[0]); })};
 }
 
 /// Same-shape, broadcast rows/columns, trailing-dim and scalar cases, with b drawn from [low, high).
@@ -68,6 +113,13 @@ std::vector<Sample> unary_samples(double low, double high) {
       {"3-d", {reference::uniform({2, 3, 5}, low, high, 12)}},
       {"scalar", {reference::uniform({}, low, high, 13)}},
   };
+}
+
+/// unary_samples(-2, 2) plus int64 values of both signs, for ops that keep integer dtypes.
+std::vector<Sample> signed_samples() {
+  std::vector<Sample> samples = unary_samples(-2, 2);
+  samples.push_back({"int64", {reference::randint({7}, 9, 14).sub(4.0)}});
+  return samples;
 }
 
 // ---- arithmetic ---------------------------------------------------------------------------------
@@ -91,6 +143,322 @@ std::vector<Tensor> div_backward(const GradContext& ctx) {
 
 std::vector<Tensor> neg_backward(const GradContext& ctx) { return {neg(ctx.grads[0])}; }
 
+// ---- powers -------------------------------------------------------------------------------------
+
+// d(a^b)/da = b a^(b-1) (0 where b = 0, even at a = 0); d(a^b)/db = a^b log(a) (0 where a = 0 and
+// b >= 0, the limit PyTorch takes).
+std::vector<Tensor> pow_backward(const GradContext& ctx) {
+  const Tensor &a = ctx.inputs[0], &b = ctx.inputs[1], &g = ctx.grads[0], &out = ctx.outputs[0];
+  Tensor zero = scalar_like(0, a);
+  Tensor da, db;
+  if (ctx.needs_grad[0]) da = masked_fill(mul(g, mul(b, pow(a, b - 1.0))), eq(b, zero), 0);
+  if (ctx.needs_grad[1]) db = masked_fill(mul(g, mul(out, log(a))), logical_and(eq(a, zero), ge(b, zero)), 0);
+  return {da, db};
+}
+
+std::vector<Sample> pow_samples() {
+  // Positive bases, so that log(base) in the exponent's gradient is finite.
+  return {
+      {"same shape", {reference::uniform({3, 4}, 0.5, 2, 31), reference::randn({3, 4}, 32)}},
+      {"row x column", {reference::uniform({3, 1}, 0.5, 2, 33), reference::randn({1, 4}, 34)}},
+      {"scalar exponent", {reference::uniform({2, 3}, 0.5, 2, 35), reference::randn({}, 36)}},
+      {"scalar base", {reference::uniform({}, 0.5, 2, 37), reference::randn({2, 3}, 38)}},
+      {"int64", {reference::randint({3, 4}, 5, 39), reference::randint({4}, 4, 40)}},
+  };
+}
+
+std::vector<OutputSpec> infer_pow_scalar(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  MF_CHECK(x.dtype() != DType::Bool, "not defined for bool tensors (shape {})", shape_str(x.shape()));
+  if (!is_floating(x.dtype()))
+    MF_CHECK(attrs.value >= 0 && attrs.value == std::floor(attrs.value),
+             "integer tensors (shape {}) need a non-negative integer exponent, got {}", shape_str(x.shape()),
+             attrs.value);
+  return {{x.shape(), x.dtype()}};
+}
+
+void cpu_pow_scalar(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  visit_dtype(out[0].dtype(), [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      T c = static_cast<T>(attrs.value);
+      if (attrs.value == 2) {
+        cpu::map<T, T>(out[0], {&in[0]}, [](T x) { return x * x; });
+      } else {
+        cpu::map<T, T>(out[0], {&in[0]}, [c](T x) { return math::Pow{}(x, c); });
+      }
+    }
+  });
+}
+
+// d(x^c)/dx = c x^(c-1), and 0 for c = 0.
+std::vector<Tensor> pow_scalar_backward(const GradContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  double c = ctx.attrs.value;
+  if (c == 0) return {zeros_like(ctx.grads[0])};
+  return {mul(ctx.grads[0], pow(x, c - 1).mul(c))};
+}
+
+std::vector<Tensor> reference_pow_scalar(const std::vector<Tensor>& in, const Attrs& attrs) {
+  return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) { return std::pow(v[0], attrs.value); })};
+}
+
+std::vector<Sample> pow_scalar_samples() {
+  return {
+      {"square", {reference::randn({3, 4}, 41)}, {.value = 2}},
+      {"cube, 3-d", {reference::randn({2, 3, 4}, 42)}, {.value = 3}},
+      {"square root", {reference::uniform({3, 4}, 0.5, 2, 43)}, {.value = 0.5}},
+      {"negative fractional", {reference::uniform({5}, 0.5, 2, 44)}, {.value = -1.5}},
+      {"zero exponent", {reference::randn({4}, 45)}, {.value = 0}},
+      {"scalar", {reference::uniform({}, 0.5, 2, 46)}, {.value = 2.5}},
+      {"int64", {reference::randint({6}, 5, 47)}, {.value = 3}},
+  };
+}
+
+// ---- unary math ---------------------------------------------------------------------------------
+
+// d|x|/dx = sign(x), 0 at 0 as in PyTorch.
+std::vector<Tensor> abs_backward(const GradContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  Tensor zero = scalar_like(0, x);
+  return {mul(ctx.grads[0], sub(gt(x, zero).to(x.dtype()), lt(x, zero).to(x.dtype())))};
+}
+
+// Rules below that read the output save it (saves_outputs) instead of the input.
+std::vector<Tensor> exp_backward(const GradContext& ctx) { return {mul(ctx.grads[0], ctx.outputs[0])}; }
+std::vector<Tensor> log_backward(const GradContext& ctx) { return {div(ctx.grads[0], ctx.inputs[0])}; }
+// d sqrt(x)/dx = 1 / (2 sqrt(x))
+std::vector<Tensor> sqrt_backward(const GradContext& ctx) { return {div(ctx.grads[0], ctx.outputs[0] * 2.0)}; }
+// d x^(-1/2)/dx = -x^(-3/2) / 2 = -out^3 / 2
+std::vector<Tensor> rsqrt_backward(const GradContext& ctx) {
+  const Tensor& out = ctx.outputs[0];
+  return {mul(ctx.grads[0], out * out * out * -0.5)};
+}
+// Gradient where the output is positive (PyTorch's threshold_backward on the result).
+std::vector<Tensor> relu_backward(const GradContext& ctx) {
+  const Tensor& out = ctx.outputs[0];
+  return {masked_fill(ctx.grads[0], le(out, scalar_like(0, out)), 0)};
+}
+// d tanh/dx = 1 - tanh^2
+std::vector<Tensor> tanh_backward(const GradContext& ctx) {
+  const Tensor& out = ctx.outputs[0];
+  return {mul(ctx.grads[0], 1.0 - out * out)};
+}
+// d sigmoid/dx = sigmoid (1 - sigmoid)
+std::vector<Tensor> sigmoid_backward(const GradContext& ctx) {
+  const Tensor& out = ctx.outputs[0];
+  return {mul(ctx.grads[0], out * (1.0 - out))};
+}
+
+std::vector<Tensor> gelu_backward(const GradContext& ctx) {
+  return {call1(OpId::gelu_backward, {ctx.grads[0], ctx.inputs[0]}, {}, ctx.site)};
+}
+
+// gelu_backward(grad, x) = grad * (Phi(x) + x phi(x)); its derivative in x is
+// grad * (phi + phi + x phi') = grad * phi(x) (2 - x^2), since phi'(x) = -x phi(x).
+std::vector<Tensor> gelu_backward_backward(const GradContext& ctx) {
+  const Tensor &grad = ctx.inputs[0], &x = ctx.inputs[1], &gg = ctx.grads[0];
+  Tensor dgrad, dx;
+  if (ctx.needs_grad[0]) dgrad = call1(OpId::gelu_backward, {gg, x}, {}, ctx.site);
+  if (ctx.needs_grad[1]) {
+    Tensor pdf = exp(x * x * -0.5) * 0.39894228040143267794;
+    dx = mul(gg * grad, pdf * (2.0 - x * x));
+  }
+  return {dgrad, dx};
+}
+
+double ref_abs(double x) { return std::fabs(x); }
+double ref_exp(double x) { return std::exp(x); }
+double ref_log(double x) { return std::log(x); }
+double ref_sqrt(double x) { return std::sqrt(x); }
+double ref_rsqrt(double x) { return 1.0 / std::sqrt(x); }
+double ref_relu(double x) { return x > 0 ? x : 0; }
+double ref_tanh(double x) { return std::tanh(x); }
+double ref_sigmoid(double x) { return 0.5 * (1 + std::tanh(x / 2)); }
+double ref_gelu(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
+
+std::vector<Tensor> reference_gelu_backward(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, in[0].dtype(), [](std::span<const double> v) {
+    double x = v[1];
+    return v[0] * (0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI));
+  })};
+}
+
+// ---- clamp --------------------------------------------------------------------------------------
+
+std::vector<OutputSpec> infer_clamp(const std::vector<Tensor>& in, const Attrs& attrs) {
+  MF_CHECK(attrs.min || attrs.max, "at least one of min and max must be given");
+  return infer_unary_same(in, attrs);
+}
+
+void cpu_clamp(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  visit_dtype(out[0].dtype(), [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      using limits = std::numeric_limits<T>;
+      T lowest = limits::has_infinity ? -limits::infinity() : limits::lowest();
+      T highest = limits::has_infinity ? limits::infinity() : limits::max();
+      math::Clamp<T> fn{attrs.min ? static_cast<T>(*attrs.min) : lowest,
+                        attrs.max ? static_cast<T>(*attrs.max) : highest};
+      cpu::map<T, T>(out[0], {&in[0]}, fn);
+    }
+  });
+}
+
+// The gradient passes where min <= x <= max (bounds included, as PyTorch).
+std::vector<Tensor> clamp_backward(const GradContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  Tensor outside;
+  if (ctx.attrs.min) outside = lt(x, scalar_like(*ctx.attrs.min, x));
+  if (ctx.attrs.max) {
+    Tensor above = gt(x, scalar_like(*ctx.attrs.max, x));
+    outside = outside.defined() ? logical_or(outside, above) : above;
+  }
+  return {masked_fill(ctx.grads[0], outside, 0)};
+}
+
+std::vector<Tensor> reference_clamp(const std::vector<Tensor>& in, const Attrs& attrs) {
+  return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) {
+    double x = v[0];
+    if (attrs.min) x = std::max(x, *attrs.min);
+    if (attrs.max) x = std::min(x, *attrs.max);
+    return x;
+  })};
+}
+
+std::vector<Sample> clamp_samples() {
+  return {
+      {"both bounds", {reference::randn({3, 4}, 71)}, {.min = -0.5, .max = 0.5}},
+      {"min only, 3-d", {reference::randn({2, 3, 4}, 72)}, {.min = 0}},
+      {"max only, scalar", {reference::randn({}, 73)}, {.max = -0.25}},
+      {"min above max", {reference::randn({5}, 74)}, {.min = 1, .max = -1}},
+      {"int64", {reference::randint({6}, 9, 75)}, {.min = 2, .max = 5}},
+  };
+}
+
+// ---- comparisons and logic ----------------------------------------------------------------------
+
+std::vector<OutputSpec> infer_compare(const std::vector<Tensor>& in, const Attrs&) {
+  const Tensor &a = in[0], &b = in[1];
+  MF_CHECK(a.dtype() == b.dtype(), "dtypes {} and {} differ (promote first)", dtype_name(a.dtype()),
+           dtype_name(b.dtype()));
+  return {{broadcast_shapes(a.shape(), b.shape()), DType::Bool}};
+}
+
+template <typename Fn>
+void cpu_compare(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  visit_dtype(in[0].dtype(), [&]<typename T>() { cpu::map<bool, T, T>(out[0], {&in[0], &in[1]}, Fn{}); });
+}
+
+template <typename Compare>
+std::vector<Tensor> reference_compare(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, DType::Bool, [](std::span<const double> v) { return Compare{}(v[0], v[1]) ? 1.0 : 0.0; })};
+}
+
+std::vector<Sample> compare_samples() {
+  return {
+      {"floats", {reference::randn({3, 4}, 81), reference::randn({3, 4}, 82)}},
+      {"ties, row x column",
+       {reference::randint({3, 1}, 3, 83).to(DType::Float64), reference::randint({1, 4}, 3, 84).to(DType::Float64)}},
+      {"int64, trailing dim", {reference::randint({2, 3, 4}, 3, 85), reference::randint({4}, 3, 86)}},
+      {"bool", {sample_bools({2, 3}, 87), sample_bools({2, 3}, 88)}},
+      {"scalar", {reference::randn({}, 89), reference::randn({2, 3}, 90)}},
+  };
+}
+
+std::vector<OutputSpec> infer_logical(const std::vector<Tensor>& in, const Attrs&) {
+  Shape shape = in[0].shape();
+  if (in.size() == 2) shape = broadcast_shapes(shape, in[1].shape());
+  return {{shape, DType::Bool}};
+}
+
+void cpu_logical_not(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  visit_dtype(in[0].dtype(), [&]<typename A>() { cpu::map<bool, A>(out[0], {&in[0]}, math::LogicalNot{}); });
+}
+
+// Operands may have different dtypes: each is read as truthy in its own type.
+template <typename Fn>
+void cpu_logical_binary(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  visit_dtype(in[0].dtype(), [&]<typename A>() {
+    visit_dtype(in[1].dtype(), [&]<typename B>() { cpu::map<bool, A, B>(out[0], {&in[0], &in[1]}, Fn{}); });
+  });
+}
+
+std::vector<Tensor> reference_logical_not(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, DType::Bool, [](std::span<const double> v) { return v[0] == 0 ? 1.0 : 0.0; })};
+}
+
+template <bool kAnd>
+std::vector<Tensor> reference_logical(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, DType::Bool, [](std::span<const double> v) {
+    bool a = v[0] != 0, b = v[1] != 0;
+    return (kAnd ? a && b : a || b) ? 1.0 : 0.0;
+  })};
+}
+
+std::vector<Sample> logical_samples(bool binary) {
+  Tensor truthy = reference::randint({2, 3}, 3, 91).to(DType::Float64);  // 0, 1, 2
+  if (!binary)
+    return {{"bool", {sample_bools({3, 4}, 92)}}, {"float", {truthy}}, {"int64", {reference::randint({5}, 2, 93)}}};
+  return {
+      {"bool, row x column", {sample_bools({3, 1}, 94), sample_bools({1, 4}, 95)}},
+      {"float and int64", {truthy, reference::randint({3}, 2, 96)}},
+      {"scalar", {sample_bools({}, 97), sample_bools({2, 2}, 98)}},
+  };
+}
+
+// ---- selection ----------------------------------------------------------------------------------
+
+std::vector<OutputSpec> infer_where(const std::vector<Tensor>& in, const Attrs&) {
+  const Tensor &cond = in[0], &a = in[1], &b = in[2];
+  MF_CHECK(cond.dtype() == DType::Bool, "condition must be a bool tensor, got {} (shape {})",
+           dtype_name(cond.dtype()), shape_str(cond.shape()));
+  MF_CHECK(a.dtype() == b.dtype(), "dtypes {} and {} differ (promote first)", dtype_name(a.dtype()),
+           dtype_name(b.dtype()));
+  return {{broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape())), a.dtype()}};
+}
+
+void cpu_where(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  visit_dtype(out[0].dtype(), [&]<typename T>() {
+    cpu::map<T, bool, T, T>(out[0], {&in[0], &in[1], &in[2]}, math::Where{});
+  });
+}
+
+std::vector<Tensor> where_backward(const GradContext& ctx) {
+  const Tensor &cond = ctx.inputs[0], &g = ctx.grads[0];
+  return {Tensor(), ctx.needs_grad[1] ? masked_fill(g, logical_not(cond), 0) : Tensor(),
+          ctx.needs_grad[2] ? masked_fill(g, cond, 0) : Tensor()};
+}
+
+std::vector<Tensor> reference_where(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, in[1].dtype(), [](std::span<const double> v) { return v[0] != 0 ? v[1] : v[2]; })};
+}
+
+std::vector<OutputSpec> infer_masked_fill(const std::vector<Tensor>& in, const Attrs&) {
+  const Tensor &x = in[0], &mask = in[1];
+  MF_CHECK(mask.dtype() == DType::Bool, "mask must be a bool tensor, got {} (shape {})", dtype_name(mask.dtype()),
+           shape_str(mask.shape()));
+  bool broadcasts = mask.dim() <= x.dim();
+  for (int64_t d = 1; broadcasts && d <= mask.dim(); ++d)
+    broadcasts = mask.size(-d) == 1 || mask.size(-d) == x.size(-d);
+  MF_CHECK(broadcasts, "mask of shape {} does not broadcast to the input's shape {}", shape_str(mask.shape()),
+           shape_str(x.shape()));
+  return {{x.shape(), x.dtype()}};
+}
+
+void cpu_masked_fill(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  visit_dtype(out[0].dtype(), [&]<typename T>() {
+    T value = static_cast<T>(attrs.value);
+    cpu::map<T, T, bool>(out[0], {&in[0], &in[1]}, [value](T x, bool m) { return math::select(m, value, x); });
+  });
+}
+
+std::vector<Tensor> masked_fill_backward(const GradContext& ctx) {
+  return {masked_fill(ctx.grads[0], ctx.inputs[1], 0), Tensor()};
+}
+
+std::vector<Tensor> reference_masked_fill(const std::vector<Tensor>& in, const Attrs& attrs) {
+  return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) { return v[1] != 0 ? attrs.value : v[0]; })};
+}
+
 // ---- copies -------------------------------------------------------------------------------------
 
 std::vector<OutputSpec> infer_copy(const std::vector<Tensor>& in, const Attrs&) {
@@ -105,6 +473,17 @@ std::vector<Tensor> copy_backward(const GradContext& ctx) { return {ctx.grads[0]
 
 std::vector<Tensor> reference_copy(const std::vector<Tensor>& in, const Attrs&) {
   return {reference::map(in, in[0].dtype(), [](std::span<const double> v) { return v[0]; })};
+}
+
+// Copies between devices. The CPU kernel serves cpu -> cpu; copies that touch a GPU belong to the CUDA
+// layer (a build without CUDA cannot even allocate the CUDA output, and says so).
+void cpu_to_device(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  MF_CHECK(out[0].device().is_cpu(), "copying from cpu to {} needs the CUDA backend", out[0].device().str());
+  cpu_copy(in, out, attrs);
+}
+
+std::vector<Tensor> to_device_backward(const GradContext& ctx) {
+  return {ctx.grads[0].to(ctx.inputs[0].device(), ctx.site)};
 }
 
 std::vector<OutputSpec> infer_cast(const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -158,6 +537,102 @@ void register_elementwise_ops(Registry& r) {
                           };
                         },
                         .reference = reference_cast});
+  r.define(OpId::to_device, {.name = "to_device", .infer = infer_copy, .kernels = {cpu_to_device},
+                             .backward = to_device_backward, .mixes_devices = true,
+                             .samples = [] {
+                               return std::vector<Sample>{
+                                   {"cpu to cpu", {reference::randn({3, 4}, 24)}, {.device = Device::cpu()}},
+                                   {"int64 scalar", {reference::randint({}, 9, 25)}, {.device = Device::cpu()}},
+                               };
+                             },
+                             .reference = reference_copy});
+
+  r.define(OpId::pow, {.name = "pow", .infer = infer_binary_arith, .kernels = {cpu_binary<math::Pow>},
+                       .backward = pow_backward, .saves_outputs = true, .samples = pow_samples,
+                       .reference = reference_binary<math::Pow>});
+  r.define(OpId::pow_scalar, {.name = "pow_scalar", .infer = infer_pow_scalar, .kernels = {cpu_pow_scalar},
+                              .backward = pow_scalar_backward, .samples = pow_scalar_samples,
+                              .reference = reference_pow_scalar});
+
+  auto unary = [&](OpId id, std::string_view name, InferFn infer, KernelFn kernel, BackwardFn backward,
+                   bool saves_output, SamplesFn samples, ReferenceFn reference) {
+    r.define(id, {.name = name, .infer = infer, .kernels = {kernel}, .backward = backward,
+                  .saves_inputs = !saves_output, .saves_outputs = saves_output, .samples = samples,
+                  .reference = reference});
+  };
+  SamplesFn any_sign = [] { return unary_samples(-2, 2); };
+  SamplesFn positive = [] { return unary_samples(0.5, 3); };
+  SamplesFn wide = [] { return unary_samples(-4, 4); };
+  unary(OpId::abs, "abs", infer_unary_same, cpu_unary<math::Abs>, abs_backward, false, signed_samples,
+        reference_formula<ref_abs>);
+  unary(OpId::exp, "exp", infer_unary_float, cpu_unary_float<math::Exp>, exp_backward, true, any_sign,
+        reference_formula<ref_exp>);
+  unary(OpId::log, "log", infer_unary_float, cpu_unary_float<math::Log>, log_backward, false, positive,
+        reference_formula<ref_log>);
+  unary(OpId::sqrt, "sqrt", infer_unary_float, cpu_unary_float<math::Sqrt>, sqrt_backward, true, positive,
+        reference_formula<ref_sqrt>);
+  unary(OpId::rsqrt, "rsqrt", infer_unary_float, cpu_unary_float<math::Rsqrt>, rsqrt_backward, true, positive,
+        reference_formula<ref_rsqrt>);
+  unary(OpId::relu, "relu", infer_unary_same, cpu_unary<math::Relu>, relu_backward, true, signed_samples,
+        reference_formula<ref_relu>);
+  unary(OpId::gelu, "gelu", infer_unary_float, cpu_unary_float<math::Gelu>, gelu_backward, false, wide,
+        reference_formula<ref_gelu>);
+  unary(OpId::tanh, "tanh", infer_unary_float, cpu_unary_float<math::Tanh>, tanh_backward, true, wide,
+        reference_formula<ref_tanh>);
+  unary(OpId::sigmoid, "sigmoid", infer_unary_float, cpu_unary_float<math::Sigmoid>, sigmoid_backward, true, wide,
+        reference_formula<ref_sigmoid>);
+  r.define(OpId::gelu_backward, {.name = "gelu_backward", .infer = infer_binary_float,
+                                 .kernels = {cpu_binary_float<math::GeluBackward>},
+                                 .backward = gelu_backward_backward, .samples = [] { return binary_samples(-3, 3); },
+                                 .reference = reference_gelu_backward});
+  r.define(OpId::clamp, {.name = "clamp", .infer = infer_clamp, .kernels = {cpu_clamp}, .backward = clamp_backward,
+                         .samples = clamp_samples, .reference = reference_clamp});
+
+  auto comparison = [&](OpId id, std::string_view name, KernelFn kernel, ReferenceFn reference) {
+    r.define(id, {.name = name, .infer = infer_compare, .kernels = {kernel}, .samples = compare_samples,
+                  .reference = reference});
+  };
+  comparison(OpId::eq, "eq", cpu_compare<math::Eq>, reference_compare<std::equal_to<>>);
+  comparison(OpId::ne, "ne", cpu_compare<math::Ne>, reference_compare<std::not_equal_to<>>);
+  comparison(OpId::lt, "lt", cpu_compare<math::Lt>, reference_compare<std::less<>>);
+  comparison(OpId::le, "le", cpu_compare<math::Le>, reference_compare<std::less_equal<>>);
+  comparison(OpId::gt, "gt", cpu_compare<math::Gt>, reference_compare<std::greater<>>);
+  comparison(OpId::ge, "ge", cpu_compare<math::Ge>, reference_compare<std::greater_equal<>>);
+  r.define(OpId::logical_not, {.name = "logical_not", .infer = infer_logical, .kernels = {cpu_logical_not},
+                               .samples = [] { return logical_samples(false); }, .reference = reference_logical_not});
+  r.define(OpId::logical_and, {.name = "logical_and", .infer = infer_logical,
+                               .kernels = {cpu_logical_binary<math::LogicalAnd>},
+                               .samples = [] { return logical_samples(true); }, .reference = reference_logical<true>});
+  r.define(OpId::logical_or, {.name = "logical_or", .infer = infer_logical,
+                              .kernels = {cpu_logical_binary<math::LogicalOr>},
+                              .samples = [] { return logical_samples(true); }, .reference = reference_logical<false>});
+
+  r.define(OpId::where, {.name = "where", .infer = infer_where, .kernels = {cpu_where}, .backward = where_backward,
+                         .samples = [] {
+                           return std::vector<Sample>{
+                               {"same shape", {sample_bools({3, 4}, 101), reference::randn({3, 4}, 102),
+                                               reference::randn({3, 4}, 103)}},
+                               {"all three broadcast", {sample_bools({3, 1}, 104), reference::randn({1, 4}, 105),
+                                                        reference::randn({}, 106)}},
+                               {"3-d, int64", {sample_bools({4}, 107), reference::randint({2, 3, 4}, 9, 108),
+                                               reference::randint({3, 1}, 9, 109)}},
+                           };
+                         },
+                         .reference = reference_where});
+  r.define(OpId::masked_fill, {.name = "masked_fill", .infer = infer_masked_fill, .kernels = {cpu_masked_fill},
+                               .backward = masked_fill_backward,
+                               .samples = [] {
+                                 return std::vector<Sample>{
+                                     {"same shape", {reference::randn({3, 4}, 111), sample_bools({3, 4}, 112)},
+                                      {.value = -7.5}},
+                                     {"broadcast mask", {reference::randn({2, 3, 4}, 113), sample_bools({3, 1}, 114)},
+                                      {.value = 2.5}},
+                                     {"scalar mask", {reference::randn({2, 3}, 115), sample_bools({}, 116)}, {}},
+                                     {"int64", {reference::randint({5}, 9, 117), sample_bools({5}, 118)},
+                                      {.value = -3}},
+                                 };
+                               },
+                               .reference = reference_masked_fill});
 }
 
 // ---- public API -----------------------------------------------------------------------------------
@@ -169,13 +644,10 @@ std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b, const Site&
   return {a.dtype() == dtype ? a : a.to(dtype, site), b.dtype() == dtype ? b : b.to(dtype, site)};
 }
 
-/// A scalar operand as a 0-dim tensor beside `like`: same dtype, except a fractional value next to an
-/// integer tensor, which promotes to float32 as in PyTorch.
-Tensor scalar_like(double value, const Tensor& like) {
-  DType dtype = like.dtype();
-  if (!is_floating(dtype) && value != std::floor(value)) dtype = DType::Float32;
-  return scalar_tensor(value, dtype, like.device());
-}
+/// Integer and bool inputs of float-only functions compute in float32, as in PyTorch.
+Tensor floating(const Tensor& x, const Site& site) { return is_floating(x.dtype()) ? x : x.to(DType::Float32, site); }
+
+bool fractional(std::optional<double> value) { return value && *value != std::floor(*value); }
 
 Tensor binary(OpId id, const Tensor& a, const Tensor& b, const Site& site) {
   auto [x, y] = promoted(a, b, site);
@@ -189,6 +661,43 @@ Tensor mul(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::mu
 Tensor div(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::div, a, b, site); }
 Tensor neg(const Tensor& x, Site site) { return call1(OpId::neg, {x}, {}, site); }
 
+Tensor pow(const Tensor& base, const Tensor& exponent, Site site) { return binary(OpId::pow, base, exponent, site); }
+Tensor pow(const Tensor& base, double exponent, Site site) {
+  Tensor x = fractional(exponent) ? floating(base, site) : base;
+  return call1(OpId::pow_scalar, {x}, {.value = exponent}, site);
+}
+Tensor abs(const Tensor& x, Site site) { return call1(OpId::abs, {x}, {}, site); }
+Tensor exp(const Tensor& x, Site site) { return call1(OpId::exp, {floating(x, site)}, {}, site); }
+Tensor log(const Tensor& x, Site site) { return call1(OpId::log, {floating(x, site)}, {}, site); }
+Tensor sqrt(const Tensor& x, Site site) { return call1(OpId::sqrt, {floating(x, site)}, {}, site); }
+Tensor rsqrt(const Tensor& x, Site site) { return call1(OpId::rsqrt, {floating(x, site)}, {}, site); }
+Tensor relu(const Tensor& x, Site site) { return call1(OpId::relu, {x}, {}, site); }
+Tensor gelu(const Tensor& x, Site site) { return call1(OpId::gelu, {floating(x, site)}, {}, site); }
+Tensor tanh(const Tensor& x, Site site) { return call1(OpId::tanh, {floating(x, site)}, {}, site); }
+Tensor sigmoid(const Tensor& x, Site site) { return call1(OpId::sigmoid, {floating(x, site)}, {}, site); }
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Site site) {
+  Tensor input = fractional(min) || fractional(max) ? floating(x, site) : x;
+  return call1(OpId::clamp, {input}, {.min = min, .max = max}, site);
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Site site) {
+  auto [x, y] = promoted(a, b, site);
+  return call1(OpId::where, {cond, x, y}, {}, site);
+}
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value, Site site) {
+  return call1(OpId::masked_fill, {x, mask}, {.value = value}, site);
+}
+
+Tensor eq(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::eq, a, b, site); }
+Tensor ne(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::ne, a, b, site); }
+Tensor lt(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::lt, a, b, site); }
+Tensor le(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::le, a, b, site); }
+Tensor gt(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::gt, a, b, site); }
+Tensor ge(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::ge, a, b, site); }
+Tensor logical_not(const Tensor& x, Site site) { return call1(OpId::logical_not, {x}, {}, site); }
+Tensor logical_and(const Tensor& a, const Tensor& b, Site site) { return call1(OpId::logical_and, {a, b}, {}, site); }
+Tensor logical_or(const Tensor& a, const Tensor& b, Site site) { return call1(OpId::logical_or, {a, b}, {}, site); }
+
 Tensor Tensor::add(const Tensor& other, Site site) const { return mf::add(*this, other, site); }
 Tensor Tensor::sub(const Tensor& other, Site site) const { return mf::sub(*this, other, site); }
 Tensor Tensor::mul(const Tensor& other, Site site) const { return mf::mul(*this, other, site); }
@@ -198,6 +707,35 @@ Tensor Tensor::sub(double other, Site site) const { return mf::sub(*this, scalar
 Tensor Tensor::mul(double other, Site site) const { return mf::mul(*this, scalar_like(other, *this), site); }
 Tensor Tensor::div(double other, Site site) const { return mf::div(*this, scalar_like(other, *this), site); }
 Tensor Tensor::neg(Site site) const { return mf::neg(*this, site); }
+Tensor Tensor::pow(double exponent, Site site) const { return mf::pow(*this, exponent, site); }
+Tensor Tensor::pow(const Tensor& exponent, Site site) const { return mf::pow(*this, exponent, site); }
+Tensor Tensor::abs(Site site) const { return mf::abs(*this, site); }
+Tensor Tensor::exp(Site site) const { return mf::exp(*this, site); }
+Tensor Tensor::log(Site site) const { return mf::log(*this, site); }
+Tensor Tensor::sqrt(Site site) const { return mf::sqrt(*this, site); }
+Tensor Tensor::rsqrt(Site site) const { return mf::rsqrt(*this, site); }
+Tensor Tensor::relu(Site site) const { return mf::relu(*this, site); }
+Tensor Tensor::gelu(Site site) const { return mf::gelu(*this, site); }
+Tensor Tensor::tanh(Site site) const { return mf::tanh(*this, site); }
+Tensor Tensor::sigmoid(Site site) const { return mf::sigmoid(*this, site); }
+Tensor Tensor::clamp(std::optional<double> min, std::optional<double> max, Site site) const {
+  return mf::clamp(*this, min, max, site);
+}
+Tensor Tensor::masked_fill(const Tensor& mask, double value, Site site) const {
+  return mf::masked_fill(*this, mask, value, site);
+}
+
+Tensor Tensor::eq(const Tensor& other, Site site) const { return mf::eq(*this, other, site); }
+Tensor Tensor::ne(const Tensor& other, Site site) const { return mf::ne(*this, other, site); }
+Tensor Tensor::lt(const Tensor& other, Site site) const { return mf::lt(*this, other, site); }
+Tensor Tensor::le(const Tensor& other, Site site) const { return mf::le(*this, other, site); }
+Tensor Tensor::gt(const Tensor& other, Site site) const { return mf::gt(*this, other, site); }
+Tensor Tensor::ge(const Tensor& other, Site site) const { return mf::ge(*this, other, site); }
+Tensor Tensor::eq(double other, Site site) const { return mf::eq(*this, scalar_like(other, *this), site); }
+Tensor Tensor::ne(double other, Site site) const { return mf::ne(*this, scalar_like(other, *this), site); }
+Tensor Tensor::logical_not(Site site) const { return mf::logical_not(*this, site); }
+Tensor Tensor::logical_and(const Tensor& other, Site site) const { return mf::logical_and(*this, other, site); }
+Tensor Tensor::logical_or(const Tensor& other, Site site) const { return mf::logical_or(*this, other, site); }
 
 Tensor operator+(At a, const Tensor& b) { return add(a.tensor, b, a.site); }
 Tensor operator-(At a, const Tensor& b) { return sub(a.tensor, b, a.site); }
@@ -229,6 +767,11 @@ Tensor& Tensor::mul_(const Tensor& other, Site site) {
 Tensor& Tensor::mul_(double other, Site site) { return mul_(scalar_tensor(other, dtype(), device()), site); }
 Tensor& Tensor::div_(const Tensor& other, Site site) {
   call_inplace(OpId::div, *this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
+  return *this;
+}
+
+Tensor& Tensor::masked_fill_(const Tensor& mask, double value, Site site) {
+  call_inplace(OpId::masked_fill, *this, {*this, mask}, {.value = value}, site);
   return *this;
 }
 
