@@ -22,12 +22,14 @@ namespace {
 /// Visits `shape` (at least 1-D, non-empty) one row of its last dim at a time, calling
 /// row(offsets, r) with each operand's element offset at the start of row r; along the row, operand
 /// k advances by strides[k].back(). Rows go to threads in blocks of `block` consecutive rows (block
-/// divides the row count), and each block runs in order on one thread.
+/// divides the row count), and each block runs in order on one thread. `cost` is the work per
+/// element, in elements moved, for sizing the chunks.
 template <size_t N, typename Row>
-void for_each_row(const Shape& shape, const std::array<Shape, N>& strides, int64_t block, Row&& row) {
+void for_each_row(const Shape& shape, const std::array<Shape, N>& strides, int64_t block, Row&& row,
+                  int64_t cost = 1) {
   int64_t n = shape.back(), rows = shape_numel(shape) / n;
   size_t outer_dims = shape.size() - 1;
-  int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(n * block, 1));
+  int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(n * block * cost, 1));
   parallel_for(0, rows / block, grain, [&](int64_t block_begin, int64_t block_end) {
     Shape index(outer_dims, 0);
     int64_t rest = block_begin * block;
@@ -400,7 +402,7 @@ void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor
         idxs[off[1] + l * so + r * out_stride] = candidates[r].second;
       }
     }
-  });
+  }, size);
 }
 
 void cpu_topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
