@@ -378,8 +378,21 @@ bool ranks_before(T a, int64_t ia, T b, int64_t ib) {
   return ia < ib;
 }
 
+/// Offers the element at index j along dim to a fiber's best so far (`count` of k, sorted).
+template <typename T, bool Largest>
+void offer(std::pair<T, int64_t>* best, int64_t& count, int64_t k, T value, int64_t j) {
+  if (count == k && !ranks_before<T, Largest>(value, j, best[k - 1].first, best[k - 1].second)) return;
+  int64_t p = count < k ? count++ : k - 1;
+  for (; p > 0 && ranks_before<T, Largest>(value, j, best[p - 1].first, best[p - 1].second); --p) best[p] = best[p - 1];
+  best[p] = {value, j};
+}
+
+/// Fibers along dim are ranked one row of the walker at a time (n fibers side by side). A small k
+/// streams through the fibers once, in memory order, keeping each fiber's best k so far sorted by
+/// insertion; a large k sorts a copy of each fiber partially.
 template <typename T, bool Largest>
 void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor& indices) {
+  using Ranked = std::pair<T, int64_t>;  // value, index along dim
   int64_t size = x.shape()[dim], stride = x.strides()[dim];
   Shape fiber_shape = x.shape(), fiber_strides = x.strides();  // one fiber per index with dim fixed at 0
   fiber_shape[dim] = 1;
@@ -389,17 +402,31 @@ void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor
   T* vals = values.data_ptr<T>();
   int64_t* idxs = indices.data_ptr<int64_t>();
   int64_t n = fiber_shape.back(), sx = fiber_strides.back(), so = out_strides.back();
+  bool streaming = k * 16 <= size;
   for_each_row<2>(fiber_shape, {fiber_strides, out_strides}, 1, [&](const std::array<int64_t, 2>& off, int64_t) {
-    std::vector<std::pair<T, int64_t>> candidates(static_cast<size_t>(size));
-    for (int64_t l = 0; l < n; ++l) {
-      const T* fiber = inp + off[0] + l * sx;
-      for (int64_t j = 0; j < size; ++j) candidates[j] = {fiber[j * stride], j};
-      std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(), [](const auto& a, const auto& b) {
-        return ranks_before<T, Largest>(a.first, a.second, b.first, b.second);
-      });
+    const T* row = inp + off[0];
+    std::vector<Ranked> ranked(static_cast<size_t>(streaming ? n * k : size));
+    std::vector<int64_t> kept(streaming ? n : 0, 0);
+    auto emit = [&](int64_t l, const Ranked* best) {
       for (int64_t r = 0; r < k; ++r) {
-        vals[off[1] + l * so + r * out_stride] = candidates[r].first;
-        idxs[off[1] + l * so + r * out_stride] = candidates[r].second;
+        vals[off[1] + l * so + r * out_stride] = best[r].first;
+        idxs[off[1] + l * so + r * out_stride] = best[r].second;
+      }
+    };
+    if (streaming && n == 1) {
+      for (int64_t j = 0; j < size; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
+      emit(0, ranked.data());
+    } else if (streaming) {  // the n fibers interleave in memory: walk them side by side
+      for (int64_t j = 0; j < size; ++j)
+        for (int64_t l = 0; l < n; ++l) offer<T, Largest>(ranked.data() + l * k, kept[l], k, row[j * stride + l * sx], j);
+      for (int64_t l = 0; l < n; ++l) emit(l, ranked.data() + l * k);
+    } else {
+      for (int64_t l = 0; l < n; ++l) {
+        for (int64_t j = 0; j < size; ++j) ranked[j] = {row[j * stride + l * sx], j};
+        std::partial_sort(ranked.begin(), ranked.begin() + k, ranked.end(), [](const Ranked& a, const Ranked& b) {
+          return ranks_before<T, Largest>(a.first, a.second, b.first, b.second);
+        });
+        emit(l, ranked.data());
       }
     }
   }, size);

@@ -186,6 +186,41 @@ TEST_CASE("topk sorts, breaks ties by lower index and ranks NaN largest") {
   check_close(smallest_indices, i64({0, 2, 1}), 0, 0);
 }
 
+TEST_CASE("topk keeps its rules on long fibers, where it streams instead of sorting") {
+  // 40 zeros with 3 at 5, 9 and 30 and NaN at 20: the largest two are NaN (index 20) then the first
+  // 3 (index 5); the smallest two are the first zeros (0, 1).
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> fiber(40, 0.0);
+  fiber[5] = fiber[9] = fiber[30] = 3;
+  fiber[20] = nan;
+  auto [top, top_indices] = topk(f64(fiber), 2);
+  check_close(top, f64({nan, 3}), 0, 0);
+  check_close(top_indices, i64({20, 5}), 0, 0);
+  auto [bottom, bottom_indices] = topk(f64(fiber), 2, 0, false);
+  check_close(bottom, f64({0, 0}), 0, 0);
+  check_close(bottom_indices, i64({0, 1}), 0, 0);
+  fiber[20] = 3;
+  auto [ties, tie_indices] = topk(f64(fiber), 2);
+  check_close(ties, f64({3, 3}), 0, 0);
+  check_close(tie_indices, i64({5, 9}), 0, 0);
+  // Fibers side by side in memory (dim 0 of [40, 2]): column 1 is column 0 reversed.
+  std::vector<double> columns;
+  for (size_t i = 0; i < fiber.size(); ++i) {
+    columns.push_back(fiber[i]);
+    columns.push_back(fiber[fiber.size() - 1 - i]);
+  }
+  Tensor x = f64(columns, {40, 2});
+  for (bool largest : {true, false}) {
+    CAPTURE(largest);
+    auto [values, indices] = topk(x, 2, 0, largest);
+    std::vector<Tensor> expected = naive(OpId::topk, {x}, {.dim = 0, .k = 2, .flag = largest});
+    check_close(values, expected[0], 0, 0);
+    check_close(indices, expected[1], 0, 0);
+  }
+  // Column 1 holds 3 at rows 9, 19, 30, 34: the largest two are rows 9 and 19.
+  check_close(std::get<1>(topk(x, 2, 0)), i64({5, 9, 9, 19}, {2, 2}), 0, 0);
+}
+
 TEST_CASE("topk along a leading dim, k = 0, and its gradient") {
   // Columns of [[1, 6], [4, 2], [3, 5]]: largest two are (4, 3) at rows (1, 2) and (6, 5) at (0, 2).
   Tensor x = leaf({1, 6, 4, 2, 3, 5}, {3, 2});
