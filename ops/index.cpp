@@ -1,10 +1,10 @@
 // Indexing and joining: cat, index_select, gather, scatter_add, topk, one_hot, tril and triu.
 //
-// Kernels read their inputs through their own strides (no copies) with one row walker: the index
-// tensor's shape is visited one row (last dim) at a time, each operand's offset found from its
-// strides. Index values are data, so their range check happens in the kernel, serially and before
-// any write, so the error names the first bad value whatever the thread count. Outputs are written
-// (=); scatter_add accumulates (+=) into its copy of x.
+// Kernels read their inputs through their own strides (one_hot aside), using one row walker: a
+// shape is visited one row (last dim) at a time, each operand's offset found from its strides.
+// Index values are data, so their range check happens in the kernel, serially and before any write,
+// so the error names the first bad value whatever the thread count. Outputs are written (=);
+// scatter_add accumulates (+=) into its copy of x.
 #include "ops/families.h"
 #include "ops/loops.h"
 #include "ops/ops.h"
@@ -538,13 +538,14 @@ void cpu_triangle(const std::vector<Tensor>& in, std::vector<Tensor>& out, const
   Tensor& o = out[0];  // contiguous
   if (o.numel() == 0) return;
   int64_t rows = x.size(-2), cols = x.size(-1), sx = x.strides().back();
+  int64_t k = std::clamp(attrs.k, -rows, cols);  // offsets beyond the matrix act alike (and cannot overflow)
   visit_dtype(x.dtype(), [&]<typename T>() {
     const T* inp = static_cast<const T*>(x.raw_data());
     T* dst = o.data_ptr<T>();
     for_each_row<1>(x.shape(), {x.strides()}, 1, [&](const std::array<int64_t, 1>& off, int64_t r) {
       int64_t i = r % rows;
-      int64_t first = Lower ? 0 : std::clamp(i + attrs.k, int64_t{0}, cols);  // kept: [first, last)
-      int64_t last = Lower ? std::clamp(i + attrs.k + 1, int64_t{0}, cols) : cols;
+      int64_t first = Lower ? 0 : std::clamp(i + k, int64_t{0}, cols);  // kept: [first, last)
+      int64_t last = Lower ? std::clamp(i + k + 1, int64_t{0}, cols) : cols;
       T* row = dst + r * cols;
       std::fill(row, row + first, T{});
       for (int64_t j = first; j < last; ++j) row[j] = inp[off[0] + j * sx];

@@ -257,6 +257,8 @@ TEST_CASE("tril and triu keep a band around the k-th diagonal") {
   check_close(triu(x), f64({1, 2, 3, 0, 5, 6, 0, 0, 9}, {3, 3}), 0, 0);
   check_close(triu(x, 1), f64({0, 2, 3, 0, 0, 6, 0, 0, 0}, {3, 3}), 0, 0);
   check_close(triu(x, -5), x, 0, 0);
+  check_close(triu(x, std::numeric_limits<int64_t>::max()), zeros({3, 3}, DType::Float64), 0, 0);
+  check_close(tril(x, std::numeric_limits<int64_t>::min()), zeros({3, 3}, DType::Float64), 0, 0);
   // x.t() = [[1, 4, 7], [2, 5, 8], [3, 6, 9]].
   check_close(tril(x.t()), f64({1, 0, 0, 2, 5, 0, 3, 6, 9}, {3, 3}), 0, 0);
   // The causal mask: true above the diagonal, where attention must not look.
