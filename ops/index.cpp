@@ -290,8 +290,9 @@ std::vector<OutputSpec> infer_scatter_add(const std::vector<Tensor>& in, const A
   return {{x.shape(), x.dtype()}};
 }
 
-// Rows are handed to threads in blocks that share their coordinates before dim: rows of different
-// blocks never write the same element, and each element's sum runs in a fixed order.
+// Each element's sum runs in index order whatever the thread count. Along the last dim, rows never
+// write to each other's targets, so threads split the rows; along any other dim rows may collide,
+// but columns (last-dim positions) never do, so threads split the columns.
 void cpu_scatter_add(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1], &src = in[2];
   Tensor& o = out[0];  // contiguous, x's shape
@@ -301,8 +302,7 @@ void cpu_scatter_add(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
   int64_t out_dim_stride = out_strides[dim];
   out_strides[dim] = 0;
   const Shape& shape = index.shape();
-  int64_t block = shape_numel(std::span(shape).subspan(dim, shape.size() - 1 - dim));
-  int64_t n = shape.back();
+  int64_t n = shape.back(), rows = index.numel() / std::max<int64_t>(n, 1);
   int64_t so = out_strides.back(), ss = src_strides.back(), si = index.strides().back();
   visit_dtype(x.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
@@ -311,11 +311,19 @@ void cpu_scatter_add(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
       T* dst = o.data_ptr<T>();
       const T* s = static_cast<const T*>(src.raw_data());
       const int64_t* idx = index.data_ptr<int64_t>();
-      for_each_row<3>(shape, {out_strides, src_strides, index.strides()}, block,
-                      [&](const std::array<int64_t, 3>& off, int64_t) {
-                        for (int64_t l = 0; l < n; ++l)
-                          dst[off[0] + l * so + idx[off[2] + l * si] * out_dim_stride] += s[off[1] + l * ss];
-                      });
+      auto scatter = [&](int64_t column_begin, int64_t column_end, int64_t block) {
+        for_each_row<3>(shape, {out_strides, src_strides, index.strides()}, block,
+                        [&](const std::array<int64_t, 3>& off, int64_t) {
+                          for (int64_t l = column_begin; l < column_end; ++l)
+                            dst[off[0] + l * so + idx[off[2] + l * si] * out_dim_stride] += s[off[1] + l * ss];
+                        });
+      };
+      if (dim == x.dim() - 1) {
+        scatter(0, n, 1);
+      } else {
+        parallel_for(0, n, std::max<int64_t>(1, cpu::kParallelGrain / rows),
+                     [&](int64_t begin, int64_t end) { scatter(begin, end, rows); });
+      }
     }
   });
 }
@@ -630,6 +638,9 @@ void register_index_ops(Registry& r) {
         {"3-d, collisions along the last dim",
          {reference::randn({2, 2, 3}, 931), reference::randint({2, 2, 6}, 3, 932), reference::randn({2, 2, 6}, 933)},
          {.dim = -1}},
+        {"3-d, middle dim",
+         {reference::randn({2, 3, 4}, 950), reference::randint({2, 5, 4}, 3, 951), reference::randn({2, 5, 4}, 952)},
+         {.dim = 1}},
         {"int64", {reference::randint({4}, 9, 934), reference::randint({6}, 4, 935), reference::randint({6}, 9, 936)},
          {.dim = 0}},
     };
