@@ -1,8 +1,725 @@
-// (being written)
+// Indexing and joining: cat, index_select, gather, scatter_add, topk, one_hot, tril and triu.
+//
+// Kernels read their inputs through their own strides (one_hot aside), using one row walker: a
+// shape is visited one row (last dim) at a time, each operand's offset found from its strides.
+// Index values are data, so their range check happens in the kernel, serially and before any write,
+// so the error names the first bad value whatever the thread count. Outputs are written (=);
+// scatter_add accumulates (+=) into its copy of x.
 #include "ops/families.h"
+#include "ops/loops.h"
+#include "ops/ops.h"
+#include "ops/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
 
 namespace mf {
+namespace {
 
-void register_index_ops(Registry&) {}
+// ---- shared helpers -----------------------------------------------------------------------------
+
+/// Visits `shape` (at least 1-D, non-empty) one row of its last dim at a time, calling
+/// row(offsets, r) with each operand's element offset at the start of row r; along the row, operand
+/// k advances by strides[k].back(). Rows go to threads in blocks of `block` consecutive rows (block
+/// divides the row count), and each block runs in order on one thread. `cost` is the work per
+/// element, in elements moved, for sizing the chunks.
+template <size_t N, typename Row>
+void for_each_row(const Shape& shape, const std::array<Shape, N>& strides, int64_t block, Row&& row,
+                  int64_t cost = 1) {
+  int64_t n = shape.back(), rows = shape_numel(shape) / n;
+  size_t outer_dims = shape.size() - 1;
+  int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(n * block * cost, 1));
+  parallel_for(0, rows / block, grain, [&](int64_t block_begin, int64_t block_end) {
+    Shape index(outer_dims, 0);
+    int64_t rest = block_begin * block;
+    for (size_t d = outer_dims; d-- > 0;) {
+      index[d] = rest % shape[d];
+      rest /= shape[d];
+    }
+    for (int64_t r = block_begin * block; r < block_end * block; ++r) {
+      std::array<int64_t, N> offsets{};
+      for (size_t d = 0; d < outer_dims; ++d)
+        for (size_t k = 0; k < N; ++k) offsets[k] += index[d] * strides[k][d];
+      row(offsets, r);
+      for (size_t d = outer_dims; d-- > 0;) {
+        if (++index[d] < shape[d]) break;
+        index[d] = 0;
+      }
+    }
+  });
+}
+
+/// The first value of an int64 tensor (any strides) outside [0, size), if any.
+std::optional<int64_t> first_out_of_range(const Tensor& index, int64_t size) {
+  if (index.numel() == 0) return std::nullopt;
+  Shape shape, strides;  // dims of stride 0 repeat values already seen: skip them
+  for (int64_t d = 0; d < index.dim(); ++d)
+    if (index.strides()[d] != 0 && index.shape()[d] != 1) {
+      shape.push_back(index.shape()[d]);
+      strides.push_back(index.strides()[d]);
+    }
+  if (shape.empty()) {
+    shape.push_back(1);
+    strides.push_back(0);
+  }
+  const int64_t* idx = index.data_ptr<int64_t>();
+  std::optional<int64_t> bad;
+  int64_t rows = shape_numel(shape) / shape.back();
+  for_each_row<1>(shape, {strides}, rows, [&](const std::array<int64_t, 1>& offset, int64_t) {
+    for (int64_t l = 0; l < shape.back() && !bad; ++l) {
+      int64_t v = idx[offset[0] + l * strides.back()];
+      if (v < 0 || v >= size) bad = v;
+    }
+  });
+  return bad;
+}
+
+void check_index_range(const Tensor& index, int64_t dim, const Tensor& x) {
+  int64_t size = x.shape()[dim];
+  if (auto bad = first_out_of_range(index, size))
+    fail("index {} is out of range for dim {} of size {} (shape {})", *bad, dim, size, shape_str(x.shape()));
+}
+
+void check_index_tensor(const Tensor& index) {
+  MF_CHECK(index.dtype() == DType::Int64, "index must be int64, got {} (shape {})", dtype_name(index.dtype()),
+           shape_str(index.shape()));
+}
+
+int64_t checked_dim(const Tensor& x, int64_t dim) {
+  MF_CHECK(x.dim() > 0, "expects a tensor with at least 1 dim, got shape []");
+  return normalize_dim(dim, x.dim());
+}
+
+/// A view of `base`'s storage with the given layout (how kernels address part of an output).
+Tensor view_of(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
+  return Tensor(std::make_shared<TensorImpl>(base.storage(), shape, strides, offset, base.dtype()));
+}
+
+template <typename T>
+void copy_into(Tensor& out, const Tensor& in) {
+  if (in.numel() > 0) cpu::map<T, T>(out, {&in}, [](T v) { return v; });
+}
+
+/// out[p] = x[p with dim replaced by index[p]] for every p of out's (contiguous) shape, the index read
+/// at p through index_strides (stride 0 along dims it is broadcast over).
+template <typename T>
+void gather_into(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index, const Shape& index_strides) {
+  if (out.numel() == 0) return;
+  Shape x_strides = x.strides();
+  int64_t x_dim_stride = x_strides[dim];
+  x_strides[dim] = 0;  // the index supplies the position along dim
+  int64_t n = out.shape().back(), sx = x_strides.back(), si = index_strides.back();
+  const T* inp = static_cast<const T*>(x.raw_data());
+  const int64_t* idx = index.data_ptr<int64_t>();
+  T* o = out.data_ptr<T>();
+  for_each_row<2>(out.shape(), {x_strides, index_strides}, 1, [&](const std::array<int64_t, 2>& off, int64_t r) {
+    T* dst = o + r * n;
+    const T* src = inp + off[0];
+    const int64_t* row_index = idx + off[1];
+    if (si == 0 && sx == 1) {  // one whole row of x (index_select along an outer dim)
+      std::copy_n(src + row_index[0] * x_dim_stride, n, dst);
+    } else {
+      for (int64_t l = 0; l < n; ++l) dst[l] = src[l * sx + row_index[l * si] * x_dim_stride];
+    }
+  });
+}
+
+// ---- cat (any number of inputs, along attrs.dim) ------------------------------------------------
+
+std::vector<OutputSpec> infer_cat(const std::vector<Tensor>& in, const Attrs& attrs) {
+  MF_CHECK(!in.empty(), "expects at least one tensor");
+  const Tensor& first = in[0];
+  MF_CHECK(first.dim() > 0, "cannot concatenate 0-dim tensors (tensor 0 has shape [])");
+  int64_t dim = normalize_dim(attrs.dim, first.dim());
+  Shape shape = first.shape();
+  shape[dim] = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const Tensor& t = in[i];
+    MF_CHECK(t.dtype() == first.dtype(), "tensor {} has dtype {} but tensor 0 has dtype {}", i,
+             dtype_name(t.dtype()), dtype_name(first.dtype()));
+    bool match = t.dim() == first.dim();
+    for (int64_t d = 0; match && d < t.dim(); ++d) match = d == dim || t.shape()[d] == first.shape()[d];
+    MF_CHECK(match, "tensor {} has shape {} but tensor 0 has shape {} (all dims but dim {} must match)", i,
+             shape_str(t.shape()), shape_str(first.shape()), dim);
+    shape[dim] += t.shape()[dim];
+  }
+  return {{shape, first.dtype()}};
+}
+
+// Each input is copied into its window of the output, a strided view over the output's storage.
+void cpu_cat(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor& o = out[0];
+  int64_t dim = normalize_dim(attrs.dim, o.dim()), start = 0;
+  visit_dtype(o.dtype(), [&]<typename T>() {
+    for (const Tensor& t : in) {
+      Tensor window = view_of(o, t.shape(), o.strides(), o.offset() + start * o.strides()[dim]);
+      copy_into<T>(window, t);
+      start += t.shape()[dim];
+    }
+  });
+}
+
+std::vector<Tensor> cat_backward(const GradContext& ctx) {
+  const Tensor& dout = ctx.grads[0];
+  int64_t dim = normalize_dim(ctx.attrs.dim, dout.dim()), start = 0;
+  std::vector<Tensor> dinp;
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    int64_t length = ctx.inputs[i].shape()[dim];
+    dinp.push_back(ctx.needs_grad[i] ? dout.slice(dim, start, start + length) : Tensor());
+    start += length;
+  }
+  return dinp;
+}
+
+std::vector<Tensor> reference_cat(const std::vector<Tensor>& in, const Attrs& attrs) {
+  Shape shape = infer_cat(in, attrs)[0].shape;
+  int64_t dim = normalize_dim(attrs.dim, in[0].dim());
+  std::vector<double> values;
+  reference::for_each_index(shape, [&](const Shape& index) {
+    Shape source = index;
+    size_t i = 0;
+    while (source[dim] >= in[i].shape()[dim]) source[dim] -= in[i++].shape()[dim];
+    values.push_back(in[i].at<double>(source));
+  });
+  return {reference::make(shape, in[0].dtype(), values)};
+}
+
+// ---- index_select (x, index [n]) along attrs.dim -----------------------------------------------
+
+std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1];
+  int64_t dim = checked_dim(x, attrs.dim);
+  check_index_tensor(index);
+  MF_CHECK(index.dim() <= 1, "index must be 1-D, got shape {}", shape_str(index.shape()));
+  Shape shape = x.shape();
+  shape[dim] = index.numel();
+  return {{shape, x.dtype()}};
+}
+
+void cpu_index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1];
+  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  check_index_range(index, dim, x);
+  Shape index_strides(static_cast<size_t>(x.dim()), 0);  // the 1-D index, broadcast over the other dims
+  index_strides[dim] = index.dim() == 1 ? index.strides()[0] : 0;
+  visit_dtype(x.dtype(), [&]<typename T>() { gather_into<T>(out[0], x, dim, index, index_strides); });
+}
+
+// dx = zeros scattered with dout at the selected positions (repeats accumulate).
+std::vector<Tensor> index_select_backward(const GradContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &index = ctx.inputs[1], &dout = ctx.grads[0];
+  int64_t dim = normalize_dim(ctx.attrs.dim, x.dim());
+  Shape shape(static_cast<size_t>(x.dim()), 1);
+  shape[dim] = index.numel();
+  Tensor spread = index.reshape(shape).expand(dout.shape());  // index[j] at every p with p[dim] = j
+  return {scatter_add(zeros(x.shape(), dout.dtype(), dout.device()), dim, spread, dout), Tensor()};
+}
+
+std::vector<Tensor> reference_index_select(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1];
+  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  std::vector<int64_t> picks = index.to_vector<int64_t>();
+  Shape shape = x.shape();
+  shape[dim] = static_cast<int64_t>(picks.size());
+  std::vector<double> values;
+  reference::for_each_index(shape, [&](const Shape& i) {
+    Shape source = i;
+    source[dim] = picks[static_cast<size_t>(i[dim])];
+    values.push_back(x.at<double>(source));
+  });
+  return {reference::make(shape, x.dtype(), values)};
+}
+
+// ---- gather (x, index) along attrs.dim: out[p] = x[p with dim replaced by index[p]] -------------
+
+std::vector<OutputSpec> infer_gather(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1];
+  int64_t dim = checked_dim(x, attrs.dim);
+  check_index_tensor(index);
+  MF_CHECK(index.dim() == x.dim(), "index of shape {} must have as many dims as x of shape {}",
+           shape_str(index.shape()), shape_str(x.shape()));
+  for (int64_t d = 0; d < x.dim(); ++d)
+    MF_CHECK(d == dim || index.shape()[d] <= x.shape()[d],
+             "index of shape {} is larger than x of shape {} in dim {} (only dim {} may be larger)",
+             shape_str(index.shape()), shape_str(x.shape()), d, dim);
+  return {{index.shape(), x.dtype()}};
+}
+
+void cpu_gather(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1];
+  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  check_index_range(index, dim, x);
+  visit_dtype(x.dtype(), [&]<typename T>() { gather_into<T>(out[0], x, dim, index, index.strides()); });
+}
+
+std::vector<Tensor> gather_backward(const GradContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &index = ctx.inputs[1], &dout = ctx.grads[0];
+  int64_t dim = normalize_dim(ctx.attrs.dim, x.dim());
+  return {scatter_add(zeros(x.shape(), dout.dtype(), dout.device()), dim, index, dout), Tensor()};
+}
+
+std::vector<Tensor> reference_gather(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1];
+  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  std::vector<double> values;
+  reference::for_each_index(index.shape(), [&](const Shape& i) {
+    Shape source = i;
+    source[dim] = index.at<int64_t>(i);
+    values.push_back(x.at<double>(source));
+  });
+  return {reference::make(index.shape(), x.dtype(), values)};
+}
+
+// ---- scatter_add (x, index, src) along attrs.dim: out = x; out[p with dim = index[p]] += src[p] ---
+
+std::vector<OutputSpec> infer_scatter_add(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1], &src = in[2];
+  int64_t dim = checked_dim(x, attrs.dim);
+  check_index_tensor(index);
+  MF_CHECK(x.dtype() == src.dtype() && x.dtype() != DType::Bool,
+           "x and src must share a float32, float64 or int64 dtype, got {} and {}", dtype_name(x.dtype()),
+           dtype_name(src.dtype()));
+  MF_CHECK(index.dim() == x.dim() && src.dim() == x.dim(),
+           "x {}, index {} and src {} must have the same number of dims", shape_str(x.shape()),
+           shape_str(index.shape()), shape_str(src.shape()));
+  for (int64_t d = 0; d < x.dim(); ++d)
+    MF_CHECK(index.shape()[d] <= src.shape()[d] && (d == dim || index.shape()[d] <= x.shape()[d]),
+             "index of shape {} is larger than src {} or x {} in dim {}", shape_str(index.shape()),
+             shape_str(src.shape()), shape_str(x.shape()), d);
+  return {{x.shape(), x.dtype()}};
+}
+
+// Each element's sum runs in index order whatever the thread count. Along the last dim, rows never
+// write to each other's targets, so threads split the rows; along any other dim rows may collide,
+// but columns (last-dim positions) never do, so threads split the columns.
+void cpu_scatter_add(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1], &src = in[2];
+  Tensor& o = out[0];  // contiguous, x's shape
+  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  check_index_range(index, dim, x);
+  Shape out_strides = o.strides(), src_strides = src.strides();
+  int64_t out_dim_stride = out_strides[dim];
+  out_strides[dim] = 0;
+  const Shape& shape = index.shape();
+  int64_t n = shape.back(), rows = index.numel() / std::max<int64_t>(n, 1);
+  int64_t so = out_strides.back(), ss = src_strides.back(), si = index.strides().back();
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      copy_into<T>(o, x);
+      if (index.numel() == 0) return;
+      T* dst = o.data_ptr<T>();
+      const T* s = static_cast<const T*>(src.raw_data());
+      const int64_t* idx = index.data_ptr<int64_t>();
+      auto scatter = [&](int64_t column_begin, int64_t column_end, int64_t block) {
+        for_each_row<3>(shape, {out_strides, src_strides, index.strides()}, block,
+                        [&](const std::array<int64_t, 3>& off, int64_t) {
+                          for (int64_t l = column_begin; l < column_end; ++l)
+                            dst[off[0] + l * so + idx[off[2] + l * si] * out_dim_stride] += s[off[1] + l * ss];
+                        });
+      };
+      if (dim == x.dim() - 1) {
+        scatter(0, n, 1);
+      } else {
+        parallel_for(0, n, std::max<int64_t>(1, cpu::kParallelGrain / rows),
+                     [&](int64_t begin, int64_t end) { scatter(begin, end, rows); });
+      }
+    }
+  });
+}
+
+// dx = dout; dsrc = dout gathered at the index (zero where src reaches past the index).
+std::vector<Tensor> scatter_add_backward(const GradContext& ctx) {
+  const Tensor &index = ctx.inputs[1], &src = ctx.inputs[2], &dout = ctx.grads[0];
+  Tensor dsrc;
+  if (ctx.needs_grad[2]) {
+    int64_t dim = normalize_dim(ctx.attrs.dim, dout.dim());
+    dsrc = gather(dout, dim, index);
+    if (dsrc.shape() != src.shape()) {
+      Tensor padded = zeros(src.shape(), dout.dtype(), dout.device());
+      Tensor window = padded;
+      for (int64_t d = 0; d < src.dim(); ++d) window = window.slice(d, 0, index.shape()[d]);
+      window.copy_(dsrc);
+      dsrc = padded;
+    }
+  }
+  return {ctx.needs_grad[0] ? dout : Tensor(), Tensor(), dsrc};
+}
+
+std::vector<Tensor> reference_scatter_add(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &index = in[1], &src = in[2];
+  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  std::vector<double> values = x.contiguous().to_vector<double>();
+  Shape strides = contiguous_strides(x.shape());
+  reference::for_each_index(index.shape(), [&](const Shape& i) {
+    int64_t position = 0;
+    for (size_t d = 0; d < i.size(); ++d)
+      position += (static_cast<int64_t>(d) == dim ? index.at<int64_t>(i) : i[d]) * strides[d];
+    values[static_cast<size_t>(position)] += src.at<double>(i);
+  });
+  return {reference::make(x.shape(), x.dtype(), values)};
+}
+
+// ---- topk (x) along attrs.dim: attrs.k values, largest first when attrs.flag, and their indices ---
+
+std::vector<OutputSpec> infer_topk(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  int64_t dim = checked_dim(x, attrs.dim);
+  MF_CHECK(x.dtype() != DType::Bool, "not defined for bool tensors (shape {})", shape_str(x.shape()));
+  int64_t size = x.shape()[dim];
+  MF_CHECK(attrs.k >= 0 && attrs.k <= size, "k = {} is out of range for dim {} of size {} (shape {})", attrs.k, dim,
+           size, shape_str(x.shape()));
+  Shape shape = x.shape();
+  shape[dim] = attrs.k;
+  return {{shape, x.dtype()}, {shape, DType::Int64}};
+}
+
+/// Whether (value a at index ia) is listed before (b at ib): NaN counts as the largest value, as in
+/// PyTorch, and ties go to the lower index.
+template <typename T, bool Largest>
+bool ranks_before(T a, int64_t ia, T b, int64_t ib) {
+  if constexpr (std::is_floating_point_v<T>) {
+    bool a_nan = std::isnan(a), b_nan = std::isnan(b);
+    if (a_nan || b_nan) return a_nan == b_nan ? ia < ib : (a_nan == Largest);
+  }
+  if (a != b) return Largest ? a > b : a < b;
+  return ia < ib;
+}
+
+/// Offers the element at index j along dim to a fiber's best so far (`count` of k, sorted).
+template <typename T, bool Largest>
+void offer(std::pair<T, int64_t>* best, int64_t& count, int64_t k, T value, int64_t j) {
+  if (count == k && !ranks_before<T, Largest>(value, j, best[k - 1].first, best[k - 1].second)) return;
+  int64_t p = count < k ? count++ : k - 1;
+  for (; p > 0 && ranks_before<T, Largest>(value, j, best[p - 1].first, best[p - 1].second); --p) best[p] = best[p - 1];
+  best[p] = {value, j};
+}
+
+/// Fibers along dim are ranked one row of the walker at a time (n fibers side by side). A small k
+/// streams through the fibers once, in memory order, keeping each fiber's best k so far sorted by
+/// insertion; a large k sorts a copy of each fiber partially.
+template <typename T, bool Largest>
+void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor& indices) {
+  using Ranked = std::pair<T, int64_t>;  // value, index along dim
+  int64_t size = x.shape()[dim], stride = x.strides()[dim];
+  Shape fiber_shape = x.shape(), fiber_strides = x.strides();  // one fiber per index with dim fixed at 0
+  fiber_shape[dim] = 1;
+  Shape out_strides = contiguous_strides(values.shape());
+  int64_t out_stride = values.strides()[dim];
+  const T* inp = static_cast<const T*>(x.raw_data());
+  T* vals = values.data_ptr<T>();
+  int64_t* idxs = indices.data_ptr<int64_t>();
+  int64_t n = fiber_shape.back(), sx = fiber_strides.back(), so = out_strides.back();
+  bool streaming = k * 16 <= size;
+  for_each_row<2>(fiber_shape, {fiber_strides, out_strides}, 1, [&](const std::array<int64_t, 2>& off, int64_t) {
+    const T* row = inp + off[0];
+    std::vector<Ranked> ranked(static_cast<size_t>(streaming ? n * k : size));
+    std::vector<int64_t> kept(streaming ? n : 0, 0);
+    auto emit = [&](int64_t l, const Ranked* best) {
+      for (int64_t r = 0; r < k; ++r) {
+        vals[off[1] + l * so + r * out_stride] = best[r].first;
+        idxs[off[1] + l * so + r * out_stride] = best[r].second;
+      }
+    };
+    if (streaming && n == 1) {
+      for (int64_t j = 0; j < size; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
+      emit(0, ranked.data());
+    } else if (streaming) {  // the n fibers interleave in memory: walk them side by side
+      for (int64_t j = 0; j < size; ++j)
+        for (int64_t l = 0; l < n; ++l) offer<T, Largest>(ranked.data() + l * k, kept[l], k, row[j * stride + l * sx], j);
+      for (int64_t l = 0; l < n; ++l) emit(l, ranked.data() + l * k);
+    } else {
+      for (int64_t l = 0; l < n; ++l) {
+        for (int64_t j = 0; j < size; ++j) ranked[j] = {row[j * stride + l * sx], j};
+        std::partial_sort(ranked.begin(), ranked.begin() + k, ranked.end(), [](const Ranked& a, const Ranked& b) {
+          return ranks_before<T, Largest>(a.first, a.second, b.first, b.second);
+        });
+        emit(l, ranked.data());
+      }
+    }
+  }, size);
+}
+
+void cpu_topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  if (out[0].numel() == 0) return;
+  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      if (attrs.flag)
+        topk_fibers<T, true>(x, dim, attrs.k, out[0], out[1]);
+      else
+        topk_fibers<T, false>(x, dim, attrs.k, out[0], out[1]);
+    }
+  });
+}
+
+// dx = zeros with dvalues put back at the chosen indices (distinct within a fiber).
+std::vector<Tensor> topk_backward(const GradContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &indices = ctx.outputs[1], &dvalues = ctx.grads[0];
+  int64_t dim = normalize_dim(ctx.attrs.dim, x.dim());
+  return {scatter_add(zeros(x.shape(), dvalues.dtype(), dvalues.device()), dim, indices, dvalues)};
+}
+
+// Selection by repeated scans: each rank takes the first best element not taken yet.
+std::vector<Tensor> reference_topk(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  int64_t dim = normalize_dim(attrs.dim, x.dim()), size = x.shape()[dim];
+  Shape shape = x.shape();
+  shape[dim] = attrs.k;
+  std::vector<double> values(static_cast<size_t>(shape_numel(shape))), indices(values.size());
+  Shape out_strides = contiguous_strides(shape), fiber_shape = x.shape();
+  fiber_shape[dim] = 1;
+  auto better = [&](double a, double b) {  // strictly: NaN is the largest value
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(attrs.flag ? a : b) && !std::isnan(attrs.flag ? b : a);
+    return attrs.flag ? a > b : a < b;
+  };
+  reference::for_each_index(fiber_shape, [&](const Shape& start) {
+    std::vector<double> fiber;
+    for (Shape i = start; i[dim] < size; ++i[dim]) fiber.push_back(x.at<double>(i));
+    std::vector<bool> taken(fiber.size(), false);
+    for (int64_t r = 0; r < attrs.k; ++r) {
+      int64_t best = -1;
+      for (int64_t j = 0; j < size; ++j)
+        if (!taken[j] && (best < 0 || better(fiber[j], fiber[best]))) best = j;
+      taken[best] = true;
+      int64_t position = r * out_strides[dim];
+      for (size_t d = 0; d < start.size(); ++d)
+        if (static_cast<int64_t>(d) != dim) position += start[d] * out_strides[d];
+      values[position] = fiber[best];
+      indices[position] = static_cast<double>(best);
+    }
+  });
+  return {reference::make(shape, x.dtype(), values), reference::make(shape, DType::Int64, indices)};
+}
+
+// ---- one_hot (indices) with attrs.k classes -----------------------------------------------------
+
+std::vector<OutputSpec> infer_one_hot(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& indices = in[0];
+  MF_CHECK(indices.dtype() == DType::Int64, "indices must be int64, got {} (shape {})",
+           dtype_name(indices.dtype()), shape_str(indices.shape()));
+  MF_CHECK(attrs.k > 0, "num_classes must be positive, got {}", attrs.k);
+  Shape shape = indices.shape();
+  shape.push_back(attrs.k);
+  return {{shape, DType::Int64}};
+}
+
+void cpu_one_hot(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor indices = in[0].contiguous();
+  int64_t classes = attrs.k, count = indices.numel();
+  const int64_t* idx = indices.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    MF_CHECK(idx[i] >= 0, "class index {} is negative (indices of shape {})", idx[i], shape_str(indices.shape()));
+    MF_CHECK(idx[i] < classes, "class index {} is out of range for num_classes = {} (indices of shape {})", idx[i],
+             classes, shape_str(indices.shape()));
+  }
+  int64_t* o = out[0].data_ptr<int64_t>();
+  parallel_for(0, count, std::max<int64_t>(1, cpu::kParallelGrain / classes), [&](int64_t begin, int64_t end) {
+    std::fill(o + begin * classes, o + end * classes, int64_t{0});
+    for (int64_t i = begin; i < end; ++i) o[i * classes + idx[i]] = 1;
+  });
+}
+
+std::vector<Tensor> reference_one_hot(const std::vector<Tensor>& in, const Attrs& attrs) {
+  Shape shape = in[0].shape();
+  shape.push_back(attrs.k);
+  std::vector<double> values;
+  reference::for_each_index(shape, [&](const Shape& i) {
+    Shape source(i.begin(), i.end() - 1);
+    values.push_back(in[0].at<int64_t>(source) == i.back() ? 1.0 : 0.0);
+  });
+  return {reference::make(shape, DType::Int64, values)};
+}
+
+// ---- tril / triu (x) on the last two dims, diagonal offset attrs.k ------------------------------
+
+std::vector<OutputSpec> infer_triangle(const std::vector<Tensor>& in, const Attrs&) {
+  MF_CHECK(in[0].dim() >= 2, "expects a tensor with at least 2 dims, got shape {}", shape_str(in[0].shape()));
+  return {{in[0].shape(), in[0].dtype()}};
+}
+
+/// Keeps x[..., i, j] where j - i <= k (Lower, tril) or j - i >= k (triu); zeroes the rest.
+template <bool Lower>
+void cpu_triangle(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  Tensor& o = out[0];  // contiguous
+  if (o.numel() == 0) return;
+  int64_t rows = x.size(-2), cols = x.size(-1), sx = x.strides().back();
+  int64_t k = std::clamp(attrs.k, -rows, cols);  // offsets beyond the matrix act alike (and cannot overflow)
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    const T* inp = static_cast<const T*>(x.raw_data());
+    T* dst = o.data_ptr<T>();
+    for_each_row<1>(x.shape(), {x.strides()}, 1, [&](const std::array<int64_t, 1>& off, int64_t r) {
+      int64_t i = r % rows;
+      int64_t first = Lower ? 0 : std::clamp(i + k, int64_t{0}, cols);  // kept: [first, last)
+      int64_t last = Lower ? std::clamp(i + k + 1, int64_t{0}, cols) : cols;
+      T* row = dst + r * cols;
+      std::fill(row, row + first, T{});
+      for (int64_t j = first; j < last; ++j) row[j] = inp[off[0] + j * sx];
+      std::fill(row + last, row + cols, T{});
+    });
+  });
+}
+
+/// The same mask on the gradient.
+template <OpId Id>
+std::vector<Tensor> triangle_backward(const GradContext& ctx) {
+  return {call1(Id, {ctx.grads[0]}, ctx.attrs, ctx.site)};
+}
+
+template <bool Lower>
+std::vector<Tensor> reference_triangle(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  std::vector<double> values;
+  reference::for_each_index(x.shape(), [&](const Shape& index) {
+    int64_t offset = index[index.size() - 1] - index[index.size() - 2];
+    bool keep = Lower ? offset <= attrs.k : offset >= attrs.k;
+    values.push_back(keep ? x.at<double>(index) : 0.0);
+  });
+  return {reference::make(x.shape(), x.dtype(), values)};
+}
+
+std::vector<Sample> triangle_samples() {
+  return {
+      {"square", {reference::randn({4, 4}, 941)}, {.k = 0}},
+      {"wide, diagonal above", {reference::randn({3, 5}, 942)}, {.k = 1}},
+      {"batched tall, diagonal below", {reference::randn({2, 5, 3}, 943)}, {.k = -1}},
+      {"diagonal past the corner", {reference::randn({3, 3}, 944)}, {.k = 7}},
+      {"bool mask", {reference::make({3, 4}, DType::Bool, std::vector<double>(12, 1.0))}, {.k = 0}},
+  };
+}
+
+}  // namespace
+
+void register_index_ops(Registry& r) {
+  r.define(OpId::cat, {.name = "cat", .infer = infer_cat, .kernels = {cpu_cat}, .backward = cat_backward,
+                       .samples = [] {
+    return std::vector<Sample>{
+        {"dim 0, three inputs",
+         {reference::randn({2, 3}, 901), reference::randn({1, 3}, 902), reference::randn({4, 3}, 903)}, {.dim = 0}},
+        {"last dim", {reference::randn({2, 3, 1}, 904), reference::randn({2, 3, 4}, 905)}, {.dim = -1}},
+        {"middle dim", {reference::randn({2, 1, 3}, 906), reference::randn({2, 2, 3}, 907)}, {.dim = 1}},
+        {"one input", {reference::randn({3}, 908)}, {.dim = 0}},
+        {"int64", {reference::randint({2, 2}, 9, 911), reference::randint({2, 1}, 9, 912)}, {.dim = 1}},
+    };
+  }, .reference = reference_cat});
+  r.define(OpId::index_select, {.name = "index_select", .infer = infer_index_select,
+                                .kernels = {cpu_index_select}, .backward = index_select_backward, .samples = [] {
+    return std::vector<Sample>{
+        {"rows, repeated index", {reference::randn({4, 3}, 913), reference::make({3}, DType::Int64, {2, 0, 2})},
+         {.dim = 0}},
+        {"last dim of 3-d", {reference::randn({2, 3, 4}, 914), reference::make({2}, DType::Int64, {3, 1})},
+         {.dim = -1}},
+        {"middle dim", {reference::randn({2, 5, 3}, 915), reference::make({4}, DType::Int64, {4, 0, 1, 4})},
+         {.dim = 1}},
+        {"0-d index", {reference::randn({3, 2}, 916), reference::make({}, DType::Int64, {1})}, {.dim = 0}},
+    };
+  }, .reference = reference_index_select});
+  r.define(OpId::gather, {.name = "gather", .infer = infer_gather, .kernels = {cpu_gather},
+                          .backward = gather_backward, .samples = [] {
+    return std::vector<Sample>{
+        {"last dim", {reference::randn({3, 4}, 917), reference::randint({3, 2}, 4, 918)}, {.dim = 1}},
+        {"dim 0, index narrower than x", {reference::randn({4, 3}, 919), reference::randint({2, 2}, 4, 920)},
+         {.dim = 0}},
+        {"3-d, index longer along dim", {reference::randn({2, 3, 4}, 921), reference::randint({2, 5, 4}, 3, 922)},
+         {.dim = -2}},
+        {"one column", {reference::randn({5, 3}, 923), reference::randint({5, 1}, 3, 924)}, {.dim = 1}},
+    };
+  }, .reference = reference_gather});
+  r.define(OpId::scatter_add, {.name = "scatter_add", .infer = infer_scatter_add, .kernels = {cpu_scatter_add},
+                               .backward = scatter_add_backward, .samples = [] {
+    return std::vector<Sample>{
+        {"dim 0", {reference::randn({3, 4}, 925), reference::randint({2, 4}, 3, 926), reference::randn({2, 4}, 927)},
+         {.dim = 0}},
+        {"src larger than index",
+         {reference::randn({3, 5}, 928), reference::randint({2, 3}, 5, 929), reference::randn({3, 4}, 930)},
+         {.dim = 1}},
+        {"3-d, collisions along the last dim",
+         {reference::randn({2, 2, 3}, 931), reference::randint({2, 2, 6}, 3, 932), reference::randn({2, 2, 6}, 933)},
+         {.dim = -1}},
+        {"3-d, middle dim",
+         {reference::randn({2, 3, 4}, 950), reference::randint({2, 5, 4}, 3, 951), reference::randn({2, 5, 4}, 952)},
+         {.dim = 1}},
+        {"int64", {reference::randint({4}, 9, 934), reference::randint({6}, 4, 935), reference::randint({6}, 9, 936)},
+         {.dim = 0}},
+    };
+  }, .reference = reference_scatter_add});
+  r.define(OpId::topk, {.name = "topk", .infer = infer_topk, .kernels = {cpu_topk}, .backward = topk_backward,
+                        .saves_outputs = true, .samples = [] {
+    Tensor ties = reference::make({2, 5}, DType::Float64, {1, 3, 3, 2, 3, 0, 0, -1, 0, 5});
+    // At a tie the selection switches under any perturbation, so finite differences cannot agree
+    // with either one-sided gradient there.
+    return std::vector<Sample>{
+        {"largest, last dim", {reference::randn({3, 6}, 937)}, {.dim = -1, .k = 3, .flag = true}},
+        {"smallest, dim 0", {reference::randn({5, 4}, 938)}, {.dim = 0, .k = 2, .flag = false}},
+        {"all of a middle dim", {reference::randn({2, 3, 4}, 939)}, {.dim = 1, .k = 3, .flag = true}},
+        {"ties, largest", {ties}, {.dim = 1, .k = 4, .flag = true}, {}, false},
+        {"ties, smallest", {ties}, {.dim = 1, .k = 3, .flag = false}, {}, false},
+    };
+  }, .reference = reference_topk});
+  r.define(OpId::one_hot, {.name = "one_hot", .infer = infer_one_hot, .kernels = {cpu_one_hot}, .samples = [] {
+    return std::vector<Sample>{
+        {"1-d", {reference::randint({5}, 4, 940)}, {.k = 4}},
+        {"2-d", {reference::make({2, 3}, DType::Int64, {0, 5, 2, 2, 1, 4})}, {.k = 6}},
+        {"0-d", {reference::make({}, DType::Int64, {2})}, {.k = 3}},
+    };
+  }, .reference = reference_one_hot});
+  r.define(OpId::tril, {.name = "tril", .infer = infer_triangle, .kernels = {cpu_triangle<true>},
+                        .backward = triangle_backward<OpId::tril>, .saves_inputs = false,
+                        .samples = triangle_samples, .reference = reference_triangle<true>});
+  r.define(OpId::triu, {.name = "triu", .infer = infer_triangle, .kernels = {cpu_triangle<false>},
+                        .backward = triangle_backward<OpId::triu>, .saves_inputs = false,
+                        .samples = triangle_samples, .reference = reference_triangle<false>});
+}
+
+// ---- public API -----------------------------------------------------------------------------------
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, Site site) {
+  return call1(OpId::cat, tensors, {.dim = dim}, site);
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, Site site) {
+  MF_CHECK(!tensors.empty(), "stack: expects at least one tensor at {}", format_location(site));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    MF_CHECK(tensors[i].defined(), "stack: tensor {} is undefined at {}", i, format_location(site));
+    MF_CHECK(tensors[i].shape() == tensors[0].shape(),
+             "stack: tensor {} has shape {} but tensor 0 has shape {} (all must match) at {}", i,
+             shape_str(tensors[i].shape()), shape_str(tensors[0].shape()), format_location(site));
+  }
+  int64_t position = 0;
+  try {
+    position = normalize_dim(dim, tensors[0].dim() + 1);
+  } catch (const Error& error) {
+    fail("stack: {} (stacking shape {}) at {}", error.what(), shape_str(tensors[0].shape()), format_location(site));
+  }
+  std::vector<Tensor> parts;
+  for (const Tensor& t : tensors) parts.push_back(t.unsqueeze(position, site));
+  return cat(parts, position, site);
+}
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Site site) {
+  return call1(OpId::index_select, {x, index}, {.dim = dim}, site);
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Site site) {
+  return call1(OpId::gather, {x, index}, {.dim = dim}, site);
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, Site site) {
+  return call1(OpId::scatter_add, {x, index, src}, {.dim = dim}, site);
+}
+
+std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool largest, Site site) {
+  std::vector<Tensor> out = call(OpId::topk, {x}, {.dim = dim, .k = k, .flag = largest}, site);
+  return {out[0], out[1]};
+}
+
+Tensor one_hot(const Tensor& indices, int64_t num_classes, Site site) {
+  return call1(OpId::one_hot, {indices}, {.k = num_classes}, site);
+}
+
+Tensor tril(const Tensor& x, int64_t diagonal, Site site) { return call1(OpId::tril, {x}, {.k = diagonal}, site); }
+Tensor triu(const Tensor& x, int64_t diagonal, Site site) { return call1(OpId::triu, {x}, {.k = diagonal}, site); }
 
 }  // namespace mf

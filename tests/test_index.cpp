@@ -1,3 +1,297 @@
+// Indexing and joining ops: hand-worked values (derivations in comments), gradients, views as
+// inputs, topk's ordering rules, the threaded paths on larger inputs, and the error messages.
 #include <doctest/doctest.h>
 
 #include "helpers.h"
+#include "ops/reference.h"
+
+#include <cmath>
+#include <limits>
+
+using namespace mf;
+using mf::testing::check_close;
+using mf::testing::f64;
+
+namespace {
+
+Tensor i64(const std::vector<int64_t>& values, const Shape& shape = {}) { return from_vector(values, shape); }
+
+/// x with requires_grad set (a leaf).
+Tensor leaf(const std::vector<double>& values, const Shape& shape = {}) {
+  Tensor x = f64(values, shape);
+  x.set_requires_grad();
+  return x;
+}
+
+/// The op's own naive reference on the same inputs.
+std::vector<Tensor> naive(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  return registry()[id].reference(inputs, attrs);
+}
+
+}  // namespace
+
+TEST_CASE("cat joins along any dim and routes gradient slices back") {
+  Tensor a = leaf({1, 2, 3, 4}, {2, 2}), b = leaf({5, 6}, {1, 2}), c = f64({7, 8}, {2, 1});
+  check_close(cat({a, b}, 0), f64({1, 2, 3, 4, 5, 6}, {3, 2}), 0, 0);
+  check_close(cat({a, c}, -1), f64({1, 2, 7, 3, 4, 8}, {2, 3}), 0, 0);
+  // d/da sum(w * cat(a, b)) is w's first two rows, d/db its last row.
+  Tensor w = f64({10, 20, 30, 40, 50, 60}, {3, 2});
+  sum(mul(cat({a, b}, 0), w)).backward();
+  check_close(a.grad(), f64({10, 20, 30, 40}, {2, 2}), 0, 0);
+  check_close(b.grad(), f64({50, 60}, {1, 2}), 0, 0);
+}
+
+TEST_CASE("cat and stack of views") {
+  Tensor x = f64({0, 1, 2, 3, 4, 5}, {2, 3});  // [[0, 1, 2], [3, 4, 5]]
+  // x.t() = [[0, 3], [1, 4], [2, 5]]; beside a strided slice of its columns 0 and 2.
+  check_close(cat({x.t(), x.slice(1, 0, 3, 2).t()}, 0), f64({0, 3, 1, 4, 2, 5, 0, 3, 2, 5}, {5, 2}), 0, 0);
+  // Columns 0 and 2 of x are [0, 3] and [2, 5]: stacked as rows, then as columns.
+  check_close(stack({x.select(1, 0), x.select(1, 2)}), f64({0, 3, 2, 5}, {2, 2}), 0, 0);
+  check_close(stack({x.select(1, 0), x.select(1, 2)}, -1), f64({0, 2, 3, 5}, {2, 2}), 0, 0);
+  // Stacking two [2, 3] along a new middle dim gives [2, 2, 3] with out[i][k] = input k's row i.
+  check_close(stack({x, x.mul(10.0)}, 1), f64({0, 1, 2, 0, 10, 20, 3, 4, 5, 30, 40, 50}, {2, 2, 3}), 0, 0);
+}
+
+TEST_CASE("cat skips empty inputs and keeps integer and bool dtypes") {
+  Tensor a = f64({1, 2, 3, 4}, {2, 2});
+  check_close(cat({Tensor::empty({2, 0}, DType::Float64), a}, 1), a, 0, 0);
+  check_close(cat({i64({1, 2}), i64({3}, {1})}), i64({1, 2, 3}), 0, 0);
+  check_close(cat({from_vector(std::vector<bool>{true, false}), from_vector(std::vector<bool>{false}, {1})}),
+              from_vector(std::vector<bool>{true, false, false}), 0, 0);
+}
+
+TEST_CASE("cat and stack name the offending tensor") {
+  Tensor a = zeros({2, 3}), b = zeros({2, 4});
+  CHECK_THROWS_WITH_AS(cat({a, b}, 0),
+                       doctest::Contains("cat: tensor 1 has shape [2, 4] but tensor 0 has shape [2, 3] "
+                                         "(all dims but dim 0 must match)"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(cat({a, zeros({2, 3, 1})}, 1), doctest::Contains("tensor 1 has shape [2, 3, 1]"), mf::Error);
+  CHECK_THROWS_WITH_AS(cat({a, zeros({2, 3}, DType::Float64)}),
+                       doctest::Contains("cat: tensor 1 has dtype float64 but tensor 0 has dtype float32"), mf::Error);
+  CHECK_THROWS_WITH_AS(cat({}), doctest::Contains("cat: expects at least one tensor"), mf::Error);
+  CHECK_THROWS_WITH_AS(cat({a, a}, 2), doctest::Contains("dim 2 is out of range"), mf::Error);
+  CHECK_THROWS_WITH_AS(stack({a, a, b}),
+                       doctest::Contains("stack: tensor 2 has shape [2, 4] but tensor 0 has shape [2, 3]"), mf::Error);
+  CHECK_THROWS_WITH_AS(stack({a}, 3), doctest::Contains("stack: dim 3 is out of range"), mf::Error);
+}
+
+TEST_CASE("index_select picks slices and accumulates repeats in backward") {
+  Tensor x = leaf({1, 2, 3, 4, 5, 6, 7, 8, 9}, {3, 3});
+  check_close(index_select(x, 0, i64({2, 0, 2})), f64({7, 8, 9, 1, 2, 3, 7, 8, 9}, {3, 3}), 0, 0);
+  check_close(index_select(x, 1, i64({1}, {1})), f64({2, 5, 8}, {3, 1}), 0, 0);
+  check_close(index_select(x.t(), -1, i64({0, 2})), f64({1, 7, 2, 8, 3, 9}, {3, 2}), 0, 0);
+  // Row 2 is picked twice and row 1 never: d sum / dx rows are 1, 0, 2.
+  sum(index_select(x, 0, i64({2, 0, 2}))).backward();
+  check_close(x.grad(), f64({1, 1, 1, 0, 0, 0, 2, 2, 2}, {3, 3}), 0, 0);
+}
+
+TEST_CASE("index_select checks the index") {
+  Tensor x = zeros({3, 3});
+  CHECK_THROWS_WITH_AS(index_select(x, 0, i64({0, 3})),
+                       doctest::Contains("index_select: index 3 is out of range for dim 0 of size 3 (shape [3, 3])"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(index_select(x, 1, i64({-1})), doctest::Contains("index -1 is out of range for dim 1"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(index_select(x, 0, f64({0, 1})), doctest::Contains("index must be int64, got float64"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(index_select(x, 0, i64({0, 1}, {2, 1})), doctest::Contains("index must be 1-D, got shape [2, 1]"),
+                       mf::Error);
+}
+
+TEST_CASE("gather follows torch.gather") {
+  // torch docs: gather([[1, 2], [3, 4]], 1, [[0, 0], [1, 0]]) = [[1, 1], [4, 3]].
+  Tensor x = leaf({1, 2, 3, 4}, {2, 2});
+  Tensor index = i64({0, 0, 1, 0}, {2, 2});
+  check_close(gather(x, 1, index), f64({1, 1, 4, 3}, {2, 2}), 0, 0);
+  // Along dim 0: out[i][j] = x[index[i][j]][j] = [[x00, x01], [x10, x01]].
+  check_close(gather(x, 0, index), f64({1, 2, 3, 2}, {2, 2}), 0, 0);
+  // Picked counts: x00 twice, x01 never, x10 and x11 once.
+  sum(gather(x, 1, index)).backward();
+  check_close(x.grad(), f64({2, 0, 1, 1}, {2, 2}), 0, 0);
+  // A column of target indices, the cross-entropy pattern: out[i] = x[i][t[i]].
+  check_close(gather(f64({1, 2, 3, 4, 5, 6}, {3, 2}), 1, i64({1, 0, 1}, {3, 1})), f64({2, 3, 6}, {3, 1}), 0, 0);
+}
+
+TEST_CASE("gather checks its index") {
+  Tensor x = zeros({2, 2});
+  CHECK_THROWS_WITH_AS(gather(x, 1, i64({0, 2, 0, 0}, {2, 2})),
+                       doctest::Contains("gather: index 2 is out of range for dim 1 of size 2 (shape [2, 2])"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(gather(x, 1, i64({0, 1})),
+                       doctest::Contains("index of shape [2] must have as many dims as x of shape [2, 2]"), mf::Error);
+  CHECK_THROWS_WITH_AS(gather(x, 1, i64({0, 0, 0}, {3, 1})),
+                       doctest::Contains("index of shape [3, 1] is larger than x of shape [2, 2] in dim 0"), mf::Error);
+}
+
+TEST_CASE("scatter_add accumulates collisions and differentiates both operands") {
+  // Positions 0, 1, 0, 2, 0 receive 1..5: out = [0 + 1 + 3 + 5, 10 + 2, 20 + 4].
+  Tensor x = leaf({0, 10, 20}, {3}), src = leaf({1, 2, 3, 4, 5}, {5});
+  Tensor index = i64({0, 1, 0, 2, 0});
+  Tensor out = scatter_add(x, 0, index, src);
+  check_close(out, f64({9, 12, 24}), 0, 0);
+  // d sum(w * out) / dx = w;  d / dsrc[i] = w[index[i]].
+  sum(mul(out, f64({1, 2, 3}))).backward();
+  check_close(x.grad(), f64({1, 2, 3}), 0, 0);
+  check_close(src.grad(), f64({1, 2, 1, 3, 1}), 0, 0);
+  // torch docs: ones [2, 5] scattered into zeros [3, 5] along dim 0 by [[0, 1, 2, 0, 0]].
+  check_close(scatter_add(zeros({3, 5}), 0, i64({0, 1, 2, 0, 0}, {1, 5}), ones({2, 5})),
+              from_vector(std::vector<float>{1, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0}, {3, 5}), 0, 0);
+}
+
+TEST_CASE("scatter_add gives src's unindexed elements zero gradient") {
+  Tensor src = leaf({1, 2, 3, 4}, {2, 2});
+  // Only src's first column is scattered: row i's src[i][0] goes to out[i][1].
+  Tensor out = scatter_add(zeros({2, 2}, DType::Float64), 1, i64({1, 1}, {2, 1}), src);
+  check_close(out, f64({0, 1, 0, 3}, {2, 2}), 0, 0);
+  sum(mul(out, f64({1, 2, 3, 4}, {2, 2}))).backward();
+  check_close(src.grad(), f64({2, 0, 4, 0}, {2, 2}), 0, 0);
+}
+
+TEST_CASE("scatter_add checks its operands") {
+  Tensor x = zeros({3});
+  CHECK_THROWS_WITH_AS(scatter_add(x, 0, i64({0, 5}), ones({2})),
+                       doctest::Contains("scatter_add: index 5 is out of range for dim 0 of size 3 (shape [3])"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(scatter_add(x, 0, i64({0, 1}), ones({2}, DType::Float64)),
+                       doctest::Contains("x and src must share a float32, float64 or int64 dtype, got float32 and "
+                                         "float64"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(scatter_add(x, 0, i64({0, 1, 2}), ones({2})),
+                       doctest::Contains("index of shape [3] is larger than src [2] or x [3] in dim 0"), mf::Error);
+}
+
+TEST_CASE("topk sorts, breaks ties by lower index and ranks NaN largest") {
+  Tensor x = f64({1, 3, 2, 5, 4});
+  auto [values, indices] = topk(x, 2);
+  check_close(values, f64({5, 4}), 0, 0);
+  check_close(indices, i64({3, 4}), 0, 0);
+  auto [low, low_indices] = topk(x, 3, 0, false);
+  check_close(low, f64({1, 2, 3}), 0, 0);
+  check_close(low_indices, i64({0, 2, 1}), 0, 0);
+
+  auto [tied, tied_indices] = topk(f64({2, 7, 7, 1, 7}), 3);
+  check_close(tied, f64({7, 7, 7}), 0, 0);
+  check_close(tied_indices, i64({1, 2, 4}), 0, 0);
+  auto [tied_low, tied_low_indices] = topk(f64({3, 1, 2, 1}), 3, 0, false);
+  check_close(tied_low, f64({1, 1, 2}), 0, 0);
+  check_close(tied_low_indices, i64({1, 3, 2}), 0, 0);
+
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  auto [with_nan, nan_indices] = topk(f64({1, nan, 3}), 2);
+  check_close(with_nan, f64({nan, 3}), 0, 0);
+  check_close(nan_indices, i64({1, 2}), 0, 0);
+  auto [without_nan, smallest_indices] = topk(f64({1, nan, 3}), 3, 0, false);
+  check_close(without_nan, f64({1, 3, nan}), 0, 0);
+  check_close(smallest_indices, i64({0, 2, 1}), 0, 0);
+}
+
+TEST_CASE("topk keeps its rules on long fibers, where it streams instead of sorting") {
+  // 40 zeros with 3 at 5, 9 and 30 and NaN at 20: the largest two are NaN (index 20) then the first
+  // 3 (index 5); the smallest two are the first zeros (0, 1).
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> fiber(40, 0.0);
+  fiber[5] = fiber[9] = fiber[30] = 3;
+  fiber[20] = nan;
+  auto [top, top_indices] = topk(f64(fiber), 2);
+  check_close(top, f64({nan, 3}), 0, 0);
+  check_close(top_indices, i64({20, 5}), 0, 0);
+  auto [bottom, bottom_indices] = topk(f64(fiber), 2, 0, false);
+  check_close(bottom, f64({0, 0}), 0, 0);
+  check_close(bottom_indices, i64({0, 1}), 0, 0);
+  fiber[20] = 3;
+  auto [ties, tie_indices] = topk(f64(fiber), 2);
+  check_close(ties, f64({3, 3}), 0, 0);
+  check_close(tie_indices, i64({5, 9}), 0, 0);
+  // Fibers side by side in memory (dim 0 of [40, 2]): column 1 is column 0 reversed.
+  std::vector<double> columns;
+  for (size_t i = 0; i < fiber.size(); ++i) {
+    columns.push_back(fiber[i]);
+    columns.push_back(fiber[fiber.size() - 1 - i]);
+  }
+  Tensor x = f64(columns, {40, 2});
+  for (bool largest : {true, false}) {
+    CAPTURE(largest);
+    auto [values, indices] = topk(x, 2, 0, largest);
+    std::vector<Tensor> expected = naive(OpId::topk, {x}, {.dim = 0, .k = 2, .flag = largest});
+    check_close(values, expected[0], 0, 0);
+    check_close(indices, expected[1], 0, 0);
+  }
+  // Column 1 holds 3 at rows 9, 19, 30, 34: the largest two are rows 9 and 19.
+  check_close(std::get<1>(topk(x, 2, 0)), i64({5, 9, 9, 19}, {2, 2}), 0, 0);
+}
+
+TEST_CASE("topk along a leading dim, k = 0, and its gradient") {
+  // Columns of [[1, 6], [4, 2], [3, 5]]: largest two are (4, 3) at rows (1, 2) and (6, 5) at (0, 2).
+  Tensor x = leaf({1, 6, 4, 2, 3, 5}, {3, 2});
+  auto [values, indices] = topk(x, 2, 0);
+  check_close(values, f64({4, 6, 3, 5}, {2, 2}), 0, 0);
+  check_close(indices, i64({1, 0, 2, 2}, {2, 2}), 0, 0);
+  // The gradient of sum(w * values) lands on the chosen elements: x[1][0] += 1, x[0][1] += 2,
+  // x[2][0] += 3, x[2][1] += 4.
+  sum(mul(values, f64({1, 2, 3, 4}, {2, 2}))).backward();
+  check_close(x.grad(), f64({0, 2, 1, 0, 3, 4}, {3, 2}), 0, 0);
+
+  auto [none, none_indices] = topk(f64({1, 2}), 0);
+  CHECK(none.shape() == Shape{0});
+  CHECK(none_indices.dtype() == DType::Int64);
+  CHECK_THROWS_WITH_AS(topk(zeros({3}), 4), doctest::Contains("topk: k = 4 is out of range for dim 0 of size 3"),
+                       mf::Error);
+}
+
+TEST_CASE("one_hot") {
+  check_close(one_hot(i64({0, 2, 1}), 3), i64({1, 0, 0, 0, 0, 1, 0, 1, 0}, {3, 3}), 0, 0);
+  check_close(one_hot(i64({1, 0}, {2, 1}), 2), i64({0, 1, 1, 0}, {2, 1, 2}), 0, 0);
+  CHECK_THROWS_WITH_AS(one_hot(i64({0, -1}), 3),
+                       doctest::Contains("one_hot: class index -1 is negative (indices of shape [2])"), mf::Error);
+  CHECK_THROWS_WITH_AS(one_hot(i64({3, 0}), 3),
+                       doctest::Contains("one_hot: class index 3 is out of range for num_classes = 3"), mf::Error);
+  CHECK_THROWS_WITH_AS(one_hot(f64({0, 1}), 3), doctest::Contains("indices must be int64, got float64"), mf::Error);
+  CHECK_THROWS_WITH_AS(one_hot(i64({0, 1}), 0), doctest::Contains("num_classes must be positive, got 0"), mf::Error);
+}
+
+TEST_CASE("tril and triu keep a band around the k-th diagonal") {
+  Tensor x = leaf({1, 2, 3, 4, 5, 6, 7, 8, 9}, {3, 3});
+  check_close(tril(x), f64({1, 0, 0, 4, 5, 0, 7, 8, 9}, {3, 3}), 0, 0);
+  check_close(tril(x, -1), f64({0, 0, 0, 4, 0, 0, 7, 8, 0}, {3, 3}), 0, 0);
+  check_close(triu(x), f64({1, 2, 3, 0, 5, 6, 0, 0, 9}, {3, 3}), 0, 0);
+  check_close(triu(x, 1), f64({0, 2, 3, 0, 0, 6, 0, 0, 0}, {3, 3}), 0, 0);
+  check_close(triu(x, -5), x, 0, 0);
+  check_close(triu(x, std::numeric_limits<int64_t>::max()), zeros({3, 3}, DType::Float64), 0, 0);
+  check_close(tril(x, std::numeric_limits<int64_t>::min()), zeros({3, 3}, DType::Float64), 0, 0);
+  // x.t() = [[1, 4, 7], [2, 5, 8], [3, 6, 9]].
+  check_close(tril(x.t()), f64({1, 0, 0, 2, 5, 0, 3, 6, 9}, {3, 3}), 0, 0);
+  // The causal mask: true above the diagonal, where attention must not look.
+  check_close(triu(ones({2, 3}, DType::Bool), 1), from_vector(std::vector<bool>{false, true, true, false, false, true}, {2, 3}), 0, 0);
+  // The gradient is masked the same way.
+  sum(tril(x)).backward();
+  check_close(x.grad(), f64({1, 0, 0, 1, 1, 0, 1, 1, 1}, {3, 3}), 0, 0);
+  CHECK_THROWS_WITH_AS(tril(zeros({3})), doctest::Contains("tril: expects a tensor with at least 2 dims, got shape [3]"),
+                       mf::Error);
+}
+
+TEST_CASE("large inputs take the threaded paths and still match the references") {
+  // Sizes well past the parallel grain, with many index collisions for scatter_add.
+  Tensor x = reference::randn({96, 800}, 990);
+  Tensor rows = reference::randint({300}, 96, 991);
+  check_close(index_select(x, 0, rows), naive(OpId::index_select, {x, rows}, {.dim = 0})[0], 0, 0);
+  Tensor cols = reference::randint({96, 500}, 800, 992);
+  check_close(gather(x, 1, cols), naive(OpId::gather, {x, cols}, {.dim = 1})[0], 0, 0);
+  Tensor targets = reference::randint({50, 800}, 96, 993), src = reference::randn({50, 800}, 994);
+  check_close(scatter_add(x, 0, targets, src), naive(OpId::scatter_add, {x, targets, src}, {.dim = 0})[0], 1e-12,
+              1e-12);
+  Tensor wide_targets = reference::randint({96, 900}, 800, 995), wide_src = reference::randn({96, 900}, 996);
+  check_close(scatter_add(x, 1, wide_targets, wide_src),
+              naive(OpId::scatter_add, {x, wide_targets, wide_src}, {.dim = 1})[0], 1e-12, 1e-12);
+  auto [values, indices] = topk(x, 5, 0);
+  std::vector<Tensor> expected = naive(OpId::topk, {x}, {.dim = 0, .k = 5, .flag = true});
+  check_close(values, expected[0], 0, 0);
+  check_close(indices, expected[1], 0, 0);
+  auto [row_values, row_indices] = topk(x, 7, -1, false);
+  expected = naive(OpId::topk, {x}, {.dim = -1, .k = 7, .flag = false});
+  check_close(row_values, expected[0], 0, 0);
+  check_close(row_indices, expected[1], 0, 0);
+  check_close(triu(x.view({8, 12, 800}), 3), naive(OpId::triu, {x.view({8, 12, 800})}, {.k = 3})[0], 0, 0);
+  Tensor classes = reference::randint({3000}, 40, 997);
+  check_close(one_hot(classes, 40), naive(OpId::one_hot, {classes}, {.k = 40})[0], 0, 0);
+}
