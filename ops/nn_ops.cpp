@@ -102,20 +102,23 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
     parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
         const T* row = inp + n * C;
-        // One pass over moments shifted by the row's first element: the shift keeps the variance
-        // accurate when |mean| >> std, where the plain sum-of-squares formula cancels.
-        double shift = C > 0 ? static_cast<double>(row[0]) : 0.0, s = 0, ss = 0;
+        // One pass over moments shifted by the row's first element. The shift keeps the variance
+        // accurate when |mean| >> std, where the plain sum-of-squares formula cancels, and x - shift
+        // is exact in T there, so the output never subtracts a rounded mean from a large x.
+        T shift = C > 0 ? row[0] : T{0};
+        double s = 0, ss = 0;
         for (int64_t c = 0; c < C; ++c) {
-          double d = static_cast<double>(row[c]) - shift;
+          double d = static_cast<double>(row[c]) - static_cast<double>(shift);
           s += d;
           ss += d * d;
         }
         double m = s / static_cast<double>(C), var = std::max(ss / static_cast<double>(C) - m * m, 0.0);
-        T mu = static_cast<T>(shift + m), r = static_cast<T>(1.0 / std::sqrt(var + attrs.eps));
-        mean[n] = mu;
-        rstd[n] = r;
+        double r = 1.0 / std::sqrt(var + attrs.eps);
+        mean[n] = static_cast<T>(shift + m);
+        rstd[n] = static_cast<T>(r);
+        T centre = static_cast<T>(m), scale = static_cast<T>(r);
         T* orow = o + n * C;
-        for (int64_t c = 0; c < C; ++c) orow[c] = (row[c] - mu) * r * w[c] + b[c];
+        for (int64_t c = 0; c < C; ++c) orow[c] = ((row[c] - shift) - centre) * scale * w[c] + b[c];
       }
     });
   });
