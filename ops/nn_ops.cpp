@@ -254,6 +254,45 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
   });
 }
 
+// The gradient of L = <Gdx, dx> + <Gdw, dweight> + <Gdb, dbias>, per row, treating mean and rstd as
+// inputs of their own. With a = dout * w, S1 = sum(a), S2 = sum(a * xhat), Gsum = sum(Gdx),
+// Gx = sum(Gdx * xhat) over the row:
+//   dL/da    = r (Gdx - (Gx xhat + Gsum) / C)
+//   dL/dxhat = H = -r (a Gx + S2 Gdx) / C - drstd r^2 Gdx / C + dout Gdw,  and dx/dxhat = r
+//   dL/dmean = -r sum(H),  dL/drstd = sum(Gdx a) - (S2 Gx + 2 drstd r Gx + S1 Gsum) / C + sum(H (x - mean))
+//   dL/ddmean = Gsum / C,  dL/ddrstd = -r^2 Gx / C.
+std::vector<Tensor> layer_norm_backward_rule(const GradContext& ctx) {
+  const std::vector<Tensor>& in = ctx.inputs;
+  const Tensor &dout = in[0], &x = in[1], &w = in[4];
+  const Tensor &gdx = ctx.grads[0], &gdw = ctx.grads[1], &gdb = ctx.grads[2];
+  const Shape& stats = in[2].shape();
+  auto k = static_cast<int64_t>(ctx.attrs.dims.size());
+  double inv_c = 1.0 / static_cast<double>(shape_numel(ctx.attrs.dims));
+  Shape per_row_shape = stats, row_dims;  // [..., 1, ..., 1] and the normalized dims
+  for (int64_t d = -k; d < 0; ++d) {
+    per_row_shape.push_back(1);
+    row_dims.push_back(d);
+  }
+  auto per_row = [&](const Tensor& t) { return t.reshape(per_row_shape); };
+  auto row_sum = [&](const Tensor& t) { return sum(t, row_dims, true); };
+  Tensor r = per_row(in[3]), drs = per_row(in[6]);
+  Tensor centred = x - per_row(in[2]), xhat = centred * r, a = dout * w;
+  Tensor s1 = row_sum(a), s2 = row_sum(a * xhat), gsum = row_sum(gdx), gx = row_sum(gdx * xhat);
+  Tensor da = r * (gdx - (gx * xhat + gsum) * inv_c);
+  Tensor h = (r * (a * gx + s2 * gdx) + drs * r * r * gdx) * -inv_c + dout * gdw;
+  std::vector<Tensor> grads(7);
+  if (ctx.needs_grad[0]) grads[0] = w * da + gdw * xhat + gdb;
+  if (ctx.needs_grad[1]) grads[1] = r * h;
+  if (ctx.needs_grad[2]) grads[2] = (-(r * row_sum(h))).reshape(stats);
+  if (ctx.needs_grad[3])
+    grads[3] = (row_sum(gdx * a) - (s2 * gx + 2.0 * drs * r * gx + s1 * gsum) * inv_c + row_sum(h * centred))
+                   .reshape(stats);
+  if (ctx.needs_grad[4]) grads[4] = dout * da;  // the engine sums it over the leading dims
+  if (ctx.needs_grad[5]) grads[5] = (gsum * inv_c).reshape(stats);
+  if (ctx.needs_grad[6]) grads[6] = (r * r * gx * -inv_c).reshape(stats);
+  return grads;
+}
+
 // Written from the Jacobian, entry by entry, rather than the kernel's factored formula:
 // d xhat_j / d x_i = rstd (delta_ij - 1/C) - rstd^3 (x_j - mean)(x_i - mean) / C.
 std::vector<Tensor> reference_layer_norm_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -661,10 +700,9 @@ void register_nn_ops(Registry& r) {
   r.define(OpId::layer_norm, {.name = "layer_norm", .infer = infer_layer_norm, .kernels = {cpu_layer_norm},
                               .backward = layer_norm_rule, .saves_outputs = true, .samples = layer_norm_samples,
                               .reference = reference_layer_norm});
-  // Not differentiable itself: its samples check the forward only.
   r.define(OpId::layer_norm_backward,
            {.name = "layer_norm_backward", .infer = infer_layer_norm_backward, .kernels = {cpu_layer_norm_backward},
-            .samples = layer_norm_backward_samples, .reference = reference_layer_norm_backward});
+            .backward = layer_norm_backward_rule, .samples = layer_norm_backward_samples, .reference = reference_layer_norm_backward});
   r.define(OpId::embedding, {.name = "embedding", .infer = infer_embedding, .kernels = {cpu_embedding},
                              .backward = embedding_rule, .samples = embedding_samples,
                              .reference = reference_embedding});
