@@ -65,6 +65,108 @@ void check_ids(const Tensor& indices, int64_t V) {
          bad->first, V, V - 1);
 }
 
+// ---- row loops ----------------------------------------------------------------------------------
+// Float rows go through packs of four (a GCC/Clang vector: one SSE/NEON register). Left to itself the
+// compiler keeps these loops scalar: it may not reorder a float sum, and under the default
+// -ftrapping-math it does not turn comparisons into selects. Float64 rows (the tests' precise path)
+// use packs of one. Loop bodies are generic lambdas f(type, c) that load what they need at column c
+// as TypeOf<decltype(type)>: a pack, or one value in the row's tail.
+
+using f32x4 = float __attribute__((vector_size(16)));
+using i32x4 = int32_t __attribute__((vector_size(16)));
+template <typename T>
+using Pack = std::conditional_t<std::is_same_v<T, float>, f32x4, T>;
+template <typename T>
+constexpr int64_t kPackWidth = sizeof(Pack<T>) / sizeof(T);
+template <typename Tag>
+using TypeOf = typename Tag::type;
+
+/// The pack (or value) V stored at data.
+template <typename V, typename T>
+V load(const T* data) {
+  V v;
+  std::memcpy(&v, data, sizeof(V));
+  return v;
+}
+
+/// Folds a pack's lanes into one value with fn (a pack of one is its own value).
+template <typename T, typename P, typename Fn>
+T fold(P pack, Fn fn) {
+  if constexpr (std::is_same_v<P, T>) {
+    return pack;
+  } else {
+    T total = pack[0];
+    for (int64_t j = 1; j < kPackWidth<T>; ++j) total = fn(total, pack[j]);
+    return total;
+  }
+}
+
+/// sum_c f(type, c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
+template <typename T, typename F>
+double row_sum(int64_t C, F f) {
+  constexpr int64_t kWidth = kPackWidth<T>, kBlock = 256;
+  int64_t packed = C - C % kWidth;
+  double result = 0;
+  for (int64_t start = 0; start < packed; start += kBlock) {
+    Pack<T> total{};
+    for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kWidth)
+      total += f(std::type_identity<Pack<T>>{}, c);
+    result += fold<T>(total, [](T a, T b) { return a + b; });
+  }
+  for (int64_t c = packed; c < C; ++c) result += f(std::type_identity<T>{}, c);
+  return result;
+}
+
+/// out_c = f(type, c) for c < C.
+template <typename T, typename F>
+void row_map(T* out, int64_t C, F f) {
+  int64_t c = 0;
+  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
+    Pack<T> v = f(std::type_identity<Pack<T>>{}, c);
+    std::memcpy(out + c, &v, sizeof(v));
+  }
+  for (; c < C; ++c) out[c] = f(std::type_identity<T>{}, c);
+}
+
+/// max_c row_c.
+template <typename T>
+T row_max(const T* row, int64_t C) {
+  Pack<T> top = Pack<T>{} + row[0];
+  int64_t c = 0;
+  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
+    auto v = load<Pack<T>>(row + c);
+    top = v > top ? v : top;
+  }
+  T result = fold<T>(top, [](T a, T b) { return a > b ? a : b; });
+  for (; c < C; ++c) result = row[c] > result ? row[c] : result;
+  return result;
+}
+
+/// e^x for float or f32x4: Cephes' expf, with x = n ln 2 + r, |r| <= ln(2) / 2, a degree-7
+/// polynomial for e^r and 2^n built in the exponent bits; relative error ~2e-7. Inputs are clamped to
+/// [-87, 88], where 2^n stays a normal float; NaN stays NaN.
+template <typename V, typename I>
+V exp_poly(V x) {
+  x = x < -87.0f ? V{} - 87.0f : x;
+  x = x > 88.0f ? V{} + 88.0f : x;
+  // Adding 1.5 * 2^23 rounds x / ln 2 to the nearest integer n, which lands in the low mantissa bits.
+  constexpr float kRound = 12582912.0f;
+  V shifted = x * 1.44269504088896341f + kRound, nf = shifted - kRound;
+  I n = std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(kRound);
+  V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // ln 2 in two parts, so n ln 2 is exact
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return (p * r * r + r + 1.0f) * std::bit_cast<V>((n + 127) << 23);
+}
+
+inline float exp_of(float x) { return exp_poly<float, int32_t>(x); }
+inline f32x4 exp_of(f32x4 x) { return exp_poly<f32x4, i32x4>(x); }
+inline double exp_of(double x) { return std::exp(x); }
+
 // ---- layer_norm ---------------------------------------------------------------------------------
 // Inputs x [..., *normalized_shape], weight and bias [*normalized_shape], Attrs.dims = normalized_shape,
 // Attrs.eps. Outputs out (x's shape) and the per-row statistics mean and rstd = 1/sqrt(var + eps),
@@ -107,19 +209,20 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
         // accurate when |mean| >> std, where the plain sum-of-squares formula cancels, and x - shift
         // is exact in T there, so the output never subtracts a rounded mean from a large x.
         T shift = C > 0 ? row[0] : T{0};
-        double s = 0, ss = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          double d = static_cast<double>(row[c]) - static_cast<double>(shift);
-          s += d;
-          ss += d * d;
-        }
+        double s = row_sum<T>(C, [=](auto type, int64_t c) { return load<TypeOf<decltype(type)>>(row + c) - shift; });
+        double ss = row_sum<T>(C, [=](auto type, int64_t c) {
+          auto d = load<TypeOf<decltype(type)>>(row + c) - shift;
+          return d * d;
+        });
         double m = s / static_cast<double>(C), var = std::max(ss / static_cast<double>(C) - m * m, 0.0);
         double r = 1.0 / std::sqrt(var + attrs.eps);
         mean[n] = static_cast<T>(shift + m);
         rstd[n] = static_cast<T>(r);
         T centre = static_cast<T>(m), scale = static_cast<T>(r);
-        T* orow = o + n * C;
-        for (int64_t c = 0; c < C; ++c) orow[c] = ((row[c] - shift) - centre) * scale * w[c] + b[c];
+        row_map(o + n * C, C, [=](auto type, int64_t c) {
+          using V = TypeOf<decltype(type)>;
+          return ((load<V>(row + c) - shift) - centre) * scale * load<V>(w + c) + load<V>(b + c);
+        });
       }
     });
   });
@@ -224,19 +327,26 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
         double* db = dw + C;
         for (int64_t n = block * rows_per_block, n_end = std::min(N, n + rows_per_block); n < n_end; ++n) {
           const T *grow = g + n * C, *xrow = inp + n * C;
-          double m = mu[n], r = rs[n], sum_g = 0, sum_gx = 0;
+          T m = mu[n], r = rs[n];
+          double sum_g = row_sum<T>(C, [=](auto type, int64_t c) {
+            using V = TypeOf<decltype(type)>;
+            return load<V>(grow + c) * load<V>(w + c);
+          });
+          double sum_gx = r * row_sum<T>(C, [=](auto type, int64_t c) {
+            using V = TypeOf<decltype(type)>;
+            return load<V>(grow + c) * load<V>(w + c) * (load<V>(xrow + c) - m);
+          });
           for (int64_t c = 0; c < C; ++c) {
-            double xhat = (xrow[c] - m) * r, gw = static_cast<double>(grow[c]) * w[c];
-            sum_g += gw;
-            sum_gx += gw * xhat;
-            dw[c] += grow[c] * xhat;
+            dw[c] += static_cast<double>(grow[c]) * ((xrow[c] - m) * r);
             db[c] += grow[c];
           }
-          // dx = r * g * w + k_xhat * xhat + k_const
-          double k_xhat = -(r * sum_gx + drs[n] * r * r) * inv_c, k_const = (dmu[n] - r * sum_g) * inv_c;
-          T* drow = dinp + n * C;
-          for (int64_t c = 0; c < C; ++c)
-            drow[c] = static_cast<T>(r * grow[c] * w[c] + k_xhat * (xrow[c] - m) * r + k_const);
+          // dx = r g w + k_centred (x - mean) + k_const
+          double k_xhat = -(r * sum_gx + drs[n] * r * r) * inv_c;
+          auto k_centred = static_cast<T>(k_xhat * r), k_const = static_cast<T>((dmu[n] - r * sum_g) * inv_c);
+          row_map(dinp + n * C, C, [=](auto type, int64_t c) {
+            using V = TypeOf<decltype(type)>;
+            return r * load<V>(grow + c) * load<V>(w + c) + k_centred * (load<V>(xrow + c) - m) + k_const;
+          });
         }
       }
     });
@@ -550,113 +660,13 @@ std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const
   return {{{in[0].size(0)}, in[0].dtype()}};
 }
 
-// Row loops. Float rows go through packs of four (a GCC/Clang vector: one SSE/NEON register). Left
-// to itself the compiler keeps these loops scalar: it may not reorder a float sum, and under the
-// default -ftrapping-math it does not turn comparisons into selects. Float64 rows (the tests' precise
-// path) use packs of one and std::exp.
-
-using f32x4 = float __attribute__((vector_size(16)));
-using i32x4 = int32_t __attribute__((vector_size(16)));
-
-template <typename T>
-struct PackOf {
-  using type = T;
-};
-template <>
-struct PackOf<float> {
-  using type = f32x4;
-};
-template <typename T>
-using Pack = typename PackOf<T>::type;
-template <typename T>
-constexpr int64_t kPackWidth = sizeof(Pack<T>) / sizeof(T);
-
-template <typename P, typename T>
-P load_pack(const T* data) {
-  P pack;
-  std::memcpy(&pack, data, sizeof(P));
-  return pack;
-}
-
-/// Folds a pack's lanes into one value with fn (a pack of one is its own value).
-template <typename T, typename P, typename Fn>
-T fold(P pack, Fn fn) {
-  if constexpr (std::is_same_v<P, T>) {
-    return pack;
-  } else {
-    T total = pack[0];
-    for (int64_t j = 1; j < kPackWidth<T>; ++j) total = fn(total, pack[j]);
-    return total;
-  }
-}
-
-/// e^x for float or f32x4: Cephes' expf, with x = n ln 2 + r, |r| <= ln(2) / 2, a degree-7
-/// polynomial for e^r and 2^n built in the exponent bits; relative error ~2e-7. Inputs are clamped to
-/// [-87, 88], where 2^n stays a normal float; NaN stays NaN.
-template <typename V, typename I>
-V exp_poly(V x) {
-  x = x < -87.0f ? V{} - 87.0f : x;
-  x = x > 88.0f ? V{} + 88.0f : x;
-  // Adding 1.5 * 2^23 rounds x / ln 2 to the nearest integer n, which lands in the low mantissa bits.
-  constexpr float kRound = 12582912.0f;
-  V shifted = x * 1.44269504088896341f + kRound, nf = shifted - kRound;
-  I n = std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(kRound);
-  V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // ln 2 in two parts, so n ln 2 is exact
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return (p * r * r + r + 1.0f) * std::bit_cast<V>((n + 127) << 23);
-}
-
-inline float exp_of(float x) { return exp_poly<float, int32_t>(x); }
-inline f32x4 exp_of(f32x4 x) { return exp_poly<f32x4, i32x4>(x); }
-inline double exp_of(double x) { return std::exp(x); }
-
-/// max_c row_c.
-template <typename T>
-T row_max(const T* row, int64_t C) {
-  using P = Pack<T>;
-  P top = P{} + row[0];
-  int64_t c = 0;
-  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
-    P v = load_pack<P>(row + c);
-    top = v > top ? v : top;
-  }
-  T result = fold<T>(top, [](T a, T b) { return a > b ? a : b; });
-  for (; c < C; ++c) result = row[c] > result ? row[c] : result;
-  return result;
-}
-
-/// sum_c f(row_c), where f takes packs and single values alike.
-template <typename T, typename F>
-double row_sum(const T* row, int64_t C, F f) {
-  Pack<T> total{};
-  int64_t c = 0;
-  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) total += f(load_pack<Pack<T>>(row + c));
-  double result = fold<T>(total, [](T a, T b) { return a + b; });
-  for (; c < C; ++c) result += f(row[c]);
-  return result;
-}
-
-/// out_c = f(row_c), where f takes packs and single values alike.
-template <typename T, typename F>
-void row_map(const T* row, T* out, int64_t C, F f) {
-  int64_t c = 0;
-  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
-    Pack<T> v = f(load_pack<Pack<T>>(row + c));
-    std::memcpy(out + c, &v, sizeof(v));
-  }
-  for (; c < C; ++c) out[c] = f(row[c]);
-}
-
 /// log(sum_c exp(row_c)), shifted by the row's max so that exp cannot overflow.
 template <typename T>
 double log_sum_exp(const T* row, int64_t C) {
   T top = row_max(row, C);
-  return static_cast<double>(top) + std::log(row_sum(row, C, [top](auto v) { return exp_of(v - top); }));
+  return static_cast<double>(top) + std::log(row_sum<T>(C, [=](auto type, int64_t c) {
+           return exp_of(load<TypeOf<decltype(type)>>(row + c) - top);
+         }));
 }
 
 void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
@@ -675,7 +685,9 @@ void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, 
         }
         const T* row = x + n * C;
         double lse = log_sum_exp(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
-        if (e != 0) value += e * (lse - row_sum(row, C, [](auto v) { return v; }) / static_cast<double>(C));
+        if (e != 0) value += e * (lse - row_sum<T>(C, [=](auto type, int64_t c) {
+                             return load<TypeOf<decltype(type)>>(row + c);
+                           }) / static_cast<double>(C));
         loss[n] = static_cast<T>(value);
       }
     });
@@ -759,7 +771,9 @@ void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tenso
         }
         const T* row = x + n * C;
         auto lse = static_cast<T>(log_sum_exp(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
-        row_map(row, drow, C, [=](auto v) { return g * (exp_of(v - lse) - share); });
+        row_map(drow, C, [=](auto type, int64_t c) {
+          return g * (exp_of(load<TypeOf<decltype(type)>>(row + c) - lse) - share);
+        });
         drow[t[n]] -= g * static_cast<T>(1 - e);
       }
     });
