@@ -69,8 +69,8 @@ void check_ids(const Tensor& indices, int64_t V) {
 // Float rows go through packs of four (a GCC/Clang vector: one SSE/NEON register). Left to itself the
 // compiler keeps these loops scalar: it may not reorder a float sum, and under the default
 // -ftrapping-math it does not turn comparisons into selects. Float64 rows (the tests' precise path)
-// use packs of one. Loop bodies are generic lambdas f(type, c) that load what they need at column c
-// as TypeOf<decltype(type)>: a pack, or one value in the row's tail.
+// use packs of one. Loop bodies are lambdas []<typename V>(int64_t c) that load what they need at
+// column c as V: a pack, or one value in the row's tail.
 
 using f32x4 = float __attribute__((vector_size(16)));
 using i32x4 = int32_t __attribute__((vector_size(16)));
@@ -78,8 +78,6 @@ template <typename T>
 using Pack = std::conditional_t<std::is_same_v<T, float>, f32x4, T>;
 template <typename T>
 constexpr int64_t kPackWidth = sizeof(Pack<T>) / sizeof(T);
-template <typename Tag>
-using TypeOf = typename Tag::type;
 
 /// The pack (or value) V stored at data.
 template <typename V, typename T>
@@ -101,7 +99,7 @@ T fold(P pack, Fn fn) {
   }
 }
 
-/// sum_c f(type, c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
+/// sum_c f<V>(c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
 template <typename T, typename F>
 double row_sum(int64_t C, F f) {
   constexpr int64_t kWidth = kPackWidth<T>, kBlock = 256;
@@ -110,22 +108,22 @@ double row_sum(int64_t C, F f) {
   for (int64_t start = 0; start < packed; start += kBlock) {
     Pack<T> total{};
     for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kWidth)
-      total += f(std::type_identity<Pack<T>>{}, c);
+      total += f.template operator()<Pack<T>>(c);
     result += fold<T>(total, [](T a, T b) { return a + b; });
   }
-  for (int64_t c = packed; c < C; ++c) result += f(std::type_identity<T>{}, c);
+  for (int64_t c = packed; c < C; ++c) result += f.template operator()<T>(c);
   return result;
 }
 
-/// out_c = f(type, c) for c < C.
+/// out_c = f<V>(c) for c < C.
 template <typename T, typename F>
 void row_map(T* out, int64_t C, F f) {
   int64_t c = 0;
   for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
-    Pack<T> v = f(std::type_identity<Pack<T>>{}, c);
+    Pack<T> v = f.template operator()<Pack<T>>(c);
     std::memcpy(out + c, &v, sizeof(v));
   }
-  for (; c < C; ++c) out[c] = f(std::type_identity<T>{}, c);
+  for (; c < C; ++c) out[c] = f.template operator()<T>(c);
 }
 
 /// max_c row_c.
@@ -209,9 +207,9 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
         // accurate when |mean| >> std, where the plain sum-of-squares formula cancels, and x - shift
         // is exact in T there, so the output never subtracts a rounded mean from a large x.
         T shift = C > 0 ? row[0] : T{0};
-        double s = row_sum<T>(C, [=](auto type, int64_t c) { return load<TypeOf<decltype(type)>>(row + c) - shift; });
-        double ss = row_sum<T>(C, [=](auto type, int64_t c) {
-          auto d = load<TypeOf<decltype(type)>>(row + c) - shift;
+        double s = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c) - shift; });
+        double ss = row_sum<T>(C, [=]<typename V>(int64_t c) {
+          auto d = load<V>(row + c) - shift;
           return d * d;
         });
         double m = s / static_cast<double>(C), var = std::max(ss / static_cast<double>(C) - m * m, 0.0);
@@ -219,8 +217,7 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
         mean[n] = static_cast<T>(shift + m);
         rstd[n] = static_cast<T>(r);
         T centre = static_cast<T>(m), scale = static_cast<T>(r);
-        row_map(o + n * C, C, [=](auto type, int64_t c) {
-          using V = TypeOf<decltype(type)>;
+        row_map(o + n * C, C, [=]<typename V>(int64_t c) {
           return ((load<V>(row + c) - shift) - centre) * scale * load<V>(w + c) + load<V>(b + c);
         });
       }
@@ -328,12 +325,8 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
         for (int64_t n = block * rows_per_block, n_end = std::min(N, n + rows_per_block); n < n_end; ++n) {
           const T *grow = g + n * C, *xrow = inp + n * C;
           T m = mu[n], r = rs[n];
-          double sum_g = row_sum<T>(C, [=](auto type, int64_t c) {
-            using V = TypeOf<decltype(type)>;
-            return load<V>(grow + c) * load<V>(w + c);
-          });
-          double sum_gx = r * row_sum<T>(C, [=](auto type, int64_t c) {
-            using V = TypeOf<decltype(type)>;
+          double sum_g = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(grow + c) * load<V>(w + c); });
+          double sum_gx = r * row_sum<T>(C, [=]<typename V>(int64_t c) {
             return load<V>(grow + c) * load<V>(w + c) * (load<V>(xrow + c) - m);
           });
           for (int64_t c = 0; c < C; ++c) {
@@ -343,8 +336,7 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
           // dx = r g w + k_centred (x - mean) + k_const
           double k_xhat = -(r * sum_gx + drs[n] * r * r) * inv_c;
           auto k_centred = static_cast<T>(k_xhat * r), k_const = static_cast<T>((dmu[n] - r * sum_g) * inv_c);
-          row_map(dinp + n * C, C, [=](auto type, int64_t c) {
-            using V = TypeOf<decltype(type)>;
+          row_map(dinp + n * C, C, [=]<typename V>(int64_t c) {
             return r * load<V>(grow + c) * load<V>(w + c) + k_centred * (load<V>(xrow + c) - m) + k_const;
           });
         }
@@ -664,9 +656,8 @@ std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const
 template <typename T>
 double log_sum_exp(const T* row, int64_t C) {
   T top = row_max(row, C);
-  return static_cast<double>(top) + std::log(row_sum<T>(C, [=](auto type, int64_t c) {
-           return exp_of(load<TypeOf<decltype(type)>>(row + c) - top);
-         }));
+  double total = row_sum<T>(C, [=]<typename V>(int64_t c) { return exp_of(load<V>(row + c) - top); });
+  return static_cast<double>(top) + std::log(total);
 }
 
 void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
@@ -685,9 +676,10 @@ void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, 
         }
         const T* row = x + n * C;
         double lse = log_sum_exp(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
-        if (e != 0) value += e * (lse - row_sum<T>(C, [=](auto type, int64_t c) {
-                             return load<TypeOf<decltype(type)>>(row + c);
-                           }) / static_cast<double>(C));
+        if (e != 0) {
+          double logits_sum = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c); });
+          value += e * (lse - logits_sum / static_cast<double>(C));
+        }
         loss[n] = static_cast<T>(value);
       }
     });
@@ -771,9 +763,7 @@ void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tenso
         }
         const T* row = x + n * C;
         auto lse = static_cast<T>(log_sum_exp(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
-        row_map(drow, C, [=](auto type, int64_t c) {
-          return g * (exp_of(load<TypeOf<decltype(type)>>(row + c) - lse) - share);
-        });
+        row_map(drow, C, [=]<typename V>(int64_t c) { return g * (exp_of(load<V>(row + c) - lse) - share); });
         drow[t[n]] -= g * static_cast<T>(1 - e);
       }
     });
@@ -848,8 +838,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx, Site site) {
   int64_t pad = -1;
-  if (padding_idx) {
-    int64_t rows = weight.dim() == 2 ? weight.size(0) : 0;
+  if (padding_idx && weight.dim() == 2) {  // a weight of another rank is the op's error to report
+    int64_t rows = weight.size(0);
     MF_CHECK(*padding_idx >= -rows && *padding_idx < rows,
              "embedding: padding_idx {} is out of range for weight of shape {} at {}", *padding_idx,
              shape_str(weight.shape()), format_location(site));
