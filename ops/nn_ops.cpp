@@ -574,7 +574,7 @@ std::vector<Sample> embedding_backward_samples() {
 // ---- dropout ------------------------------------------------------------------------------------
 // Input x; Attrs.value = p, Attrs.seed/counter = the Philox stream. Outputs out and mask, both of x's
 // shape and dtype: mask holds the scale each element got (0 or 1/(1-p)), so out = x * mask and
-// dx = dout * mask. Element i keeps when word i % 4 of Philox block (seed, counter + i / 4), as a
+// dx = dout * mask = dropout(dout) on the same stream. Element i keeps when word i % 4 of Philox block (seed, counter + i / 4), as a
 // uniform on [0, 1), is >= p: the mask depends on the stream alone, never on the thread count.
 
 std::vector<OutputSpec> infer_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -603,7 +603,11 @@ void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
   });
 }
 
-std::vector<Tensor> dropout_rule(const GradContext& ctx) { return {mul(ctx.grads[0], ctx.outputs[1])}; }
+// Replaying the forward's Philox stream on the gradient multiplies it by the same mask, so the node
+// keeps no tensors alive.
+std::vector<Tensor> dropout_rule(const GradContext& ctx) {
+  return {std::move(call(OpId::dropout, {ctx.grads[0]}, ctx.attrs, ctx.site)[0])};
+}
 
 std::vector<Tensor> reference_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
   std::vector<double> xs = in[0].to_vector<double>(), out, mask;
@@ -815,7 +819,7 @@ void register_nn_ops(Registry& r) {
             .backward = embedding_backward_rule, .samples = embedding_backward_samples,
             .reference = reference_embedding_backward});
   r.define(OpId::dropout, {.name = "dropout", .infer = infer_dropout, .kernels = {cpu_dropout},
-                           .backward = dropout_rule, .saves_inputs = false, .saves_outputs = true,
+                           .backward = dropout_rule, .saves_inputs = false,
                            .samples = dropout_samples, .reference = reference_dropout});
   r.define(OpId::cross_entropy, {.name = "cross_entropy", .infer = infer_cross_entropy,
                                  .kernels = {cpu_cross_entropy}, .backward = cross_entropy_rule,
