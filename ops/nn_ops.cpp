@@ -194,7 +194,7 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
   Tensor x = dense(in[0]), weight = dense(in[1]), bias = dense(in[2]);
   int64_t N = out[1].numel(), C = shape_numel(attrs.dims);
   visit_floating(x.dtype(), [&]<typename T>() {
-    const T* inp = x.data_ptr<T>();  // [N, C]
+    const T* inp = x.data_ptr<T>();     // [N, C]
     const T* w = weight.data_ptr<T>();  // [C]
     const T* b = bias.data_ptr<T>();    // [C]
     T* o = out[0].data_ptr<T>();        // [N, C]
@@ -574,8 +574,9 @@ std::vector<Sample> embedding_backward_samples() {
 // ---- dropout ------------------------------------------------------------------------------------
 // Input x; Attrs.value = p, Attrs.seed/counter = the Philox stream. Outputs out and mask, both of x's
 // shape and dtype: mask holds the scale each element got (0 or 1/(1-p)), so out = x * mask and
-// dx = dout * mask = dropout(dout) on the same stream. Element i keeps when word i % 4 of Philox block (seed, counter + i / 4), as a
-// uniform on [0, 1), is >= p: the mask depends on the stream alone, never on the thread count.
+// dx = dout * mask = dropout(dout) on the same stream. Element i keeps when word i % 4 of Philox
+// block (seed, counter + i / 4), as a uniform on [0, 1), is >= p: the mask depends on the stream
+// alone, never on the thread count.
 
 std::vector<OutputSpec> infer_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
   expect_float(in[0], "input");
@@ -784,7 +785,8 @@ std::vector<Tensor> reference_cross_entropy_backward(const std::vector<Tensor>& 
     std::vector<double> log_probs = reference_log_probs(logits, n);
     for (int64_t c = 0; c < C; ++c) {
       double smoothed_target = (c == t ? 1 - e : 0.0) + e / static_cast<double>(C);
-      grads.push_back(t == attrs.ignore_index ? 0.0 : dloss.at<double>({n}) * (std::exp(log_probs[c]) - smoothed_target));
+      double grad = dloss.at<double>({n}) * (std::exp(log_probs[c]) - smoothed_target);
+      grads.push_back(t == attrs.ignore_index ? 0.0 : grad);
     }
   }
   return {reference::make(logits.shape(), logits.dtype(), grads)};
@@ -810,7 +812,8 @@ void register_nn_ops(Registry& r) {
                               .reference = reference_layer_norm});
   r.define(OpId::layer_norm_backward,
            {.name = "layer_norm_backward", .infer = infer_layer_norm_backward, .kernels = {cpu_layer_norm_backward},
-            .backward = layer_norm_backward_rule, .samples = layer_norm_backward_samples, .reference = reference_layer_norm_backward});
+            .backward = layer_norm_backward_rule, .samples = layer_norm_backward_samples,
+            .reference = reference_layer_norm_backward});
   r.define(OpId::embedding, {.name = "embedding", .infer = infer_embedding, .kernels = {cpu_embedding},
                              .backward = embedding_rule, .samples = embedding_samples,
                              .reference = reference_embedding});

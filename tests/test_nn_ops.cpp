@@ -27,15 +27,15 @@ TEST_CASE("layer_norm of [1, 2, 3] by hand") {
   double s = std::sqrt(1.5);
   check_close(layer_norm(f64({1, 2, 3}), {3}, {}, {}, 0.0), f64({-s, 0, s}), 1e-12, 1e-12);
   // weight [2, 1, 1] and bias [0, 0, 10] scale and shift the same normalised values.
-  check_close(layer_norm(f64({1, 2, 3}), {3}, f64({2, 1, 1}), f64({0, 0, 10}), 0.0), f64({-2 * s, 0, s + 10}),
-              1e-12, 1e-12);
+  check_close(layer_norm(f64({1, 2, 3}), {3}, f64({2, 1, 1}), f64({0, 0, 10}), 0.0), f64({-2 * s, 0, s + 10}), 1e-12,
+              1e-12);
 }
 
 TEST_CASE("layer_norm returns the row statistics it normalised with") {
   // Rows [1, 2, 3] and [4, 4, 4]: means 2 and 4, variances 2/3 and 0, rstd = 1/sqrt(var + eps).
   Tensor x = f64({1, 2, 3, 4, 4, 4}, {2, 3});
-  std::vector<Tensor> out = call(OpId::layer_norm, {x, ones({3}, DType::Float64), zeros({3}, DType::Float64)},
-                                 {.dims = {3}, .eps = 0.25});
+  std::vector<Tensor> out =
+      call(OpId::layer_norm, {x, ones({3}, DType::Float64), zeros({3}, DType::Float64)}, {.dims = {3}, .eps = 0.25});
   check_close(out[1], f64({2, 4}), 1e-12, 1e-12);
   check_close(out[2], f64({1 / std::sqrt(2.0 / 3 + 0.25), 2}), 1e-12, 1e-12);
   // The constant row normalises to 0: (4 - 4) * 2.
@@ -45,8 +45,8 @@ TEST_CASE("layer_norm returns the row statistics it normalised with") {
 TEST_CASE("layer_norm gradients through the public function") {
   Tensor x = reference::randn({4, 6}, 901).set_requires_grad();
   SUBCASE("without affine parameters, sum(out) is 0 whatever x is, so its gradient is 0") {
-    check_close(grad_of(x, layer_norm(x, {6}, {}, {}), ones({4, 6}, DType::Float64)), zeros({4, 6}, DType::Float64),
-                0, 1e-12);
+    check_close(grad_of(x, layer_norm(x, {6}, {}, {}), ones({4, 6}, DType::Float64)), zeros({4, 6}, DType::Float64), 0,
+                1e-12);
   }
   SUBCASE("dbias is the column sum of dout, dweight the column sum of dout * xhat") {
     Tensor w = reference::randn({6}, 902).set_requires_grad(), b = reference::randn({6}, 903).set_requires_grad();
@@ -58,7 +58,9 @@ TEST_CASE("layer_norm gradients through the public function") {
   }
   SUBCASE("gradcheck over two normalized dims") {
     std::string failure = autograd::gradcheck(
-        [](const std::vector<Tensor>& in) { return std::vector<Tensor>{layer_norm(in[0], {2, 3}, in[1], {})}; },
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{layer_norm(in[0], {2, 3}, in[1], {})};
+        },
         {reference::randn({2, 2, 3}, 905).set_requires_grad(), reference::randn({2, 3}, 906).set_requires_grad()});
     CHECK_MESSAGE(failure.empty(), failure);
   }
@@ -66,21 +68,21 @@ TEST_CASE("layer_norm gradients through the public function") {
 
 TEST_CASE("layer_norm keeps float32 accuracy when the mean dwarfs the spread") {
   // x = 1000 + 0.01 z: a float32 ulp at 1000 is 6e-5, so subtracting a rounded mean would cost ~1e-2.
-  Tensor x = add(mul(reference::randn({3, 16}, 911), scalar_tensor(0.01, DType::Float64)),
-                 scalar_tensor(1000, DType::Float64))
-                 .to(DType::Float32);
+  Tensor x =
+      add(mul(reference::randn({3, 16}, 911), scalar_tensor(0.01, DType::Float64)), scalar_tensor(1000, DType::Float64))
+          .to(DType::Float32);
   Tensor exact = layer_norm(x.to(DType::Float64), {16}, {}, {});  // same inputs, computed in float64
   check_close(layer_norm(x, {16}, {}, {}), exact.to(DType::Float32), 1e-4, 1e-4);
 }
 
 TEST_CASE("layer_norm errors") {
   Tensor x = zeros({2, 3});
-  CHECK_THROWS_WITH_AS(layer_norm(x, {4}, {}, {}), doctest::Contains("input of shape [2, 3] does not end with normalized_shape [4]"),
-                       mf::Error);
+  CHECK_THROWS_WITH_AS(layer_norm(x, {4}, {}, {}),
+                       doctest::Contains("input of shape [2, 3] does not end with normalized_shape [4]"), mf::Error);
   CHECK_THROWS_WITH_AS(layer_norm(x, {3}, ones({2}), {}), doctest::Contains("weight has shape [2]"), mf::Error);
-  CHECK_THROWS_WITH_AS(layer_norm(x, {3}, ones({3}, DType::Float64), {}),
-                       doctest::Contains("layer_norm: weight has shape [3] and dtype float64, expected [3] and float32"),
-                       mf::Error);
+  CHECK_THROWS_WITH_AS(
+      layer_norm(x, {3}, ones({3}, DType::Float64), {}),
+      doctest::Contains("layer_norm: weight has shape [3] and dtype float64, expected [3] and float32"), mf::Error);
   CHECK_THROWS_WITH_AS(layer_norm(x, {}, {}, {}), doctest::Contains("normalized_shape is empty"), mf::Error);
 }
 
@@ -102,8 +104,8 @@ TEST_CASE("embedding's padding row is looked up but gets no gradient") {
     CAPTURE(padding_idx);
     Tensor out = embedding(weight, ids, padding_idx);
     check_close(out.select(0, 0), weight.detach().select(0, 2), 0, 0);
-    check_close(grad_of(weight, out, ones({4, 3}, DType::Float64)),
-                f64({1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0}, {4, 3}), 0, 0);
+    check_close(grad_of(weight, out, ones({4, 3}, DType::Float64)), f64({1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0}, {4, 3}),
+                0, 0);
   }
 }
 
@@ -118,9 +120,9 @@ TEST_CASE("embedding_backward's own gradient skips the padding row") {
 
 TEST_CASE("embedding errors") {
   Tensor weight = zeros({5, 3});
-  CHECK_THROWS_WITH_AS(embedding(weight, from_vector<int64_t>({1, 7})),
-                       doctest::Contains("embedding: index 7 (at flat position 1) is out of range for 5 embedding rows"),
-                       mf::Error);
+  CHECK_THROWS_WITH_AS(
+      embedding(weight, from_vector<int64_t>({1, 7})),
+      doctest::Contains("embedding: index 7 (at flat position 1) is out of range for 5 embedding rows"), mf::Error);
   CHECK_THROWS_WITH_AS(embedding(weight, from_vector<int64_t>({-1})), doctest::Contains("index -1"), mf::Error);
   CHECK_THROWS_WITH_AS(embedding(weight, tensor({1, 2})), doctest::Contains("expects int64 indices, got float32"),
                        mf::Error);
@@ -186,11 +188,11 @@ TEST_CASE("dropout: identity in eval mode and at p = 0, zeros at p = 1, gradient
 }
 
 TEST_CASE("dropout errors") {
-  CHECK_THROWS_WITH_AS(dropout(ones({3}), 1.5, true), doctest::Contains("dropout: probability p must be in [0, 1], got 1.5"),
-                       mf::Error);
+  CHECK_THROWS_WITH_AS(dropout(ones({3}), 1.5, true),
+                       doctest::Contains("dropout: probability p must be in [0, 1], got 1.5"), mf::Error);
   CHECK_THROWS_WITH_AS(dropout(ones({3}), -0.1, false), doctest::Contains("got -0.1"), mf::Error);
-  CHECK_THROWS_WITH_AS(dropout(from_vector<int64_t>({1, 2}), 0.5, true), doctest::Contains("expects a float32 or float64 input"),
-                       mf::Error);
+  CHECK_THROWS_WITH_AS(dropout(from_vector<int64_t>({1, 2}), 0.5, true),
+                       doctest::Contains("expects a float32 or float64 input"), mf::Error);
 }
 
 // ---- cross_entropy ------------------------------------------------------------------------------
@@ -254,8 +256,8 @@ TEST_CASE("cross_entropy in float32 agrees with float64 over a wide range of log
   Tensor loss32 = call1(OpId::cross_entropy, {logits.to(DType::Float32), target}, attrs);
   check_close(loss32, loss.to(DType::Float32), 1e-5, 1e-5);
   Tensor grad = call1(OpId::cross_entropy_backward, {dloss, logits, target}, attrs);
-  Tensor grad32 = call1(OpId::cross_entropy_backward, {dloss.to(DType::Float32), logits.to(DType::Float32), target},
-                        attrs);
+  Tensor grad32 =
+      call1(OpId::cross_entropy_backward, {dloss.to(DType::Float32), logits.to(DType::Float32), target}, attrs);
   check_close(grad32, grad.to(DType::Float32), 1e-5, 1e-6);
 }
 
@@ -269,9 +271,10 @@ TEST_CASE("cross_entropy errors") {
   CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector<int64_t>({0, -1})), doctest::Contains("target -1"), mf::Error);
   CHECK_THROWS_WITH_AS(cross_entropy(logits, tensor({0, 1})), doctest::Contains("expects int64 target, got float32"),
                        mf::Error);
-  CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector<int64_t>({0, 1, 2})),
-                       doctest::Contains("target of shape [3] does not match logits of shape [2, 3] (expected target shape [2])"),
-                       mf::Error);
+  CHECK_THROWS_WITH_AS(
+      cross_entropy(logits, from_vector<int64_t>({0, 1, 2})),
+      doctest::Contains("target of shape [3] does not match logits of shape [2, 3] (expected target shape [2])"),
+      mf::Error);
   CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector<int64_t>({0, 1}), -100, 1.5),
                        doctest::Contains("label_smoothing must be in [0, 1], got 1.5"), mf::Error);
 }
