@@ -1,8 +1,889 @@
-// (being written)
+// Fused nn ops, each with its own backward op (PyTorch's native_layer_norm_backward, llm.c's
+// crossentropy_softmax_backward): layer_norm, embedding, dropout, cross_entropy.
+//
+// N = rows (the product of the leading dims), C = features per row (normalized size, embedding width,
+// classes), V = embedding rows. Kernels read contiguous copies of their inputs and write every element
+// of their outputs (=); parameter gradients (dweight, dbias) sum (+=) over rows in blocks fixed by N
+// alone, so they do not depend on the thread count.
+#include "core/graph.h"
 #include "ops/families.h"
+#include "ops/loops.h"
+#include "ops/ops.h"
+#include "ops/reference.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
 
 namespace mf {
+namespace {
 
-void register_nn_ops(Registry&) {}
+// ---- shared helpers -----------------------------------------------------------------------------
+
+/// A contiguous version of t (t itself when it already is), made without recording autograd.
+Tensor dense(const Tensor& t) {
+  NoGradGuard no_grad;
+  return t.contiguous();
+}
+
+/// Rows per parallel_for chunk so that a chunk holds about kParallelGrain elements.
+int64_t grain_for(int64_t elements_per_row) {
+  return std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(elements_per_row, 1));
+}
+
+void expect_tensor(const Tensor& t, std::string_view name, const Shape& shape, DType dtype) {
+  MF_CHECK(t.shape() == shape && t.dtype() == dtype, "{} has shape {} and dtype {}, expected {} and {}", name,
+           shape_str(t.shape()), dtype_name(t.dtype()), shape_str(shape), dtype_name(dtype));
+}
+
+void expect_float(const Tensor& t, std::string_view name) {
+  MF_CHECK(is_floating(t.dtype()), "expects a float32 or float64 {}, got {} (shape {})", name,
+           dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+/// The first index outside [0, high) that is not `skip` (ignore_index), as {flat position, value}.
+std::optional<std::pair<int64_t, int64_t>> find_bad_index(const Tensor& indices, int64_t high,
+                                                          std::optional<int64_t> skip = std::nullopt) {
+  Tensor host = dense(indices.to(Device::cpu()));
+  const int64_t* values = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    if ((values[i] < 0 || values[i] >= high) && values[i] != skip) return std::pair{i, values[i]};
+  return std::nullopt;
+}
+
+void expect_int64(const Tensor& t, std::string_view name) {
+  MF_CHECK(t.dtype() == DType::Int64, "expects int64 {}, got {} (shape {})", name, dtype_name(t.dtype()),
+           shape_str(t.shape()));
+}
+
+/// Embedding ids must pick one of the V rows.
+void check_ids(const Tensor& indices, int64_t V) {
+  expect_int64(indices, "indices");
+  if (auto bad = find_bad_index(indices, V))
+    fail("index {} (at flat position {}) is out of range for {} embedding rows (valid ids are 0 to {})", bad->second,
+         bad->first, V, V - 1);
+}
+
+// ---- row loops ----------------------------------------------------------------------------------
+// Float rows go through packs of four (a GCC/Clang vector: one SSE/NEON register). Left to itself the
+// compiler keeps these loops scalar: it may not reorder a float sum, and under the default
+// -ftrapping-math it does not turn comparisons into selects. Float64 rows (the tests' precise path)
+// use packs of one. Loop bodies are lambdas []<typename V>(int64_t c) that load what they need at
+// column c as V: a pack, or one value in the row's tail.
+
+using f32x4 = float __attribute__((vector_size(16)));
+using i32x4 = int32_t __attribute__((vector_size(16)));
+template <typename T>
+using Pack = std::conditional_t<std::is_same_v<T, float>, f32x4, T>;
+template <typename T>
+constexpr int64_t kPackWidth = sizeof(Pack<T>) / sizeof(T);
+
+/// The pack (or value) V stored at data.
+template <typename V, typename T>
+V load(const T* data) {
+  V v;
+  std::memcpy(&v, data, sizeof(V));
+  return v;
+}
+
+/// Folds a pack's lanes into one value with fn (a pack of one is its own value).
+template <typename T, typename P, typename Fn>
+T fold(P pack, Fn fn) {
+  if constexpr (std::is_same_v<P, T>) {
+    return pack;
+  } else {
+    T total = pack[0];
+    for (int64_t j = 1; j < kPackWidth<T>; ++j) total = fn(total, pack[j]);
+    return total;
+  }
+}
+
+/// sum_c f<V>(c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
+template <typename T, typename F>
+double row_sum(int64_t C, F f) {
+  constexpr int64_t kWidth = kPackWidth<T>, kBlock = 256;
+  int64_t packed = C - C % kWidth;
+  double result = 0;
+  for (int64_t start = 0; start < packed; start += kBlock) {
+    Pack<T> total{};
+    for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kWidth)
+      total += f.template operator()<Pack<T>>(c);
+    result += fold<T>(total, [](T a, T b) { return a + b; });
+  }
+  for (int64_t c = packed; c < C; ++c) result += f.template operator()<T>(c);
+  return result;
+}
+
+/// out_c = f<V>(c) for c < C.
+template <typename T, typename F>
+void row_map(T* out, int64_t C, F f) {
+  int64_t c = 0;
+  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
+    Pack<T> v = f.template operator()<Pack<T>>(c);
+    std::memcpy(out + c, &v, sizeof(v));
+  }
+  for (; c < C; ++c) out[c] = f.template operator()<T>(c);
+}
+
+/// max_c row_c.
+template <typename T>
+T row_max(const T* row, int64_t C) {
+  Pack<T> top = Pack<T>{} + row[0];
+  int64_t c = 0;
+  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
+    auto v = load<Pack<T>>(row + c);
+    top = v > top ? v : top;
+  }
+  T result = fold<T>(top, [](T a, T b) { return a > b ? a : b; });
+  for (; c < C; ++c) result = row[c] > result ? row[c] : result;
+  return result;
+}
+
+/// e^x for float or f32x4: Cephes' expf, with x = n ln 2 + r, |r| <= ln(2) / 2, a degree-7
+/// polynomial for e^r and 2^n built in the exponent bits; relative error ~2e-7. Inputs are clamped to
+/// [-87, 88], where 2^n stays a normal float; NaN stays NaN.
+template <typename V, typename I>
+V exp_poly(V x) {
+  x = x < -87.0f ? V{} - 87.0f : x;
+  x = x > 88.0f ? V{} + 88.0f : x;
+  // Adding 1.5 * 2^23 rounds x / ln 2 to the nearest integer n, which lands in the low mantissa bits.
+  constexpr float kRound = 12582912.0f;
+  V shifted = x * 1.44269504088896341f + kRound, nf = shifted - kRound;
+  I n = std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(kRound);
+  V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // ln 2 in two parts, so n ln 2 is exact
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return (p * r * r + r + 1.0f) * std::bit_cast<V>((n + 127) << 23);
+}
+
+inline float exp_of(float x) { return exp_poly<float, int32_t>(x); }
+inline f32x4 exp_of(f32x4 x) { return exp_poly<f32x4, i32x4>(x); }
+inline double exp_of(double x) { return std::exp(x); }
+
+// ---- layer_norm ---------------------------------------------------------------------------------
+// Inputs x [..., *normalized_shape], weight and bias [*normalized_shape], Attrs.dims = normalized_shape,
+// Attrs.eps. Outputs out (x's shape) and the per-row statistics mean and rstd = 1/sqrt(var + eps),
+// both of x's leading dims [...] (0-dim when x is normalized_shape itself).
+
+/// The leading dims of x, after checking that x ends with normalized_shape.
+Shape leading_dims(const Tensor& x, const Shape& normalized_shape) {
+  auto k = static_cast<int64_t>(normalized_shape.size());
+  MF_CHECK(k > 0, "normalized_shape is empty (input of shape {})", shape_str(x.shape()));
+  MF_CHECK(x.dim() >= k && std::equal(normalized_shape.begin(), normalized_shape.end(), x.shape().end() - k),
+           "input of shape {} does not end with normalized_shape {}", shape_str(x.shape()),
+           shape_str(normalized_shape));
+  return Shape(x.shape().begin(), x.shape().end() - k);
+}
+
+std::vector<OutputSpec> infer_layer_norm(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  expect_float(x, "input");
+  Shape stats = leading_dims(x, attrs.dims);
+  expect_tensor(in[1], "weight", attrs.dims, x.dtype());
+  expect_tensor(in[2], "bias", attrs.dims, x.dtype());
+  MF_CHECK(attrs.eps >= 0, "eps must be >= 0, got {}", attrs.eps);
+  return {{x.shape(), x.dtype()}, {stats, x.dtype()}, {stats, x.dtype()}};
+}
+
+void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor x = dense(in[0]), weight = dense(in[1]), bias = dense(in[2]);
+  int64_t N = out[1].numel(), C = shape_numel(attrs.dims);
+  visit_floating(x.dtype(), [&]<typename T>() {
+    const T* inp = x.data_ptr<T>();     // [N, C]
+    const T* w = weight.data_ptr<T>();  // [C]
+    const T* b = bias.data_ptr<T>();    // [C]
+    T* o = out[0].data_ptr<T>();        // [N, C]
+    T* mean = out[1].data_ptr<T>();     // [N]
+    T* rstd = out[2].data_ptr<T>();     // [N]
+    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        const T* row = inp + n * C;
+        // One pass over moments shifted by the row's first element. The shift keeps the variance
+        // accurate when |mean| >> std, where the plain sum-of-squares formula cancels, and x - shift
+        // is exact in T there, so the output never subtracts a rounded mean from a large x.
+        T shift = C > 0 ? row[0] : T{0};
+        double s = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c) - shift; });
+        double ss = row_sum<T>(C, [=]<typename V>(int64_t c) {
+          auto d = load<V>(row + c) - shift;
+          return d * d;
+        });
+        double m = s / static_cast<double>(C), var = std::max(ss / static_cast<double>(C) - m * m, 0.0);
+        double r = 1.0 / std::sqrt(var + attrs.eps);
+        mean[n] = static_cast<T>(shift + m);
+        rstd[n] = static_cast<T>(r);
+        T centre = static_cast<T>(m), scale = static_cast<T>(r);
+        row_map(o + n * C, C, [=]<typename V>(int64_t c) {
+          return ((load<V>(row + c) - shift) - centre) * scale * load<V>(w + c) + load<V>(b + c);
+        });
+      }
+    });
+  });
+}
+
+// The statistics are outputs too, so their gradients (zeros in ordinary use) reach the backward op:
+// d mean / dx_c = 1/C and d rstd / dx_c = -rstd^2 xhat_c / C.
+std::vector<Tensor> layer_norm_rule(const GradContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &weight = ctx.inputs[1], &mean = ctx.outputs[1], &rstd = ctx.outputs[2];
+  std::vector<Tensor> grads = call(OpId::layer_norm_backward,
+                                   {ctx.grads[0], x, mean, rstd, weight, ctx.grads[1], ctx.grads[2]},
+                                   {.dims = ctx.attrs.dims}, ctx.site);
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (!ctx.needs_grad[i]) grads[i] = Tensor();
+  return grads;
+}
+
+std::vector<Tensor> reference_layer_norm(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &w = in[1], &b = in[2];
+  Shape stats = leading_dims(x, attrs.dims);
+  int64_t C = shape_numel(attrs.dims), N = shape_numel(stats);
+  std::vector<double> xs = x.to_vector<double>(), ws = w.to_vector<double>(), bs = b.to_vector<double>();
+  std::vector<double> out(xs.size()), means(N), rstds(N);
+  for (int64_t n = 0; n < N; ++n) {
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mean += xs[n * C + c] / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) var += (xs[n * C + c] - mean) * (xs[n * C + c] - mean) / static_cast<double>(C);
+    double rstd = 1 / std::sqrt(var + attrs.eps);
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = (xs[n * C + c] - mean) * rstd * ws[c] + bs[c];
+    means[n] = mean;
+    rstds[n] = rstd;
+  }
+  return {reference::make(x.shape(), x.dtype(), out), reference::make(stats, x.dtype(), means),
+          reference::make(stats, x.dtype(), rstds)};
+}
+
+struct LayerNormCase {
+  std::string name;
+  Shape x_shape, normalized_shape;
+};
+
+std::vector<LayerNormCase> layer_norm_cases() {
+  return {{"last dim", {4, 5}, {5}},
+          {"two normalized dims", {2, 3, 4}, {3, 4}},
+          {"no leading dims", {6}, {6}},
+          {"rows of one element", {3, 1}, {1}}};
+}
+
+std::vector<Sample> layer_norm_samples() {
+  std::vector<Sample> samples;
+  uint64_t seed = 401;
+  for (const LayerNormCase& c : layer_norm_cases()) {
+    samples.push_back({c.name,
+                       {reference::randn(c.x_shape, seed), reference::randn(c.normalized_shape, seed + 1),
+                        reference::randn(c.normalized_shape, seed + 2)},
+                       {.dims = c.normalized_shape, .eps = 1e-5}});
+    seed += 3;
+  }
+  return samples;
+}
+
+// ---- layer_norm_backward ------------------------------------------------------------------------
+// Inputs dout [..., *normalized_shape], x, mean and rstd [...] (as layer_norm returned them), weight,
+// and the gradients dmean, drstd [...] of the statistics; outputs dx, dweight, dbias.
+// With g = dout * weight and xhat = (x - mean) * rstd, per row:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dmean / C - drstd * rstd^2 * xhat / C.
+
+std::vector<OutputSpec> infer_layer_norm_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[1];
+  expect_float(x, "input");
+  Shape stats = leading_dims(x, attrs.dims);
+  expect_tensor(in[0], "dout", x.shape(), x.dtype());
+  expect_tensor(in[2], "mean", stats, x.dtype());
+  expect_tensor(in[3], "rstd", stats, x.dtype());
+  expect_tensor(in[4], "weight", attrs.dims, x.dtype());
+  expect_tensor(in[5], "dmean", stats, x.dtype());
+  expect_tensor(in[6], "drstd", stats, x.dtype());
+  return {{x.shape(), x.dtype()}, {attrs.dims, x.dtype()}, {attrs.dims, x.dtype()}};
+}
+
+/// Row blocks for parameter-gradient partials: at most this many, sized by N alone.
+constexpr int64_t kMaxRowBlocks = 128;
+
+void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor dout = dense(in[0]), x = dense(in[1]), mean = dense(in[2]), rstd = dense(in[3]), weight = dense(in[4]),
+         dmean = dense(in[5]), drstd = dense(in[6]);
+  int64_t N = mean.numel(), C = shape_numel(attrs.dims);
+  int64_t rows_per_block = std::max<int64_t>(1, (N + kMaxRowBlocks - 1) / kMaxRowBlocks);
+  int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  std::vector<double> partial(static_cast<size_t>(blocks * 2 * C), 0.0);  // [blocks, 2, C]: dweight, dbias
+  auto inv_c = 1.0 / static_cast<double>(C);
+  visit_floating(x.dtype(), [&]<typename T>() {
+    const T* g = dout.data_ptr<T>();  // [N, C]
+    const T* inp = x.data_ptr<T>();   // [N, C]
+    const T *mu = mean.data_ptr<T>(), *rs = rstd.data_ptr<T>();        // [N]
+    const T *dmu = dmean.data_ptr<T>(), *drs = drstd.data_ptr<T>();    // [N]
+    const T* w = weight.data_ptr<T>();  // [C]
+    T* dinp = out[0].data_ptr<T>();      // [N, C]
+    parallel_for(0, blocks, grain_for(rows_per_block * C), [&](int64_t block_begin, int64_t block_end) {
+      for (int64_t block = block_begin; block < block_end; ++block) {
+        double* dw = partial.data() + block * 2 * C;
+        double* db = dw + C;
+        for (int64_t n = block * rows_per_block, n_end = std::min(N, n + rows_per_block); n < n_end; ++n) {
+          const T *grow = g + n * C, *xrow = inp + n * C;
+          T m = mu[n], r = rs[n];
+          double sum_g = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(grow + c) * load<V>(w + c); });
+          double sum_gx = r * row_sum<T>(C, [=]<typename V>(int64_t c) {
+            return load<V>(grow + c) * load<V>(w + c) * (load<V>(xrow + c) - m);
+          });
+          for (int64_t c = 0; c < C; ++c) {
+            dw[c] += static_cast<double>(grow[c]) * ((xrow[c] - m) * r);
+            db[c] += grow[c];
+          }
+          // dx = r g w + k_centred (x - mean) + k_const
+          double k_xhat = -(r * sum_gx + drs[n] * r * r) * inv_c;
+          auto k_centred = static_cast<T>(k_xhat * r), k_const = static_cast<T>((dmu[n] - r * sum_g) * inv_c);
+          row_map(dinp + n * C, C, [=]<typename V>(int64_t c) {
+            return r * load<V>(grow + c) * load<V>(w + c) + k_centred * (load<V>(xrow + c) - m) + k_const;
+          });
+        }
+      }
+    });
+    T *dweight = out[1].data_ptr<T>(), *dbias = out[2].data_ptr<T>();  // [C]
+    parallel_for(0, C, grain_for(blocks), [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        double sw = 0, sb = 0;
+        for (int64_t block = 0; block < blocks; ++block) {
+          sw += partial[block * 2 * C + c];
+          sb += partial[block * 2 * C + C + c];
+        }
+        dweight[c] = static_cast<T>(sw);
+        dbias[c] = static_cast<T>(sb);
+      }
+    });
+  });
+}
+
+// The gradient of L = <Gdx, dx> + <Gdw, dweight> + <Gdb, dbias>, per row, treating mean and rstd as
+// inputs of their own. With a = dout * w, S1 = sum(a), S2 = sum(a * xhat), Gsum = sum(Gdx),
+// Gx = sum(Gdx * xhat) over the row:
+//   dL/da    = r (Gdx - (Gx xhat + Gsum) / C)
+//   dL/dxhat = H = -r (a Gx + S2 Gdx) / C - drstd r^2 Gdx / C + dout Gdw,  and dx/dxhat = r
+//   dL/dmean = -r sum(H),  dL/drstd = sum(Gdx a) - (S2 Gx + 2 drstd r Gx + S1 Gsum) / C + sum(H (x - mean))
+//   dL/ddmean = Gsum / C,  dL/ddrstd = -r^2 Gx / C.
+std::vector<Tensor> layer_norm_backward_rule(const GradContext& ctx) {
+  const std::vector<Tensor>& in = ctx.inputs;
+  const Tensor &dout = in[0], &x = in[1], &w = in[4];
+  const Tensor &gdx = ctx.grads[0], &gdw = ctx.grads[1], &gdb = ctx.grads[2];
+  const Shape& stats = in[2].shape();
+  auto k = static_cast<int64_t>(ctx.attrs.dims.size());
+  double inv_c = 1.0 / static_cast<double>(shape_numel(ctx.attrs.dims));
+  Shape per_row_shape = stats, row_dims;  // [..., 1, ..., 1] and the normalized dims
+  for (int64_t d = -k; d < 0; ++d) {
+    per_row_shape.push_back(1);
+    row_dims.push_back(d);
+  }
+  auto per_row = [&](const Tensor& t) { return t.reshape(per_row_shape); };
+  auto row_sum = [&](const Tensor& t) { return sum(t, row_dims, true); };
+  Tensor r = per_row(in[3]), drs = per_row(in[6]);
+  Tensor centred = x - per_row(in[2]), xhat = centred * r, a = dout * w;
+  Tensor s1 = row_sum(a), s2 = row_sum(a * xhat), gsum = row_sum(gdx), gx = row_sum(gdx * xhat);
+  Tensor da = r * (gdx - (gx * xhat + gsum) * inv_c);
+  Tensor h = (r * (a * gx + s2 * gdx) + drs * r * r * gdx) * -inv_c + dout * gdw;
+  std::vector<Tensor> grads(7);
+  if (ctx.needs_grad[0]) grads[0] = w * da + gdw * xhat + gdb;
+  if (ctx.needs_grad[1]) grads[1] = r * h;
+  if (ctx.needs_grad[2]) grads[2] = (-(r * row_sum(h))).reshape(stats);
+  if (ctx.needs_grad[3])
+    grads[3] = (row_sum(gdx * a) - (s2 * gx + 2.0 * drs * r * gx + s1 * gsum) * inv_c + row_sum(h * centred))
+                   .reshape(stats);
+  if (ctx.needs_grad[4]) grads[4] = dout * da;  // the engine sums it over the leading dims
+  if (ctx.needs_grad[5]) grads[5] = (gsum * inv_c).reshape(stats);
+  if (ctx.needs_grad[6]) grads[6] = (r * r * gx * -inv_c).reshape(stats);
+  return grads;
+}
+
+// Written from the Jacobian, entry by entry, rather than the kernel's factored formula:
+// d xhat_j / d x_i = rstd (delta_ij - 1/C) - rstd^3 (x_j - mean)(x_i - mean) / C.
+std::vector<Tensor> reference_layer_norm_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[1];
+  Shape stats = leading_dims(x, attrs.dims);
+  int64_t C = shape_numel(attrs.dims), N = shape_numel(stats);
+  std::vector<double> g = in[0].to_vector<double>(), xs = x.to_vector<double>(), mu = in[2].to_vector<double>(),
+                      rs = in[3].to_vector<double>(), w = in[4].to_vector<double>(),
+                      dmu = in[5].to_vector<double>(), drs = in[6].to_vector<double>();
+  std::vector<double> dx(xs.size(), 0.0), dw(C, 0.0), db(C, 0.0);
+  auto cd = static_cast<double>(C);
+  for (int64_t n = 0; n < N; ++n) {
+    double r = rs[n];
+    for (int64_t i = 0; i < C; ++i) {
+      double xi = xs[n * C + i] - mu[n], total = dmu[n] / cd - drs[n] * r * r * r * xi / cd;
+      for (int64_t j = 0; j < C; ++j) {
+        double xj = xs[n * C + j] - mu[n];
+        double jacobian = r * ((i == j ? 1.0 : 0.0) - 1.0 / cd) - r * r * r * xj * xi / cd;
+        total += g[n * C + j] * w[j] * jacobian;
+      }
+      dx[n * C + i] = total;
+      dw[i] += g[n * C + i] * xi * r;
+      db[i] += g[n * C + i];
+    }
+  }
+  return {reference::make(x.shape(), x.dtype(), dx), reference::make(attrs.dims, x.dtype(), dw),
+          reference::make(attrs.dims, x.dtype(), db)};
+}
+
+std::vector<Sample> layer_norm_backward_samples() {
+  std::vector<Sample> samples;
+  uint64_t seed = 431;
+  for (const LayerNormCase& c : layer_norm_cases()) {
+    Attrs attrs{.dims = c.normalized_shape, .eps = 1e-5};
+    Tensor x = reference::randn(c.x_shape, seed), w = reference::randn(c.normalized_shape, seed + 1);
+    std::vector<Tensor> forward = reference_layer_norm({x, w, w}, attrs);
+    Shape stats = forward[1].shape();
+    samples.push_back({c.name,
+                       {reference::randn(c.x_shape, seed + 2), x, forward[1], forward[2], w,
+                        reference::randn(stats, seed + 3), reference::randn(stats, seed + 4)},
+                       attrs});
+    seed += 5;
+  }
+  return samples;
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+// Inputs weight [V, C] and int64 indices [...]; output [..., C]. Attrs.ignore_index is the padding
+// row (negative for none), which receives no gradient.
+
+std::vector<OutputSpec> infer_embedding(const std::vector<Tensor>& in, const Attrs&) {
+  const Tensor &weight = in[0], &indices = in[1];
+  expect_float(weight, "weight");
+  MF_CHECK(weight.dim() == 2, "expects a 2-d weight [V, C], got shape {}", shape_str(weight.shape()));
+  check_ids(indices, weight.size(0));
+  Shape shape = indices.shape();
+  shape.push_back(weight.size(1));
+  return {{shape, weight.dtype()}};
+}
+
+void cpu_embedding(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  Tensor weight = dense(in[0]), indices = dense(in[1]);
+  int64_t C = weight.size(1), N = indices.numel();
+  visit_floating(weight.dtype(), [&]<typename T>() {
+    const T* w = weight.data_ptr<T>();                // [V, C]
+    const int64_t* idx = indices.data_ptr<int64_t>();  // [N]
+    T* o = out[0].data_ptr<T>();                       // [N, C]
+    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) std::copy_n(w + idx[n] * C, C, o + n * C);
+    });
+  });
+}
+
+std::vector<Tensor> embedding_rule(const GradContext& ctx) {
+  return {call1(OpId::embedding_backward, {ctx.grads[0], ctx.inputs[1]},
+                {.k = ctx.inputs[0].size(0), .ignore_index = ctx.attrs.ignore_index}, ctx.site),
+          Tensor()};
+}
+
+std::vector<Tensor> reference_embedding(const std::vector<Tensor>& in, const Attrs&) {
+  const Tensor &weight = in[0], &indices = in[1];
+  Shape shape = indices.shape();
+  shape.push_back(weight.size(1));
+  std::vector<double> values;
+  reference::for_each_index(shape, [&](const Shape& index) {
+    int64_t row = indices.at<int64_t>(Shape(index.begin(), index.end() - 1));
+    values.push_back(weight.at<double>({row, index.back()}));
+  });
+  return {reference::make(shape, weight.dtype(), values)};
+}
+
+std::vector<Sample> embedding_samples() {
+  return {
+      {"matrix of ids", {reference::randn({7, 3}, 441), reference::randint({2, 4}, 7, 442)}},
+      // The padding row withholds by design the gradient its forward use implies (PyTorch's
+      // padding_idx), so finite differences disagree there.
+      {"with padding row", {reference::randn({5, 4}, 443), reference::randint({9}, 5, 444)}, {.ignore_index = 2},
+       {}, false},
+      {"single id", {reference::randn({4, 2}, 445), reference::randint({}, 4, 446)}},
+  };
+}
+
+// ---- embedding_backward -------------------------------------------------------------------------
+// Inputs dout [..., C] and int64 indices [...], Attrs.k = V, Attrs.ignore_index = padding row
+// (negative for none); output dweight [V, C], the scatter-add of dout rows into their ids' rows.
+
+std::vector<OutputSpec> infer_embedding_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &dout = in[0], &indices = in[1];
+  expect_float(dout, "dout");
+  MF_CHECK(attrs.k >= 0, "the number of embedding rows (Attrs.k) must be >= 0, got {}", attrs.k);
+  MF_CHECK(attrs.ignore_index < attrs.k, "padding index {} is out of range for {} rows", attrs.ignore_index,
+           attrs.k);
+  MF_CHECK(dout.dim() == indices.dim() + 1 && std::equal(indices.shape().begin(), indices.shape().end(),
+                                                         dout.shape().begin()),
+           "dout of shape {} does not match indices of shape {} (expected [*indices.shape, C])",
+           shape_str(dout.shape()), shape_str(indices.shape()));
+  check_ids(indices, attrs.k);
+  return {{{attrs.k, dout.size(-1)}, dout.dtype()}};
+}
+
+void cpu_embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor dout = dense(in[0]), indices = dense(in[1]);
+  int64_t V = attrs.k, C = out[0].size(1), N = indices.numel(), pad = attrs.ignore_index;
+  visit_floating(dout.dtype(), [&]<typename T>() {
+    const T* g = dout.data_ptr<T>();                   // [N, C]
+    const int64_t* idx = indices.data_ptr<int64_t>();  // [N]
+    T* dw = out[0].data_ptr<T>();                      // [V, C]
+    // Each chunk owns a range of rows and scans every id for them: no two threads write one row,
+    // and each row sums its positions in order, whatever the thread count.
+    int64_t grain = N * C < cpu::kParallelGrain ? std::max<int64_t>(V, 1) : 1;
+    parallel_for(0, V, grain, [&](int64_t row_begin, int64_t row_end) {
+      std::fill(dw + row_begin * C, dw + row_end * C, T{0});
+      for (int64_t n = 0; n < N; ++n) {
+        int64_t row = idx[n];
+        if (row < row_begin || row >= row_end || row == pad) continue;
+        T* target = dw + row * C;
+        const T* src = g + n * C;
+        for (int64_t c = 0; c < C; ++c) target[c] += src[c];
+      }
+    });
+  });
+}
+
+// dweight is linear in dout: the gradient picks each id's row of the incoming gradient, except at the
+// padding row, which dweight never receives.
+std::vector<Tensor> embedding_backward_rule(const GradContext& ctx) {
+  Tensor grad = ctx.grads[0];
+  if (ctx.attrs.ignore_index >= 0) {
+    Tensor keep = ones({ctx.attrs.k, 1}, grad.dtype(), grad.device());
+    keep.select(0, ctx.attrs.ignore_index).zero_();
+    grad = mul(grad, keep);
+  }
+  return {call1(OpId::embedding, {grad, ctx.inputs[1]}, {}, ctx.site), Tensor()};
+}
+
+std::vector<Tensor> reference_embedding_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &dout = in[0], &indices = in[1];
+  int64_t C = dout.size(-1);
+  std::vector<double> dw(static_cast<size_t>(attrs.k * C), 0.0);
+  reference::for_each_index(dout.shape(), [&](const Shape& index) {
+    int64_t row = indices.at<int64_t>(Shape(index.begin(), index.end() - 1));
+    if (row != attrs.ignore_index) dw[row * C + index.back()] += dout.at<double>(index);
+  });
+  return {reference::make({attrs.k, C}, dout.dtype(), dw)};
+}
+
+std::vector<Sample> embedding_backward_samples() {
+  return {
+      {"repeated ids", {reference::randn({3, 4, 2}, 451), reference::randint({3, 4}, 3, 452)}, {.k = 5}},
+      {"with padding row", {reference::randn({9, 3}, 453), reference::randint({9}, 4, 454)},
+       {.k = 4, .ignore_index = 1}},
+      {"single id", {reference::randn({3}, 455), reference::randint({}, 6, 456)}, {.k = 6}},
+  };
+}
+
+// ---- dropout ------------------------------------------------------------------------------------
+// Input x; Attrs.value = p, Attrs.seed/counter = the Philox stream. Outputs out and mask, both of x's
+// shape and dtype: mask holds the scale each element got (0 or 1/(1-p)), so out = x * mask and
+// dx = dout * mask = dropout(dout) on the same stream. Element i keeps when word i % 4 of Philox
+// block (seed, counter + i / 4), as a uniform on [0, 1), is >= p: the mask depends on the stream
+// alone, never on the thread count.
+
+std::vector<OutputSpec> infer_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
+  expect_float(in[0], "input");
+  MF_CHECK(attrs.value >= 0 && attrs.value <= 1, "probability p must be in [0, 1], got {}", attrs.value);
+  return {{in[0].shape(), in[0].dtype()}, {in[0].shape(), in[0].dtype()}};
+}
+
+void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor x = dense(in[0]);
+  int64_t numel = x.numel(), blocks = (numel + 3) / 4;
+  double p = attrs.value;
+  visit_floating(x.dtype(), [&]<typename T>() {
+    const T* inp = x.data_ptr<T>();  // [numel]
+    T *o = out[0].data_ptr<T>(), *mask = out[1].data_ptr<T>();
+    T scale = p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T{0};
+    parallel_for(0, blocks, grain_for(4), [&](int64_t begin, int64_t end) {
+      for (int64_t block = begin; block < end; ++block) {
+        auto bits = Philox::block(attrs.seed, 0, attrs.counter + static_cast<uint64_t>(block));
+        for (int64_t i = block * 4, j = 0; j < 4 && i < numel; ++i, ++j) {
+          mask[i] = static_cast<double>(uniform_float(bits[j])) >= p ? scale : T{0};
+          o[i] = inp[i] * mask[i];
+        }
+      }
+    });
+  });
+}
+
+// Replaying the forward's Philox stream on the gradient multiplies it by the same mask, so the node
+// keeps no tensors alive.
+std::vector<Tensor> dropout_rule(const GradContext& ctx) {
+  return {std::move(call(OpId::dropout, {ctx.grads[0]}, ctx.attrs, ctx.site)[0])};
+}
+
+std::vector<Tensor> reference_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
+  std::vector<double> xs = in[0].to_vector<double>(), out, mask;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    uint32_t bits = Philox::block(attrs.seed, 0, attrs.counter + i / 4)[i % 4];
+    bool keep = static_cast<double>(uniform_float(bits)) >= attrs.value;
+    mask.push_back(keep ? 1 / (1 - attrs.value) : 0.0);
+    out.push_back(xs[i] * mask.back());
+  }
+  return {reference::make(in[0].shape(), in[0].dtype(), out), reference::make(in[0].shape(), in[0].dtype(), mask)};
+}
+
+std::vector<Sample> dropout_samples() {
+  return {
+      {"p = 0.3", {reference::randn({4, 5}, 461)}, {.value = 0.3, .seed = 7, .counter = 0}},
+      {"p = 0.5, odd size, offset stream", {reference::randn({3, 7}, 462)}, {.value = 0.5, .seed = 8, .counter = 5}},
+      {"p = 1 drops all", {reference::randn({2, 3}, 463)}, {.value = 1, .seed = 9}},
+      {"p = 0 keeps all", {reference::randn({2, 3}, 464)}, {.value = 0, .seed = 10}},
+      {"scalar", {reference::randn({}, 465)}, {.value = 0.2, .seed = 11, .counter = 3}},
+  };
+}
+
+// ---- cross_entropy ------------------------------------------------------------------------------
+// Inputs logits [N, C] and int64 target [N], Attrs.ignore_index and Attrs.label_smoothing = e; output
+// the per-row loss [N]: (1 - e) * -log p[target] + e * mean_c(-log p_c), 0 where target == ignore_index.
+// cross_entropy_backward: inputs dloss [N], logits, target; output
+// dlogits = dloss * (softmax - (1 - e) * onehot(target) - e / C), zero rows where ignored.
+
+void check_cross_entropy(const Tensor& logits, const Tensor& target, const Attrs& attrs) {
+  expect_float(logits, "logits");
+  MF_CHECK(logits.dim() == 2 && logits.size(1) > 0, "expects logits [N, C] with C > 0, got shape {}",
+           shape_str(logits.shape()));
+  MF_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
+           "target of shape {} does not match logits of shape {} (expected [{}])", shape_str(target.shape()),
+           shape_str(logits.shape()), logits.size(0));
+  MF_CHECK(attrs.label_smoothing >= 0 && attrs.label_smoothing <= 1, "label_smoothing must be in [0, 1], got {}",
+           attrs.label_smoothing);
+  expect_int64(target, "target");
+  if (auto bad = find_bad_index(target, logits.size(1), attrs.ignore_index))
+    fail("target {} (at position {}) is out of range for {} classes (valid targets are 0 to {}, or ignore_index {})",
+         bad->second, bad->first, logits.size(1), logits.size(1) - 1, attrs.ignore_index);
+}
+
+std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
+  check_cross_entropy(in[0], in[1], attrs);
+  return {{{in[0].size(0)}, in[0].dtype()}};
+}
+
+/// log(sum_c exp(row_c)), shifted by the row's max so that exp cannot overflow.
+template <typename T>
+double log_sum_exp(const T* row, int64_t C) {
+  T top = row_max(row, C);
+  double total = row_sum<T>(C, [=]<typename V>(int64_t c) { return exp_of(load<V>(row + c) - top); });
+  return static_cast<double>(top) + std::log(total);
+}
+
+void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor logits = dense(in[0]), target = dense(in[1]);
+  int64_t N = logits.size(0), C = logits.size(1);
+  double e = attrs.label_smoothing;
+  visit_floating(logits.dtype(), [&]<typename T>() {
+    const T* x = logits.data_ptr<T>();                // [N, C]
+    const int64_t* t = target.data_ptr<int64_t>();  // [N]
+    T* loss = out[0].data_ptr<T>();                   // [N]
+    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        if (t[n] == attrs.ignore_index) {
+          loss[n] = T{0};
+          continue;
+        }
+        const T* row = x + n * C;
+        double lse = log_sum_exp(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
+        if (e != 0) {
+          double logits_sum = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c); });
+          value += e * (lse - logits_sum / static_cast<double>(C));
+        }
+        loss[n] = static_cast<T>(value);
+      }
+    });
+  });
+}
+
+std::vector<Tensor> cross_entropy_rule(const GradContext& ctx) {
+  return {call1(OpId::cross_entropy_backward, {ctx.grads[0], ctx.inputs[0], ctx.inputs[1]}, ctx.attrs, ctx.site),
+          Tensor()};
+}
+
+/// log p_c of one row, by an explicit max-shifted log-sum-exp in double.
+std::vector<double> reference_log_probs(const Tensor& logits, int64_t n) {
+  int64_t C = logits.size(1);
+  double top = -INFINITY, total = 0;
+  for (int64_t c = 0; c < C; ++c) top = std::max(top, logits.at<double>({n, c}));
+  for (int64_t c = 0; c < C; ++c) total += std::exp(logits.at<double>({n, c}) - top);
+  std::vector<double> log_probs;
+  for (int64_t c = 0; c < C; ++c) log_probs.push_back(logits.at<double>({n, c}) - top - std::log(total));
+  return log_probs;
+}
+
+std::vector<Tensor> reference_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &logits = in[0], &target = in[1];
+  double e = attrs.label_smoothing;
+  std::vector<double> losses;
+  for (int64_t n = 0; n < logits.size(0); ++n) {
+    int64_t t = target.at<int64_t>({n});
+    if (t == attrs.ignore_index) {
+      losses.push_back(0);
+      continue;
+    }
+    std::vector<double> log_probs = reference_log_probs(logits, n);
+    double smooth = 0;
+    for (double lp : log_probs) smooth -= lp / static_cast<double>(log_probs.size());
+    losses.push_back(-(1 - e) * log_probs[t] + e * smooth);
+  }
+  return {reference::make({logits.size(0)}, logits.dtype(), losses)};
+}
+
+/// Targets in [0, C) with row `ignored` set to ignore_index -100.
+Tensor targets_with_ignored(int64_t n, int64_t classes, uint64_t seed, int64_t ignored) {
+  Tensor target = reference::randint({n}, classes, seed);
+  target.data_ptr<int64_t>()[ignored] = -100;
+  return target;
+}
+
+std::vector<Sample> cross_entropy_samples() {
+  return {
+      {"plain", {reference::randn({4, 5}, 471), reference::randint({4}, 5, 472)}},
+      {"ignored row, label smoothing 0.1", {reference::randn({6, 4}, 473), targets_with_ignored(6, 4, 474, 2)},
+       {.label_smoothing = 0.1}},
+      {"other ignore_index, large logits", {reference::uniform({3, 7}, 50, 90, 475), reference::randint({3}, 7, 476)},
+       {.label_smoothing = 0.3, .ignore_index = 0}},
+      {"one class", {reference::randn({3, 1}, 477), reference::randint({3}, 1, 478)}, {.label_smoothing = 0.2}},
+  };
+}
+
+std::vector<OutputSpec> infer_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &dloss = in[0], &logits = in[1];
+  check_cross_entropy(logits, in[2], attrs);
+  expect_tensor(dloss, "dloss", {logits.size(0)}, logits.dtype());
+  return {{logits.shape(), logits.dtype()}};
+}
+
+void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]);
+  int64_t N = logits.size(0), C = logits.size(1);
+  double e = attrs.label_smoothing, uniform_share = e / static_cast<double>(C);
+  visit_floating(logits.dtype(), [&]<typename T>() {
+    const T* dl = dloss.data_ptr<T>();               // [N]
+    const T* x = logits.data_ptr<T>();               // [N, C]
+    const int64_t* t = target.data_ptr<int64_t>();  // [N]
+    T* dx = out[0].data_ptr<T>();                    // [N, C]
+    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        T* drow = dx + n * C;
+        if (t[n] == attrs.ignore_index) {
+          std::fill(drow, drow + C, T{0});
+          continue;
+        }
+        const T* row = x + n * C;
+        auto lse = static_cast<T>(log_sum_exp(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
+        row_map(drow, C, [=]<typename V>(int64_t c) { return g * (exp_of(load<V>(row + c) - lse) - share); });
+        drow[t[n]] -= g * static_cast<T>(1 - e);
+      }
+    });
+  });
+}
+
+std::vector<Tensor> reference_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &dloss = in[0], &logits = in[1], &target = in[2];
+  int64_t C = logits.size(1);
+  double e = attrs.label_smoothing;
+  std::vector<double> grads;
+  for (int64_t n = 0; n < logits.size(0); ++n) {
+    int64_t t = target.at<int64_t>({n});
+    std::vector<double> log_probs = reference_log_probs(logits, n);
+    for (int64_t c = 0; c < C; ++c) {
+      double smoothed_target = (c == t ? 1 - e : 0.0) + e / static_cast<double>(C);
+      double grad = dloss.at<double>({n}) * (std::exp(log_probs[c]) - smoothed_target);
+      grads.push_back(t == attrs.ignore_index ? 0.0 : grad);
+    }
+  }
+  return {reference::make(logits.shape(), logits.dtype(), grads)};
+}
+
+std::vector<Sample> cross_entropy_backward_samples() {
+  return {
+      {"plain", {reference::randn({4}, 481), reference::randn({4, 5}, 482), reference::randint({4}, 5, 483)}},
+      {"ignored row, label smoothing 0.1",
+       {reference::randn({6}, 484), reference::randn({6, 4}, 485), targets_with_ignored(6, 4, 486, 3)},
+       {.label_smoothing = 0.1}},
+      {"large logits", {reference::randn({3}, 487), reference::uniform({3, 7}, 50, 90, 488),
+                        reference::randint({3}, 7, 489)},
+       {.label_smoothing = 0.3}},
+  };
+}
+
+}  // namespace
+
+void register_nn_ops(Registry& r) {
+  r.define(OpId::layer_norm, {.name = "layer_norm", .infer = infer_layer_norm, .kernels = {cpu_layer_norm},
+                              .backward = layer_norm_rule, .saves_outputs = true, .samples = layer_norm_samples,
+                              .reference = reference_layer_norm});
+  r.define(OpId::layer_norm_backward,
+           {.name = "layer_norm_backward", .infer = infer_layer_norm_backward, .kernels = {cpu_layer_norm_backward},
+            .backward = layer_norm_backward_rule, .samples = layer_norm_backward_samples,
+            .reference = reference_layer_norm_backward});
+  r.define(OpId::embedding, {.name = "embedding", .infer = infer_embedding, .kernels = {cpu_embedding},
+                             .backward = embedding_rule, .samples = embedding_samples,
+                             .reference = reference_embedding});
+  r.define(OpId::embedding_backward,
+           {.name = "embedding_backward", .infer = infer_embedding_backward, .kernels = {cpu_embedding_backward},
+            .backward = embedding_backward_rule, .samples = embedding_backward_samples,
+            .reference = reference_embedding_backward});
+  r.define(OpId::dropout, {.name = "dropout", .infer = infer_dropout, .kernels = {cpu_dropout},
+                           .backward = dropout_rule, .saves_inputs = false,
+                           .samples = dropout_samples, .reference = reference_dropout});
+  r.define(OpId::cross_entropy, {.name = "cross_entropy", .infer = infer_cross_entropy,
+                                 .kernels = {cpu_cross_entropy}, .backward = cross_entropy_rule,
+                                 .samples = cross_entropy_samples, .reference = reference_cross_entropy});
+  // Not differentiable itself: its samples check the forward only.
+  r.define(OpId::cross_entropy_backward,
+           {.name = "cross_entropy_backward", .infer = infer_cross_entropy_backward,
+            .kernels = {cpu_cross_entropy_backward}, .samples = cross_entropy_backward_samples,
+            .reference = reference_cross_entropy_backward});
+}
+
+// ---- public API -----------------------------------------------------------------------------------
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps, Site site) {
+  Tensor w = weight.defined() ? weight : ones(normalized_shape, x.dtype(), x.device());
+  Tensor b = bias.defined() ? bias : zeros(normalized_shape, x.dtype(), x.device());
+  return std::move(call(OpId::layer_norm, {x, w, b}, {.dims = normalized_shape, .eps = eps}, site)[0]);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx, Site site) {
+  int64_t pad = -1;
+  if (padding_idx && weight.dim() == 2) {  // a weight of another rank is the op's error to report
+    int64_t rows = weight.size(0);
+    MF_CHECK(*padding_idx >= -rows && *padding_idx < rows,
+             "embedding: padding_idx {} is out of range for weight of shape {} at {}", *padding_idx,
+             shape_str(weight.shape()), format_location(site));
+    pad = *padding_idx < 0 ? *padding_idx + rows : *padding_idx;
+  }
+  return call1(OpId::embedding, {weight, indices}, {.ignore_index = pad}, site);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* generator, Site site) {
+  MF_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got {} at {}", p, format_location(site));
+  if (!training || p == 0) return x;
+  Generator& stream = generator ? *generator : default_generator();
+  uint64_t counter = stream.reserve(static_cast<uint64_t>((x.numel() + 3) / 4));
+  return std::move(call(OpId::dropout, {x}, {.value = p, .seed = stream.seed(), .counter = counter}, site)[0]);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     Reduction reduction, Site site) {
+  MF_CHECK(logits.dim() >= 1, "cross_entropy: logits must have a class dim, got shape {} at {}",
+           shape_str(logits.shape()), format_location(site));
+  Shape batch(logits.shape().begin(), logits.shape().end() - 1);  // [...]
+  MF_CHECK(target.shape() == batch,
+           "cross_entropy: target of shape {} does not match logits of shape {} (expected target shape {}) at {}",
+           shape_str(target.shape()), shape_str(logits.shape()), shape_str(batch), format_location(site));
+  int64_t N = shape_numel(batch), C = logits.size(-1);
+  Tensor losses = call1(OpId::cross_entropy, {logits.reshape({N, C}, site), target.reshape({N}, site)},
+                        {.label_smoothing = label_smoothing, .ignore_index = ignore_index}, site);  // [N]
+  switch (reduction) {
+    case Reduction::None: return losses.reshape(batch, site);
+    case Reduction::Sum: return losses.sum({}, false, site);
+    case Reduction::Mean: break;
+  }
+  // PyTorch's mean: over the targets that count, so nan (0 / 0) when every target is ignored.
+  std::vector<int64_t> targets = target.to_vector<int64_t>();
+  auto counted = static_cast<double>(std::count_if(targets.begin(), targets.end(),
+                                                   [&](int64_t t) { return t != ignore_index; }));
+  return losses.sum({}, false, site).div(counted, site);
+}
 
 }  // namespace mf
