@@ -46,6 +46,7 @@ Tensor rows_to_reduce(const Tensor& x, const ReducePlan& plan) {
     if (plan.reduced[d]) order.push_back(d);
   int64_t inner = plan.reduced_numel;
   int64_t outer = inner == 0 ? shape_numel(plan.kept_shape) : x.numel() / std::max<int64_t>(inner, 1);
+  if (x.numel() == 0) return Tensor::empty({outer, inner}, x.dtype(), x.device());  // nothing to copy
   return x.permute(order).contiguous().view({outer, inner});
 }
 
