@@ -115,14 +115,14 @@ struct MeanRow {
 struct VarRow {
   template <typename T> T operator()(const T* p, int64_t n, const Attrs& attrs) const {
     T mean = cpu::row_sum(p, n) / static_cast<T>(n);
-    T squares = cpu::row_sum(p, n, [mean](T v) { return (v - mean) * (v - mean); });
+    T squares = cpu::row_sum(p, n, [mean](auto v) { return (v - mean) * (v - mean); });
     return squares / static_cast<T>(std::max<int64_t>(n - attrs.correction, 0));
   }
 };
 template <bool Greater>
 struct ExtremeRow {
   template <typename T> T operator()(const T* p, int64_t n, const Attrs&) const {
-    return cpu::row_extreme<T, Greater>(p, n);
+    return cpu::row_extreme<Greater>(p, n);
   }
 };
 
@@ -147,7 +147,7 @@ void cpu_arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
     int64_t* indices = out.back().data_ptr<int64_t>();
     T* values = out.size() == 2 ? out[0].data_ptr<T>() : nullptr;
     cpu::for_each_row<T>(rows, [&](int64_t row, const T* p, int64_t n) {
-      int64_t best = cpu::row_arg_extreme<T, Greater>(p, n);
+      int64_t best = cpu::row_arg_extreme<Greater>(p, n);
       indices[row] = best;
       if (values) values[row] = p[best];
     });

@@ -1,15 +1,13 @@
 // Shared by the reduction ops and the fused row ops (softmax): which dims a reduction covers, what
-// shape it leaves, and the per-row kernels (sum, max, a vectorisable exp) they all run.
+// shape it leaves, and the per-row kernels (sum, max, arg max) they run.
 #pragma once
 
 #include "core/tensor.h"
 #include "ops/loops.h"
 
 #include <algorithm>
-#include <array>
-#include <bit>
-#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -32,9 +30,22 @@ Tensor rows_to_reduce(const Tensor& x, const ReducePlan& plan);
 
 namespace cpu {
 
-/// Independent accumulators per row: lets the compiler vectorise float reductions (which it may not
-/// reorder otherwise) and keeps rounding error growing with n / kLanes rather than n.
-inline constexpr int64_t kLanes = 16;
+/// Forces inlining, so that kernels written once compile for the instruction set of each caller
+/// (see softmax.cpp's per-ISA variants).
+#define MF_INLINE [[gnu::always_inline]] inline
+
+/// GCC vectors of W bytes of T (an alias template would drop the attribute). Kernels
+/// use them only as locals, loaded and stored with memcpy (unaligned, no aliasing questions).
+template <typename T, int W>
+struct Simd {
+  typedef T V __attribute__((vector_size(W)));
+  using Int = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  typedef Int Mask __attribute__((vector_size(W)));  // what comparisons of V give
+  static constexpr int64_t kLanes = W / static_cast<int>(sizeof(T));
+};
+
+/// Bytes per vector on every x86-64 CPU (SSE2); wider variants are compiled per ISA where they pay.
+inline constexpr int kBaselineWidth = 16;
 
 /// Calls fn(row, row_ptr, n) for every row of a contiguous [outer, n] matrix, rows split across
 /// threads. Each row is reduced on one thread, so results do not depend on the thread count.
@@ -48,89 +59,75 @@ void for_each_row(const Tensor& rows, Fn&& fn) {
                });
 }
 
-/// sum_i f(p[i]) over a contiguous run, in kLanes partial sums.
-template <typename T, typename F>
-T row_sum(const T* p, int64_t n, F f) {
-  std::array<T, kLanes> lanes{};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t k = 0; k < kLanes; ++k) lanes[k] += f(p[i + k]);
+/// sum_i f(p[i]) over a contiguous run; f takes scalars and, for float types, vectors. Floats add
+/// in 4 vectors of partial sums: that lets them vectorise (the compiler may not reorder float adds
+/// itself) and keeps rounding error growing with n / (4 * lanes) rather than n.
+template <int W = kBaselineWidth, typename T, typename F>
+MF_INLINE T row_sum(const T* p, int64_t n, F f) {
   T total{0};
+  int64_t i = 0;
+  if constexpr (std::is_floating_point_v<T>) {
+    using S = Simd<T, W>;
+    typename S::V acc[4] = {};
+    for (; i + 4 * S::kLanes <= n; i += 4 * S::kLanes)
+      for (int u = 0; u < 4; ++u) {
+        typename S::V v;
+        std::memcpy(&v, p + i + u * S::kLanes, sizeof(v));
+        acc[u] += f(v);
+      }
+    typename S::V all = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (int64_t k = 0; k < S::kLanes; ++k) total += all[k];
+  }
   for (; i < n; ++i) total += f(p[i]);
-  for (T lane : lanes) total += lane;
   return total;
 }
 
-template <typename T>
-T row_sum(const T* p, int64_t n) {
-  return row_sum(p, n, [](T v) { return v; });
-}
-
-template <typename T>
-constexpr bool is_nan(T v) {
-  if constexpr (std::is_floating_point_v<T>) return v != v;
-  else return false;
+template <int W = kBaselineWidth, typename T>
+MF_INLINE T row_sum(const T* p, int64_t n) {
+  return row_sum<W>(p, n, [](auto v) { return v; });
 }
 
 /// The row's largest (Greater) or smallest (Less) element, NaN if any element is NaN (as PyTorch's
 /// amax). n >= 1.
-template <typename T, bool Greater>
-T row_extreme(const T* p, int64_t n) {
-  auto pick = [](T a, T b) { return Greater ? (a > b ? a : b) : (a < b ? a : b); };
-  std::array<T, kLanes> lanes;
-  lanes.fill(p[0]);
-  bool nan = false;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t k = 0; k < kLanes; ++k) {
-      lanes[k] = pick(p[i + k], lanes[k]);
-      nan |= is_nan(p[i + k]);
-    }
+template <bool Greater, int W = kBaselineWidth, typename T>
+MF_INLINE T row_extreme(const T* p, int64_t n) {
+  auto pick = [](T a, T b) { return (Greater ? a > b : a < b) ? a : b; };
   T best = p[0];
+  bool nan = best != best;
+  int64_t i = 0;
+  if constexpr (std::is_floating_point_v<T>) {
+    // Plain compare-and-select, NaNs tracked apart: the forms that compile to max / min instructions
+    // on every ISA.
+    using S = Simd<T, W>;
+    typename S::V lanes = typename S::V{} + best;
+    typename S::Mask nans{};
+    for (; i + S::kLanes <= n; i += S::kLanes) {
+      typename S::V v;
+      std::memcpy(&v, p + i, sizeof(v));
+      lanes = (Greater ? v > lanes : v < lanes) ? v : lanes;
+      nans |= v != v;
+    }
+    for (int64_t k = 0; k < S::kLanes; ++k) {
+      best = pick(lanes[k], best);
+      nan |= nans[k] != 0;
+    }
+  }
   for (; i < n; ++i) {
     best = pick(p[i], best);
-    nan |= is_nan(p[i]);
+    nan |= p[i] != p[i];
   }
-  for (T lane : lanes) best = pick(lane, best);
   return nan ? std::numeric_limits<T>::quiet_NaN() : best;
 }
 
 /// Index of the row's first largest (Greater) or smallest element, NaN counting as the extreme (as
 /// PyTorch's max(dim) on CPU). n >= 1.
-template <typename T, bool Greater>
+template <bool Greater, typename T>
 int64_t row_arg_extreme(const T* p, int64_t n) {
+  auto is_nan = [](T v) { return v != v; };
   int64_t best = 0;
   for (int64_t i = 1; i < n && !is_nan(p[best]); ++i)
     if ((Greater ? p[i] > p[best] : p[i] < p[best]) || is_nan(p[i])) best = i;
   return best;
-}
-
-/// exp(x). Float runs a branch-free Cephes-style polynomial (within 2 ulp of std::exp) that the
-/// compiler can vectorise: 0 below ln(FLT_MIN), inf above 88.376 (where 2^n would overflow), NaN for
-/// NaN. Double calls std::exp.
-template <typename T>
-inline T exp_vec(T x) {
-  if constexpr (std::is_same_v<T, double>) {
-    return std::exp(x);
-  } else {
-    constexpr float kHi = 88.3762626647949f, kLo = -87.3365478515625f;  // ln(FLT_MAX), ln(FLT_MIN)
-    float c = x > kHi ? kHi : (x < kLo ? kLo : x);
-    // n = round(c / ln 2) by the 1.5 * 2^23 trick, then r = c - n ln 2 in two parts (Cody-Waite).
-    float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = c - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // 2^n
-    float y = p * scale;
-    y = x > kHi ? std::numeric_limits<float>::infinity() : y;
-    y = x < kLo ? 0.0f : y;
-    return x != x ? x : y;
-  }
 }
 
 }  // namespace cpu
