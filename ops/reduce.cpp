@@ -1,7 +1,8 @@
 // Reductions over any set of dims, with keepdim: sum, mean, var, amax, amin, and the single-dim
-// reductions that also give indices (max_dim, min_dim, argmax). Kernels view the input as
-// [outer, reduced] rows and reduce each row on one thread, so results do not depend on the thread
-// count.
+// reductions that also give indices (max_dim, min_dim, argmax). Kernels read the input as
+// [outer, reduced, inner] without copying when the reduced dims are adjacent: contiguous rows when
+// inner is 1, else column slabs whose loops vectorise across inner. Each output element is folded
+// on one thread in a fixed order, so results do not depend on the thread count.
 #include "ops/families.h"
 #include "ops/loops.h"
 #include "ops/ops.h"
@@ -38,16 +39,38 @@ ReducePlan plan_reduction(const Tensor& x, const Shape& dims, bool keepdim) {
   return plan;
 }
 
-Tensor rows_to_reduce(const Tensor& x, const ReducePlan& plan) {
+int64_t ReduceLayout::grain() const {
+  return std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(n * std::min(inner, kBlock), 1));
+}
+
+ReduceLayout reduce_layout(const Tensor& x, const ReducePlan& plan) {
+  ReduceLayout layout;
+  layout.n = plan.reduced_numel;
+  if (x.numel() == 0) {  // no element is read: no rows, or rows of none
+    layout.outer = shape_numel(plan.kept_shape);
+    layout.data = Tensor::empty({0}, x.dtype(), x.device());
+    return layout;
+  }
+  // The reduced dims of size > 1 must be one run, broken by no kept dim of size > 1.
+  int64_t first = x.dim(), last = -1;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (plan.reduced[d] && x.shape()[d] != 1) first = std::min(first, d), last = d;
+  bool adjacent = true;
+  for (int64_t d = first; d < last; ++d) adjacent &= plan.reduced[d] || x.shape()[d] == 1;
+  if (adjacent) {
+    for (int64_t d = 0; d < x.dim(); ++d)
+      if (!plan.reduced[d] || x.shape()[d] == 1) (d < first ? layout.outer : layout.inner) *= x.shape()[d];
+    layout.data = x.contiguous();
+    return layout;
+  }
   Shape order;
   for (int64_t d = 0; d < x.dim(); ++d)
     if (!plan.reduced[d]) order.push_back(d);
   for (int64_t d = 0; d < x.dim(); ++d)
     if (plan.reduced[d]) order.push_back(d);
-  int64_t inner = plan.reduced_numel;
-  int64_t outer = inner == 0 ? shape_numel(plan.kept_shape) : x.numel() / std::max<int64_t>(inner, 1);
-  if (x.numel() == 0) return Tensor::empty({outer, inner}, x.dtype(), x.device());  // nothing to copy
-  return x.permute(order).contiguous().view({outer, inner});
+  layout.outer = shape_numel(plan.kept_shape);
+  layout.data = x.permute(order).contiguous();
+  return layout;
 }
 
 namespace {
@@ -102,54 +125,131 @@ std::vector<OutputSpec> infer_argmax(const std::vector<Tensor>& in, const Attrs&
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-// Row reducers: Row{}(p, n, attrs) folds one contiguous row of n elements.
-struct SumRow {
-  template <typename T> T operator()(const T* p, int64_t n, const Attrs&) const { return cpu::row_sum(p, n); }
-};
-struct MeanRow {
-  template <typename T> T operator()(const T* p, int64_t n, const Attrs&) const {
-    return cpu::row_sum(p, n) / static_cast<T>(n);  // 0 / 0 = NaN for an empty row, as in PyTorch
+// Reducers fold one work item of a ReduceLayout: row(p, n) a contiguous row, columns(p, n, inner,
+// width, out) the `width` columns of an [n, inner] slab (stride inner), into out[0, width).
+constexpr int64_t kBlock = ReduceLayout::kBlock;
+
+/// out[c] = sum_r f(p[r * inner + c], c), in chunks of rows whose partial sums fold into out, so
+/// float rounding grows with the chunk size and n / chunk rather than n.
+template <typename T, typename F>
+void column_sums(const T* p, int64_t n, int64_t inner, int64_t width, T* out, F f) {
+  constexpr int64_t kChunk = 64;
+  T part[kBlock];
+  std::fill(out, out + width, T{0});
+  for (int64_t r0 = 0; r0 < n; r0 += kChunk) {
+    std::fill(part, part + width, T{0});
+    for (int64_t r = r0; r < std::min(n, r0 + kChunk); ++r) {
+      const T* row = p + r * inner;
+      for (int64_t c = 0; c < width; ++c) part[c] += f(row[c], c);
+    }
+    for (int64_t c = 0; c < width; ++c) out[c] += part[c];
   }
-};
-// Two passes (mean, then squared deviations), which stays accurate when the mean dwarfs the spread.
-struct VarRow {
-  template <typename T> T operator()(const T* p, int64_t n, const Attrs& attrs) const {
-    T mean = cpu::row_sum(p, n) / static_cast<T>(n);
-    T squares = cpu::row_sum(p, n, [mean](auto v) { return (v - mean) * (v - mean); });
-    return squares / static_cast<T>(std::max<int64_t>(n - attrs.correction, 0));
-  }
-};
-template <bool Greater>
-struct ExtremeRow {
-  template <typename T> T operator()(const T* p, int64_t n, const Attrs&) const {
-    return cpu::row_extreme<Greater>(p, n);
+}
+
+struct SumOp {
+  template <typename T> static T row(const T* p, int64_t n, const Attrs&) { return cpu::row_sum(p, n); }
+  template <typename T> static void columns(const T* p, int64_t n, int64_t inner, int64_t width, T* out, const Attrs&) {
+    column_sums(p, n, inner, width, out, [](T v, int64_t) { return v; });
   }
 };
 
-/// out[row] = Row over each reduced row. Arithmetic reducers skip bool (sum reads bool as int64).
-template <typename Row, bool kArithmetic = true>
+// Means of no elements are 0 / 0 = NaN, as in PyTorch.
+struct MeanOp {
+  template <typename T> static T row(const T* p, int64_t n, const Attrs& attrs) {
+    return SumOp::row(p, n, attrs) / static_cast<T>(n);
+  }
+  template <typename T> static void columns(const T* p, int64_t n, int64_t inner, int64_t width, T* out,
+                                            const Attrs& attrs) {
+    SumOp::columns(p, n, inner, width, out, attrs);
+    for (int64_t c = 0; c < width; ++c) out[c] /= static_cast<T>(n);
+  }
+};
+
+// Two passes (the mean, then squared deviations), which stay accurate when the mean dwarfs the spread.
+struct VarOp {
+  template <typename T> static T divisor(int64_t n, const Attrs& attrs) {
+    return static_cast<T>(std::max<int64_t>(n - attrs.correction, 0));
+  }
+  template <typename T> static T row(const T* p, int64_t n, const Attrs& attrs) {
+    T mean = MeanOp::row(p, n, attrs);
+    return cpu::row_sum(p, n, [mean](auto v) { return (v - mean) * (v - mean); }) / divisor<T>(n, attrs);
+  }
+  template <typename T> static void columns(const T* p, int64_t n, int64_t inner, int64_t width, T* out,
+                                            const Attrs& attrs) {
+    T mean[kBlock];
+    MeanOp::columns(p, n, inner, width, mean, attrs);
+    column_sums(p, n, inner, width, out, [&mean](T v, int64_t c) { return (v - mean[c]) * (v - mean[c]); });
+    for (int64_t c = 0; c < width; ++c) out[c] /= divisor<T>(n, attrs);
+  }
+};
+
+// Largest (Greater) or smallest values, NaN where a NaN was folded, as PyTorch's amax. n >= 1.
+template <bool Greater>
+struct ExtremeOp {
+  template <typename T> static T row(const T* p, int64_t n, const Attrs&) { return cpu::row_extreme<Greater>(p, n); }
+  template <typename T> static void columns(const T* p, int64_t n, int64_t inner, int64_t width, T* out, const Attrs&) {
+    T nan[kBlock];  // holds a NaN where one was seen (plain selects, so the loops vectorise)
+    std::copy(p, p + width, out);
+    std::copy(p, p + width, nan);
+    for (int64_t r = 1; r < n; ++r) {
+      const T* row = p + r * inner;
+      for (int64_t c = 0; c < width; ++c) {
+        out[c] = (Greater ? row[c] > out[c] : row[c] < out[c]) ? row[c] : out[c];
+        nan[c] = row[c] != row[c] ? row[c] : nan[c];
+      }
+    }
+    for (int64_t c = 0; c < width; ++c) out[c] = nan[c] != nan[c] ? nan[c] : out[c];
+  }
+};
+
+/// out[k] = Op over each work item of the layout. Arithmetic ops skip bool (sum reads bool as int64).
+template <typename Op, bool kArithmetic = true>
 void cpu_reduce(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  ReducePlan plan = plan_reduction(in[0], attrs.dims, attrs.keepdim);
-  Tensor rows = rows_to_reduce(in[0].to(out[0].dtype()), plan);  // [outer, reduced]
+  ReduceLayout layout = reduce_layout(in[0].to(out[0].dtype()), plan_reduction(in[0], attrs.dims, attrs.keepdim));
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!(kArithmetic && std::is_same_v<T, bool>)) {
-      T* o = out[0].data_ptr<T>();
-      cpu::for_each_row<T>(rows, [&](int64_t row, const T* p, int64_t n) { o[row] = Row{}(p, n, attrs); });
+      const T* p = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
+      T* o = out[0].data_ptr<T>();                                 // [outer, inner]
+      parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) {
+          ReduceLayout::Slab s = layout.slab(item);
+          if (layout.inner == 1) o[s.out] = Op::row(p + s.offset, layout.n, attrs);
+          else Op::columns(p + s.offset, layout.n, layout.inner, s.width, o + s.out, attrs);
+        }
+      });
     }
   });
 }
 
-/// Index of the first extreme along Attrs.dim, and for max_dim / min_dim (two outputs) its value.
+/// Index of the first extreme along Attrs.dim (NaN counting as the extreme, as PyTorch's max(dim) on
+/// CPU), and for max_dim / min_dim (two outputs) its value: the extreme first, then the first index
+/// holding it.
 template <bool Greater>
 void cpu_arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  Tensor rows = rows_to_reduce(in[0], plan_reduction(in[0], {attrs.dim}, attrs.keepdim));  // [outer, size]
+  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, attrs.keepdim));
   visit_dtype(in[0].dtype(), [&]<typename T>() {
-    int64_t* indices = out.back().data_ptr<int64_t>();
+    const T* p = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
+    int64_t* indices = out.back().data_ptr<int64_t>();           // [outer, inner]
     T* values = out.size() == 2 ? out[0].data_ptr<T>() : nullptr;
-    cpu::for_each_row<T>(rows, [&](int64_t row, const T* p, int64_t n) {
-      int64_t best = cpu::row_arg_extreme<Greater>(p, n);
-      indices[row] = best;
-      if (values) values[row] = p[best];
+    auto holds = [](T v, T best) { return v == best || (best != best && v != v); };
+    parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) {
+      T best[kBlock];
+      for (int64_t item = begin; item < end; ++item) {
+        ReduceLayout::Slab s = layout.slab(item);
+        const T* slab = p + s.offset;
+        int64_t* index = indices + s.out;
+        if (layout.inner == 1) {
+          best[0] = ExtremeOp<Greater>::row(slab, layout.n, attrs);
+          index[0] = 0;
+          while (!holds(slab[index[0]], best[0])) ++index[0];
+        } else {
+          ExtremeOp<Greater>::columns(slab, layout.n, layout.inner, s.width, best, attrs);
+          std::fill(index, index + s.width, layout.n);
+          for (int64_t r = layout.n - 1; r >= 0; --r)  // backwards, so the first match is the last written
+            for (int64_t c = 0; c < s.width; ++c) index[c] = holds(slab[r * layout.inner + c], best[c]) ? r : index[c];
+        }
+        if (values) std::copy(best, best + s.width, values + s.out);
+      }
     });
   });
 }
@@ -325,23 +425,24 @@ std::vector<Sample> arg_extreme_samples() {
       {"scalar", {reference::randn({}, 75)}, {.dim = 0}},
       // The first index wins a tie; finite differences at a tie see a kink, not that choice.
       {"ties", {reference::make({2, 4}, DType::Float64, {1, 3, 3, 1, 5, 0, 5, 0})}, {.dim = 1}, {}, false},
+      {"ties down columns", {reference::make({4, 2}, DType::Float64, {1, 5, 3, 0, 3, 5, 1, 0})}, {.dim = 0}, {}, false},
   };
 }
 
 }  // namespace
 
 void register_reduction_ops(Registry& r) {
-  r.define(OpId::sum, {.name = "sum", .infer = infer_sum, .kernels = {cpu_reduce<SumRow>}, .backward = sum_backward,
+  r.define(OpId::sum, {.name = "sum", .infer = infer_sum, .kernels = {cpu_reduce<SumOp>}, .backward = sum_backward,
                        .samples = reduction_samples, .reference = reference_reduce<SumFold>});
-  r.define(OpId::mean, {.name = "mean", .infer = infer_float_reduction, .kernels = {cpu_reduce<MeanRow>},
+  r.define(OpId::mean, {.name = "mean", .infer = infer_float_reduction, .kernels = {cpu_reduce<MeanOp>},
                         .backward = mean_backward, .samples = reduction_samples,
                         .reference = reference_reduce<MeanFold>});
-  r.define(OpId::var, {.name = "var", .infer = infer_float_reduction, .kernels = {cpu_reduce<VarRow>},
+  r.define(OpId::var, {.name = "var", .infer = infer_float_reduction, .kernels = {cpu_reduce<VarOp>},
                        .backward = var_backward, .samples = var_samples, .reference = reference_reduce<VarFold>});
-  r.define(OpId::amax, {.name = "amax", .infer = infer_extreme, .kernels = {cpu_reduce<ExtremeRow<true>, false>},
+  r.define(OpId::amax, {.name = "amax", .infer = infer_extreme, .kernels = {cpu_reduce<ExtremeOp<true>, false>},
                         .backward = extreme_backward, .saves_outputs = true, .samples = extreme_samples,
                         .reference = reference_reduce<ExtremeFold<true>>});
-  r.define(OpId::amin, {.name = "amin", .infer = infer_extreme, .kernels = {cpu_reduce<ExtremeRow<false>, false>},
+  r.define(OpId::amin, {.name = "amin", .infer = infer_extreme, .kernels = {cpu_reduce<ExtremeOp<false>, false>},
                         .backward = extreme_backward, .saves_outputs = true, .samples = extreme_samples,
                         .reference = reference_reduce<ExtremeFold<false>>});
   r.define(OpId::max_dim, {.name = "max_dim", .infer = infer_values_indices, .kernels = {cpu_arg_extreme<true>},

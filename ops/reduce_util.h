@@ -24,9 +24,32 @@ struct ReducePlan {
 /// Normalises `dims` (empty = all), rejecting repeats and out-of-range dims.
 ReducePlan plan_reduction(const Tensor& x, const Shape& dims, bool keepdim);
 
-/// `x` as a contiguous [outer, reduced] matrix: kept dims first, reduced dims last (a copy unless
-/// the reduced dims are already innermost).
-Tensor rows_to_reduce(const Tensor& x, const ReducePlan& plan);
+/// A reduction's input as a contiguous [outer, n, inner] block, n the reduced extent: output element
+/// o * inner + i folds data[o, :, i]. Kernels run it as work items: single rows when inner is 1,
+/// else slabs of up to kBlock columns of one [n, inner] block, each on one thread.
+struct ReduceLayout {
+  static constexpr int64_t kBlock = 256;
+  Tensor data;
+  int64_t outer = 1, n = 1, inner = 1;
+
+  struct Slab {
+    int64_t offset;  // of its first element in data
+    int64_t out;     // its first output element
+    int64_t width;   // columns, 1 for a row
+  };
+  int64_t blocks() const { return (inner + kBlock - 1) / kBlock; }
+  int64_t items() const { return outer * blocks(); }
+  /// Items per parallel_for chunk, so that a chunk covers about cpu::kParallelGrain elements.
+  int64_t grain() const;
+  Slab slab(int64_t item) const {
+    int64_t block = item % blocks(), o = item / blocks(), c0 = block * kBlock;
+    return {o * n * inner + c0, o * inner + c0, std::min(kBlock, inner - c0)};
+  }
+};
+
+/// A view of x when it is contiguous and the reduced dims are adjacent (size-1 dims aside), else a
+/// contiguous copy with the reduced dims moved last (inner = 1).
+ReduceLayout reduce_layout(const Tensor& x, const ReducePlan& plan);
 
 namespace cpu {
 
@@ -46,18 +69,6 @@ struct Simd {
 
 /// Bytes per vector on every x86-64 CPU (SSE2); wider variants are compiled per ISA where they pay.
 inline constexpr int kBaselineWidth = 16;
-
-/// Calls fn(row, row_ptr, n) for every row of a contiguous [outer, n] matrix, rows split across
-/// threads. Each row is reduced on one thread, so results do not depend on the thread count.
-template <typename T, typename Fn>
-void for_each_row(const Tensor& rows, Fn&& fn) {
-  const T* data = static_cast<const T*>(rows.raw_data());
-  int64_t n = rows.size(1);
-  parallel_for(0, rows.size(0), std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)),
-               [&](int64_t begin, int64_t end) {
-                 for (int64_t row = begin; row < end; ++row) fn(row, data + row * n, n);
-               });
-}
 
 /// sum_i f(p[i]) over a contiguous run; f takes scalars and, for float types, vectors. Floats add
 /// in 4 vectors of partial sums: that lets them vectorise (the compiler may not reorder float adds
@@ -117,17 +128,6 @@ MF_INLINE T row_extreme(const T* p, int64_t n) {
     nan |= p[i] != p[i];
   }
   return nan ? std::numeric_limits<T>::quiet_NaN() : best;
-}
-
-/// Index of the row's first largest (Greater) or smallest element, NaN counting as the extreme (as
-/// PyTorch's max(dim) on CPU). n >= 1.
-template <bool Greater, typename T>
-int64_t row_arg_extreme(const T* p, int64_t n) {
-  auto is_nan = [](T v) { return v != v; };
-  int64_t best = 0;
-  for (int64_t i = 1; i < n && !is_nan(p[best]); ++i)
-    if ((Greater ? p[i] > p[best] : p[i] < p[best]) || is_nan(p[i])) best = i;
-  return best;
 }
 
 }  // namespace cpu

@@ -30,18 +30,6 @@ std::vector<OutputSpec> infer_softmax(const std::vector<Tensor>& in, const Attrs
   return {{x.shape(), x.dtype()}};
 }
 
-/// [outer, N, inner] around the softmax dim.
-struct RowLayout {
-  int64_t outer = 1, n = 1, inner = 1;
-  RowLayout(const Shape& shape, int64_t dim) {
-    if (shape.empty()) return;
-    int64_t d = normalize_dim(dim, static_cast<int64_t>(shape.size()));
-    for (int64_t i = 0; i < d; ++i) outer *= shape[i];
-    n = shape[d];
-    for (size_t i = static_cast<size_t>(d) + 1; i < shape.size(); ++i) inner *= shape[i];
-  }
-};
-
 // ---- kernels -----------------------------------------------------------------------------------
 //
 // Written once as always-inline templates over the vector width W (bytes), then compiled three times
@@ -122,7 +110,7 @@ MF_INLINE void softmax_row(const T* inp, T* out, int64_t n) {
 
 /// Columns [0, width) of one [N, inner] slab (width <= kBlock): the same passes, each vectorised
 /// across the columns.
-constexpr int64_t kBlock = 256;
+constexpr int64_t kBlock = ReduceLayout::kBlock;
 
 template <int W, bool Log, typename T>
 MF_INLINE void softmax_columns(const T* inp, T* out, int64_t n, int64_t inner, int64_t width) {
@@ -148,40 +136,33 @@ MF_INLINE void softmax_columns(const T* inp, T* out, int64_t n, int64_t inner, i
   }
 }
 
-/// Work items [begin, end) of an [outer, N, inner] tensor: rows when inner is 1, else column blocks
-/// of kBlock per slab.
+/// Work items [begin, end) of the input's [outer, N, inner] layout (which the output shares).
 template <int W, bool Log, typename T>
-MF_INLINE void softmax_items(const T* inp, T* out, const RowLayout& layout, int64_t begin, int64_t end) {
-  int64_t n = layout.n, inner = layout.inner;
-  if (inner == 1) {
-    for (int64_t row = begin; row < end; ++row) softmax_row<W, Log>(inp + row * n, out + row * n, n);
-    return;
-  }
-  int64_t blocks = (inner + kBlock - 1) / kBlock;
+MF_INLINE void softmax_items(const T* inp, T* out, const ReduceLayout& layout, int64_t begin, int64_t end) {
   for (int64_t item = begin; item < end; ++item) {
-    int64_t slab = item / blocks, c0 = (item % blocks) * kBlock;
-    int64_t offset = slab * n * inner + c0;
-    softmax_columns<W, Log>(inp + offset, out + offset, n, inner, std::min(kBlock, inner - c0));
+    ReduceLayout::Slab s = layout.slab(item);
+    if (layout.inner == 1) softmax_row<W, Log>(inp + s.offset, out + s.offset, layout.n);
+    else softmax_columns<W, Log>(inp + s.offset, out + s.offset, layout.n, layout.inner, s.width);
   }
 }
 
 template <typename T, bool Log>
-using ItemsFn = void (*)(const T*, T*, const RowLayout&, int64_t, int64_t);
+using ItemsFn = void (*)(const T*, T*, const ReduceLayout&, int64_t, int64_t);
 
 template <typename T, bool Log>
-void items_baseline(const T* inp, T* out, const RowLayout& layout, int64_t begin, int64_t end) {
+void items_baseline(const T* inp, T* out, const ReduceLayout& layout, int64_t begin, int64_t end) {
   softmax_items<16, Log>(inp, out, layout, begin, end);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 template <typename T, bool Log>
-[[gnu::target("avx2,fma")]] void items_avx2(const T* inp, T* out, const RowLayout& layout, int64_t begin,
+[[gnu::target("avx2,fma")]] void items_avx2(const T* inp, T* out, const ReduceLayout& layout, int64_t begin,
                                              int64_t end) {
   softmax_items<32, Log>(inp, out, layout, begin, end);
 }
 
 template <typename T, bool Log>
-[[gnu::target("avx512f")]] void items_avx512(const T* inp, T* out, const RowLayout& layout, int64_t begin,
+[[gnu::target("avx512f")]] void items_avx512(const T* inp, T* out, const ReduceLayout& layout, int64_t begin,
                                               int64_t end) {
   softmax_items<64, Log>(inp, out, layout, begin, end);
 }
@@ -199,17 +180,13 @@ ItemsFn<T, Log> pick_items() {
 
 template <bool Log>
 void cpu_softmax(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  Tensor x = in[0].contiguous();
-  RowLayout layout(x.shape(), attrs.dim);
-  if (x.numel() == 0) return;
-  visit_floating(x.dtype(), [&]<typename T>() {
+  if (in[0].numel() == 0) return;
+  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, false));
+  visit_floating(in[0].dtype(), [&]<typename T>() {
     static const ItemsFn<T, Log> items = pick_items<T, Log>();
-    const T* inp = x.data_ptr<T>();  // [outer, N, inner]
-    T* o = out[0].data_ptr<T>();     // [outer, N, inner]
-    int64_t width = std::min(layout.inner, kBlock);
-    int64_t count = layout.inner == 1 ? layout.outer : layout.outer * ((layout.inner + kBlock - 1) / kBlock);
-    parallel_for(0, count, std::max<int64_t>(1, cpu::kParallelGrain / (layout.n * width)),
-                 [&](int64_t begin, int64_t end) { items(inp, o, layout, begin, end); });
+    const T* inp = layout.data.data_ptr<T>();  // [outer, N, inner]
+    T* o = out[0].data_ptr<T>();               // [outer, N, inner]
+    parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) { items(inp, o, layout, begin, end); });
   });
 }
 

@@ -80,6 +80,12 @@ TEST_CASE("amax / amin propagate NaN") {
   Tensor x = f64({1, std::nan(""), 3});
   CHECK(std::isnan(x.max().item<double>()));
   CHECK(std::isnan(x.min().item<double>()));
+  // Down columns too: [[1, NaN], [NaN, 2], [3, 1]].
+  Tensor columns = f64({1, std::nan(""), std::nan(""), 2, 3, 1}, {3, 2});
+  std::vector<double> maxes = amax(columns, {0}).to_vector<double>();
+  CHECK((std::isnan(maxes[0]) && std::isnan(maxes[1])));
+  check_close(columns.argmax(0), i64({1, 0}), 0, 0);  // the first NaN of each column
+  check_close(std::get<1>(columns.min(0)), i64({1, 0}), 0, 0);
 }
 
 TEST_CASE("max(dim) / min(dim): values, first index among ties") {
@@ -119,6 +125,24 @@ TEST_CASE("max(dim) gradient goes to the chosen index only") {
   Tensor y = f64({2, 5, 1, 0}, {2, 2}).set_requires_grad();
   std::get<0>(y.min(0, true)).backward(f64({1, 2}, {1, 2}));  // columns [2, 1] and [5, 0]: both pick row 1
   check_close(y.grad(), f64({0, 0, 1, 2}, {2, 2}), 0, 0);
+}
+
+TEST_CASE("reductions down columns agree with the same reductions along rows") {
+  // Dim 0 of [300, 600] runs the column kernels (several column blocks, many row chunks); the
+  // transposed copy reduces the same numbers as contiguous rows.
+  Tensor x = reference::uniform({300, 600}, -5, 5, 5);
+  Tensor rows = x.t().contiguous();  // [600, 300]
+  check_close(x.sum({0}), rows.sum({1}), 1e-12, 1e-12);
+  check_close(x.mean({0}, true), rows.mean({1}).view({1, 600}), 1e-12, 1e-12);
+  check_close(x.var({0}), rows.var({1}), 1e-12, 1e-12);
+  check_close(amax(x, {0}), amax(rows, {1}), 0, 0);
+  check_close(amin(x, {0}), amin(rows, {1}), 0, 0);
+  check_close(x.argmax(0), rows.argmax(1), 0, 0);
+  check_close(std::get<1>(x.min(0)), std::get<1>(rows.min(1)), 0, 0);
+  // A middle dim of a 3-d tensor, and float32 against float64.
+  Tensor y = reference::uniform({4, 100, 300}, -5, 5, 6);
+  check_close(y.to(DType::Float32).sum({1}), y.sum({1}).to(DType::Float32), 1e-5, 1e-4);
+  check_close(y.to(DType::Float32).var({1}), y.var({1}).to(DType::Float32), 1e-5, 1e-5);
 }
 
 TEST_CASE("softmax and log_softmax of [0, ln 2, ln 3]") {
