@@ -53,8 +53,11 @@ ReduceLayout reduce_layout(const Tensor& x, const ReducePlan& plan) {
   }
   // The reduced dims of size > 1 must be one run, broken by no kept dim of size > 1.
   int64_t first = x.dim(), last = -1;
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (plan.reduced[d] && x.shape()[d] != 1) first = std::min(first, d), last = d;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (!plan.reduced[d] || x.shape()[d] == 1) continue;
+    if (last < 0) first = d;
+    last = d;
+  }
   bool adjacent = true;
   for (int64_t d = first; d < last; ++d) adjacent &= plan.reduced[d] || x.shape()[d] == 1;
   if (adjacent) {

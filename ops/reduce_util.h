@@ -1,5 +1,6 @@
 // Shared by the reduction ops and the fused row ops (softmax): which dims a reduction covers, what
-// shape it leaves, and the per-row kernels (sum, max, arg max) they run.
+// shape it leaves, how its input is laid out for the kernels, and the vectorised row kernels
+// (sum, max) they run.
 #pragma once
 
 #include "core/tensor.h"

@@ -77,7 +77,8 @@ MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
     using S = cpu::Simd<float, W>;
     typename S::V sum{};
     int64_t i = 0;
-    for (; i + S::kLanes <= n; i += S::kLanes) exp_lanes<W, kShiftPerElement>(inp + i, shift + (kShiftPerElement ? i : 0), out + i, sum);
+    for (; i + S::kLanes <= n; i += S::kLanes)
+      exp_lanes<W, kShiftPerElement>(inp + i, shift + (kShiftPerElement ? i : 0), out + i, sum);
     if (i < n) {  // the tail, padded with -inf, whose exp adds 0 to the sum
       float a[S::kLanes], b[S::kLanes], o[S::kLanes];
       std::fill(a, a + S::kLanes, -std::numeric_limits<float>::infinity());
@@ -186,7 +187,8 @@ void cpu_softmax(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
     static const ItemsFn<T, Log> items = pick_items<T, Log>();
     const T* inp = layout.data.data_ptr<T>();  // [outer, N, inner]
     T* o = out[0].data_ptr<T>();               // [outer, N, inner]
-    parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) { items(inp, o, layout, begin, end); });
+    parallel_for(0, layout.items(), layout.grain(),
+                 [&](int64_t begin, int64_t end) { items(inp, o, layout, begin, end); });
   });
 }
 
