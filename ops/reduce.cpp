@@ -11,7 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <memory>
 #include <numeric>
 
 namespace mf {
@@ -149,8 +149,29 @@ void column_sums(const T* p, int64_t n, int64_t inner, int64_t width, T* out, F 
   }
 }
 
+/// combine(folds, count) of fold(chunk, length) over fixed chunks of a row. A long row (a full
+/// reduction) so spreads over the pool; parallel_for runs the chunks serially when the caller is
+/// already on the pool. The chunks depend on n alone, so results do not depend on the thread count.
+template <typename T, typename Fold, typename Combine>
+T fold_chunks(const T* p, int64_t n, Fold fold, Combine combine) {
+  constexpr int64_t kChunk = cpu::kParallelGrain;
+  if (n <= kChunk) return fold(p, n);
+  int64_t count = (n + kChunk - 1) / kChunk;
+  auto folds = std::make_unique<T[]>(static_cast<size_t>(count));  // not vector<bool>: threads write it
+  parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) folds[k] = fold(p + k * kChunk, std::min(kChunk, n - k * kChunk));
+  });
+  return combine(folds.get(), count);
+}
+
+template <typename T>
+T row_sum(const T* p, int64_t n) {
+  auto sum = [](const T* q, int64_t m) { return cpu::row_sum(q, m); };
+  return fold_chunks(p, n, sum, sum);
+}
+
 struct SumOp {
-  template <typename T> static T row(const T* p, int64_t n, const Attrs&) { return cpu::row_sum(p, n); }
+  template <typename T> static T row(const T* p, int64_t n, const Attrs&) { return row_sum(p, n); }
   template <typename T> static void columns(const T* p, int64_t n, int64_t inner, int64_t width, T* out, const Attrs&) {
     column_sums(p, n, inner, width, out, [](T v, int64_t) { return v; });
   }
@@ -175,7 +196,10 @@ struct VarOp {
   }
   template <typename T> static T row(const T* p, int64_t n, const Attrs& attrs) {
     T mean = MeanOp::row(p, n, attrs);
-    return cpu::row_sum(p, n, [mean](auto v) { return (v - mean) * (v - mean); }) / divisor<T>(n, attrs);
+    auto squares = [mean](const T* q, int64_t m) {
+      return cpu::row_sum(q, m, [mean](auto v) { return (v - mean) * (v - mean); });
+    };
+    return fold_chunks(p, n, squares, row_sum<T>) / divisor<T>(n, attrs);
   }
   template <typename T> static void columns(const T* p, int64_t n, int64_t inner, int64_t width, T* out,
                                             const Attrs& attrs) {
@@ -189,7 +213,10 @@ struct VarOp {
 // Largest (Greater) or smallest values, NaN where a NaN was folded, as PyTorch's amax. n >= 1.
 template <bool Greater>
 struct ExtremeOp {
-  template <typename T> static T row(const T* p, int64_t n, const Attrs&) { return cpu::row_extreme<Greater>(p, n); }
+  template <typename T> static T row(const T* p, int64_t n, const Attrs&) {
+    auto extreme = [](const T* q, int64_t m) { return cpu::row_extreme<Greater>(q, m); };
+    return fold_chunks(p, n, extreme, extreme);
+  }
   template <typename T> static void columns(const T* p, int64_t n, int64_t inner, int64_t width, T* out, const Attrs&) {
     T nan[kBlock];  // holds a NaN where one was seen (plain selects, so the loops vectorise)
     std::copy(p, p + width, out);

@@ -145,6 +145,25 @@ TEST_CASE("reductions down columns agree with the same reductions along rows") {
   check_close(y.to(DType::Float32).var({1}), y.var({1}).to(DType::Float32), 1e-5, 1e-5);
 }
 
+TEST_CASE("full reductions of long tensors, folded in chunks across threads") {
+  // 180000 elements: several chunks of the pool's grain; plain double loops give the expected values.
+  Tensor x = reference::uniform({300, 600}, -5, 5, 7);
+  std::vector<double> v = x.to_vector<double>();
+  double total = 0, squares = 0, largest = v[0];
+  for (double e : v) total += e, largest = std::max(largest, e);
+  double mean = total / static_cast<double>(v.size());
+  for (double e : v) squares += (e - mean) * (e - mean);
+  CHECK(x.sum().item<double>() == doctest::Approx(total).epsilon(1e-12));
+  CHECK(x.mean().item<double>() == doctest::Approx(mean).epsilon(1e-12));
+  CHECK(x.var().item<double>() == doctest::Approx(squares / static_cast<double>(v.size() - 1)).epsilon(1e-12));
+  CHECK(x.max().item<double>() == largest);
+  CHECK(x.to(DType::Float32).sum().item<double>() == doctest::Approx(total).epsilon(1e-5));
+  Tensor with_nan = x.clone();
+  with_nan.view({-1}).narrow(0, 170000, 1).fill_(std::nan(""));  // in a late chunk
+  CHECK(std::isnan(with_nan.max().item<double>()));
+  CHECK(std::isnan(with_nan.min().item<double>()));
+}
+
 TEST_CASE("softmax and log_softmax of [0, ln 2, ln 3]") {
   // exp gives 1, 2, 3, summing to 6.
   Tensor x = f64({0, std::log(2.0), std::log(3.0)});
