@@ -313,7 +313,7 @@ std::vector<Tensor> var_backward(const GradContext& ctx) {
 std::vector<Tensor> extreme_backward(const GradContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   Shape kept = plan_reduction(x, ctx.attrs.dims, ctx.attrs.keepdim).kept_shape;
-  Tensor hits = call1(OpId::eq, {x, ctx.outputs[0].reshape(kept)}).to(x.dtype());
+  Tensor hits = eq(x, ctx.outputs[0].reshape(kept)).to(x.dtype());
   return {mul(hits, div(kept_grad(ctx, ctx.attrs.dims), sum(hits, ctx.attrs.dims, true)))};
 }
 
@@ -328,7 +328,7 @@ std::vector<Tensor> arg_extreme_backward(const GradContext& ctx) {
   grid_shape[0] = x.shape()[dim];  // [size, 1, ...]: broadcasts along the dims after `dim`
   Tensor grid = from_vector(positions, grid_shape, x.device());
   Shape kept = plan_reduction(x, {dim}, ctx.attrs.keepdim).kept_shape;
-  Tensor chosen = call1(OpId::eq, {grid, ctx.outputs[1].reshape(kept)}).to(x.dtype());
+  Tensor chosen = eq(grid, ctx.outputs[1].reshape(kept)).to(x.dtype());
   return {mul(chosen, kept_grad(ctx, {dim}))};
 }
 

@@ -199,7 +199,7 @@ std::vector<Tensor> softmax_backward(const GradContext& ctx) {
 
 std::vector<Tensor> log_softmax_backward(const GradContext& ctx) {
   const Tensor &y = ctx.outputs[0], &g = ctx.grads[0];
-  return {sub(g, mul(call1(OpId::exp, {y}), sum(g, {ctx.attrs.dim}, true)))};
+  return {sub(g, mul(exp(y), sum(g, {ctx.attrs.dim}, true)))};
 }
 
 /// Plain loops in double: every element rescans its line along the dim for the max and the sum.
