@@ -439,3 +439,22 @@ TEST_CASE("reference inputs are reproducible from their seed") {
   CHECK(*std::min_element(u.begin(), u.end()) >= -2);
   CHECK(*std::max_element(u.begin(), u.end()) < 3);
 }
+
+TEST_CASE("CUDA tensors give a clear error in a build without CUDA") {
+  if (mf::cuda::is_built()) return;  // the CUDA suite covers real devices
+  CHECK_FALSE(mf::cuda::is_available());
+  CHECK(mf::cuda::device_count() == 0);
+  CHECK_THROWS_WITH_AS(mf::zeros({2, 3}, mf::DType::Float32, mf::Device::cuda()),
+                       "device cuda:0 is not available: miniflow was built without CUDA", mf::Error);
+  CHECK_THROWS_WITH_AS(mf::Tensor::empty({4}, mf::DType::Int64, mf::Device::cuda(1)),
+                       "device cuda:1 is not available: miniflow was built without CUDA", mf::Error);
+}
+
+TEST_CASE("dtype errors name the op, the dtypes and the call site") {
+  mf::Tensor ints = mf::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {2, 2});
+  int line = __LINE__ + 1;
+  auto multiply = [&] { return mf::matmul(ints, ints); };
+  std::string expected = fmt::format(
+      "matmul: expects two float32 or two float64 operands, got int64 and int64 at test_tensor.cpp:{}", line);
+  CHECK_THROWS_WITH_AS(multiply(), expected.c_str(), mf::Error);
+}
