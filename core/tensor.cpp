@@ -127,6 +127,22 @@ Tensor Tensor::detach() const {
   return Tensor(std::make_shared<TensorImpl>(self.storage, self.shape, self.strides, self.offset, self.dtype));
 }
 
+void Tensor::set_data(const Tensor& source) {
+  MF_CHECK(is_leaf(), "set_data: only leaves can change their data (shape {})", shape_str(shape()));
+  MF_CHECK(!requires_grad() || is_floating(source.dtype()), "set_data: a tensor that requires grad cannot take {} data",
+           dtype_name(source.dtype()));
+  TensorImpl& self = impl();
+  const TensorImpl& from = source.impl();
+  self.storage = from.storage;
+  self.shape = from.shape;
+  self.strides = from.strides;
+  self.offset = from.offset;
+  self.dtype = from.dtype;
+  if (self.autograd && self.autograd->grad.defined() &&
+      (self.autograd->grad.dtype() != self.dtype || self.autograd->grad.device() != self.storage->device()))
+    self.autograd->grad = Tensor();  // a gradient of another dtype or device no longer fits
+}
+
 uint64_t next_sequence_nr() {
   static std::atomic<uint64_t> counter{0};
   return counter.fetch_add(1, std::memory_order_relaxed);

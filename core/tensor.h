@@ -103,6 +103,9 @@ class Tensor {
   void backward(const Tensor& gradient = {}, bool retain_graph = false) const;
   /// Same data, cut from the graph.
   Tensor detach() const;
+  /// Makes this tensor (every handle to it) view `source`'s data instead, keeping its autograd slot:
+  /// how modules move parameters between devices and dtypes in place. Not recorded by autograd.
+  void set_data(const Tensor& source);
   AutogradMeta& autograd_meta() const;  // creates the slot on first use
 
   // ---- views (share storage) ------------------------------------------------------------------
