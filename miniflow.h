@@ -20,6 +20,8 @@
 
 #include "autograd/autograd.h"
 
+#include "nn/module.h"
+
 #include "models/batching.h"
 #include "models/bleu.h"
 #include "models/corpus.h"

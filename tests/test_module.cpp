@@ -1,0 +1,124 @@
+// nn::Module: registration, dotted names, traversal, modes, placement and state dicts.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+
+using namespace mf;
+using mf::testing::check_close;
+
+namespace {
+
+/// y = x @ w^T + b with hand-set values, enough to exercise the Module machinery without nn layers.
+class Affine : public nn::Module {
+ public:
+  Affine(int64_t in, int64_t out) : Module("Affine") {
+    weight = register_parameter("weight", zeros({out, in}));
+    bias = register_parameter("bias", zeros({out}));
+    register_buffer("calls", zeros({}, DType::Int64));
+  }
+  Tensor forward(const Tensor& x) override { return matmul(x, weight.t()) + bias; }
+  std::string extra_repr() const override { return fmt::format("{}, {}", weight.size(1), weight.size(0)); }
+  Tensor weight, bias;
+};
+
+class Net : public nn::Module {
+ public:
+  Net() : Module("Net") {
+    body = register_module("body", std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+                                       std::make_shared<Affine>(3, 4), std::make_shared<Affine>(4, 2)}));
+    head = register_module("head", std::make_shared<Affine>(2, 1));
+  }
+  Tensor forward(const Tensor& x) override { return head->forward(body->forward(x)); }
+  std::shared_ptr<nn::Sequential> body;
+  std::shared_ptr<Affine> head;
+};
+
+std::vector<std::string> names(const std::vector<nn::NamedTensor>& tensors) {
+  std::vector<std::string> out;
+  for (const auto& t : tensors) out.push_back(t.name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("parameters get dotted paths in registration order") {
+  Net net;
+  CHECK(names(net.named_parameters()) == std::vector<std::string>{"body.0.weight", "body.0.bias", "body.1.weight",
+                                                                   "body.1.bias", "head.weight", "head.bias"});
+  CHECK(names(net.named_buffers()) == std::vector<std::string>{"body.0.calls", "body.1.calls", "head.calls"});
+  CHECK(net.parameter_count() == 3 * 4 + 4 + 4 * 2 + 2 + 2 + 1);
+  std::vector<std::string> paths;
+  for (auto& [path, module] : net.named_modules()) paths.push_back(path);
+  CHECK(paths == std::vector<std::string>{"", "body", "body.0", "body.1", "head"});
+  for (const Tensor& p : net.parameters()) CHECK(p.requires_grad());
+}
+
+TEST_CASE("the same name twice, an empty name or a dotted name is refused") {
+  struct Bad : nn::Module {
+    explicit Bad(const std::string& second) : Module("Bad") {
+      register_parameter("w", zeros({1}));
+      register_buffer(second, zeros({1}));
+    }
+  };
+  CHECK_THROWS_WITH_AS(Bad("w"), "Bad: the name 'w' is registered twice", Error);
+  CHECK_THROWS_WITH_AS(Bad("a.b"), "Bad: 'a.b' is not a valid name (non-empty, without dots)", Error);
+}
+
+TEST_CASE("train/eval propagate to every descendant") {
+  Net net;
+  net.eval();
+  for (auto& [path, module] : net.named_modules()) CHECK_FALSE(module->is_training());
+  net.train();
+  for (auto& [path, module] : net.named_modules()) CHECK(module->is_training());
+}
+
+TEST_CASE("to(dtype) converts in place, so held handles see it") {
+  Net net;
+  Tensor held = net.head->weight;
+  net.to(DType::Float64);
+  CHECK(held.dtype() == DType::Float64);
+  CHECK(net.head->weight.dtype() == DType::Float64);
+  CHECK(held.requires_grad());
+  CHECK(find(net.state_dict(), "head.calls")->dtype() == DType::Int64);  // integer buffers stay
+}
+
+TEST_CASE("state_dict round trip and strict / non-strict loading") {
+  Net a, b;
+  {
+    NoGradGuard no_grad;
+    for (Tensor& p : a.parameters()) p.copy_(uniform(p.shape(), -1, 1));
+  }
+  b.load_state_dict(a.state_dict());
+  Tensor x = randn({5, 3});
+  check_close(b.forward(x), a.forward(x), 0, 0);
+}
+
+TEST_CASE("strict loading lists every missing, unexpected and mismatched key and changes nothing") {
+  Net net;
+  nn::StateDict state = net.state_dict();
+  state.erase(state.begin());                                // body.0.weight missing
+  state.push_back({"extra.weight", zeros({1})});            // unexpected
+  for (auto& entry : state)
+    if (entry.name == "head.bias") entry.tensor = zeros({3});  // mismatched shape
+  Tensor before = net.head->weight.clone();
+  CHECK_THROWS_WITH_AS(net.load_state_dict(state), doctest::Contains("missing key: body.0.weight"), Error);
+  CHECK_THROWS_WITH_AS(net.load_state_dict(state), doctest::Contains("unexpected key: extra.weight"), Error);
+  CHECK_THROWS_WITH_AS(net.load_state_dict(state),
+                       doctest::Contains("mismatched: head.bias: checkpoint has [3] float32, model has [1] float32"),
+                       Error);
+  nn::LoadReport report = net.load_state_dict(state, false);
+  CHECK(report.missing == std::vector<std::string>{"body.0.weight"});
+  CHECK(report.unexpected == std::vector<std::string>{"extra.weight"});
+  CHECK(report.mismatched.size() == 1);
+  check_close(net.head->weight, before, 0, 0);
+}
+
+TEST_CASE("zero_grad drops gradients; printing shows the tree") {
+  Net net;
+  net.forward(ones({2, 3})).sum().backward();
+  CHECK(net.head->weight.grad().defined());
+  net.zero_grad();
+  for (const Tensor& p : net.parameters()) CHECK_FALSE(p.grad().defined());
+  CHECK(net.to_string() ==
+        "Net(\n  (body): Sequential(\n    (0): Affine(3, 4)\n    (1): Affine(4, 2)\n  )\n  (head): Affine(2, 1)\n)");
+}
