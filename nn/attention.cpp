@@ -159,7 +159,7 @@ PositionalEncoding::PositionalEncoding(const PositionalEncodingOptions& options)
       table[static_cast<size_t>(p * C + j)] = j % 2 == 0 ? std::sin(angle) : std::cos(angle);
     }
   }
-  pe = register_buffer("pe", from_vector(table, {options.max_len, C}));
+  pe = register_buffer("pe", from_vector(table, {options.max_len, C}), /*persistent=*/false);
 }
 
 Tensor PositionalEncoding::forward(const Tensor& x, int64_t start) {

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace mf::nn {
@@ -52,9 +53,10 @@ Tensor& Module::register_parameter(const std::string& name, Tensor tensor, bool 
   return parameters_.back().tensor;
 }
 
-Tensor& Module::register_buffer(const std::string& name, Tensor tensor) {
+Tensor& Module::register_buffer(const std::string& name, Tensor tensor, bool persistent) {
   check_new_name(name);
   MF_CHECK(tensor.defined(), "{}: buffer '{}' is undefined", type_name_, name);
+  if (!persistent) transient_buffers_.push_back(name);
   buffers_.push_back({name, std::move(tensor)});
   return buffers_.back().tensor;
 }
@@ -141,10 +143,25 @@ void Module::zero_grad() {
   for (Tensor& p : parameters()) p.set_grad({});
 }
 
+namespace {
+
+void collect_state(const Module& module, const std::string& prefix, StateDict& state) {
+  for (const NamedTensor& entry : module.named_parameters(false))
+    state.push_back({prefix + entry.name, entry.tensor.detach()});
+  for (const NamedTensor& entry : module.named_buffers(false))
+    if (module.is_persistent_buffer(entry.name)) state.push_back({prefix + entry.name, entry.tensor.detach()});
+  for (const auto& [name, child] : module.named_children()) collect_state(*child, prefix + name + ".", state);
+}
+
+}  // namespace
+
+bool Module::is_persistent_buffer(const std::string& name) const {
+  return std::find(transient_buffers_.begin(), transient_buffers_.end(), name) == transient_buffers_.end();
+}
+
 StateDict Module::state_dict() const {
   StateDict state;
-  for (NamedTensor& entry : named_parameters()) state.push_back({entry.name, entry.tensor.detach()});
-  for (NamedTensor& entry : named_buffers()) state.push_back({entry.name, entry.tensor.detach()});
+  collect_state(*this, "", state);
   return state;
 }
 

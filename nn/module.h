@@ -74,8 +74,11 @@ class Module {
   void zero_grad();
 
   // ---- state ----------------------------------------------------------------------------------
-  /// Parameters and buffers by dotted name. The tensors share storage with the module (detached).
+  /// Parameters and persistent buffers by dotted name, each module's own before its children's. The
+  /// tensors share storage with the module (detached).
   StateDict state_dict() const;
+  /// Whether this module's buffer `name` belongs in state_dict().
+  bool is_persistent_buffer(const std::string& name) const;
   /// Copies matching tensors into the module's own (keeping its devices). With strict, any missing,
   /// unexpected or mismatched key throws mf::Error listing all of them and nothing is changed;
   /// otherwise matching keys load and the report says what did not.
@@ -91,8 +94,9 @@ class Module {
  protected:
   /// Registers a parameter (requires_grad on unless told otherwise) and returns the stored handle.
   Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
-  /// Registers a buffer: state that is saved and moved with the module but not trained.
-  Tensor& register_buffer(const std::string& name, Tensor tensor);
+  /// Registers a buffer: state that moves with the module but is not trained. A persistent buffer is
+  /// part of state_dict(); a non-persistent one (a table the constructor recomputes) is not.
+  Tensor& register_buffer(const std::string& name, Tensor tensor, bool persistent = true);
   /// Registers a child module under `name` and returns it.
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
@@ -108,6 +112,7 @@ class Module {
   bool training_ = true;
   std::vector<NamedTensor> parameters_;
   std::vector<NamedTensor> buffers_;
+  std::vector<std::string> transient_buffers_;  // names of the non-persistent ones
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

@@ -1,0 +1,317 @@
+#include "models/transformer.h"
+
+#include "ops/ops.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+namespace mf::models {
+
+// ---- config -------------------------------------------------------------------------------------
+
+void TransformerConfig::validate() const {
+  MF_CHECK(src_vocab > 0 && tgt_vocab > 0, "TransformerConfig: vocabulary sizes must be positive, got {} and {}",
+           src_vocab, tgt_vocab);
+  MF_CHECK(d_model > 0 && heads > 0 && d_model % heads == 0,
+           "TransformerConfig: d_model {} must be a positive multiple of heads {}", d_model, heads);
+  MF_CHECK(encoder_layers >= 0 && decoder_layers >= 1, "TransformerConfig: needs >= 0 encoder and >= 1 decoder "
+           "layers, got {} and {}", encoder_layers, decoder_layers);
+  MF_CHECK(d_ff > 0 && max_len > 0, "TransformerConfig: d_ff {} and max_len {} must be positive", d_ff, max_len);
+  MF_CHECK(dropout >= 0 && dropout < 1, "TransformerConfig: dropout must be in [0, 1), got {}", dropout);
+  MF_CHECK(!shared_embeddings || src_vocab == tgt_vocab, "TransformerConfig: shared embeddings need one vocabulary, "
+           "got src_vocab {} and tgt_vocab {}", src_vocab, tgt_vocab);
+  MF_CHECK(pad_id >= 0 && pad_id < std::min(src_vocab, tgt_vocab), "TransformerConfig: pad_id {} is outside the "
+           "vocabularies", pad_id);
+}
+
+std::string TransformerConfig::to_json() const {
+  nlohmann::ordered_json j = {
+      {"src_vocab", src_vocab}, {"tgt_vocab", tgt_vocab}, {"d_model", d_model}, {"heads", heads},
+      {"encoder_layers", encoder_layers}, {"decoder_layers", decoder_layers}, {"d_ff", d_ff},
+      {"dropout", dropout}, {"max_len", max_len},
+      {"activation", activation == nn::Activation::ReLU ? "relu" : "gelu"}, {"pre_norm", pre_norm},
+      {"shared_embeddings", shared_embeddings}, {"tie_output", tie_output}, {"layer_norm_eps", layer_norm_eps},
+      {"pad_id", pad_id}};
+  return j.dump();
+}
+
+TransformerConfig TransformerConfig::from_json(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  MF_CHECK(j.is_object(), "TransformerConfig: not a JSON object: {}", text.substr(0, 200));
+  TransformerConfig config;
+  auto read = [&](const char* key, auto& field) {
+    MF_CHECK(j.contains(key), "TransformerConfig: missing '{}'", key);
+    try {
+      j.at(key).get_to(field);
+    } catch (const nlohmann::json::exception&) {
+      fail("TransformerConfig: '{}' has the wrong type ({})", key, j.at(key).dump());
+    }
+  };
+  read("src_vocab", config.src_vocab);
+  read("tgt_vocab", config.tgt_vocab);
+  read("d_model", config.d_model);
+  read("heads", config.heads);
+  read("encoder_layers", config.encoder_layers);
+  read("decoder_layers", config.decoder_layers);
+  read("d_ff", config.d_ff);
+  read("dropout", config.dropout);
+  read("max_len", config.max_len);
+  std::string activation;
+  read("activation", activation);
+  MF_CHECK(activation == "relu" || activation == "gelu", "TransformerConfig: unknown activation '{}'", activation);
+  config.activation = activation == "relu" ? nn::Activation::ReLU : nn::Activation::GELU;
+  read("pre_norm", config.pre_norm);
+  read("shared_embeddings", config.shared_embeddings);
+  read("tie_output", config.tie_output);
+  read("layer_norm_eps", config.layer_norm_eps);
+  read("pad_id", config.pad_id);
+  config.validate();
+  return config;
+}
+
+// ---- masks --------------------------------------------------------------------------------------
+
+Tensor padding_mask(const Tensor& tokens, int64_t pad_id, DType dtype) {
+  MF_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::Int64, "padding_mask: expects int64 tokens [B, S], got {} {}",
+           dtype_name(tokens.dtype()), shape_str(tokens.shape()));
+  Tensor is_pad = tokens.eq(static_cast<double>(pad_id));                      // [B, S]
+  Tensor mask = zeros(tokens.shape(), dtype, tokens.device()).masked_fill(is_pad, kMaskValue);
+  return mask.view({tokens.size(0), 1, 1, tokens.size(1)});                    // [B, 1, 1, S]
+}
+
+Tensor causal_mask(int64_t length, DType dtype, Device device) {
+  Tensor future = triu(full({length, length}, kMaskValue, dtype, device), 1);  // -1e9 above the diagonal
+  return future.view({1, 1, length, length});                                 // [1, 1, T, T]
+}
+
+Tensor decoder_mask(const Tensor& tgt_tokens, int64_t pad_id, DType dtype) {
+  Tensor causal = causal_mask(tgt_tokens.size(1), dtype, tgt_tokens.device());  // [1, 1, T, T]
+  return causal + padding_mask(tgt_tokens, pad_id, dtype);                     // [B, 1, T, T]
+}
+
+// ---- layers -------------------------------------------------------------------------------------
+
+namespace {
+
+std::shared_ptr<nn::MultiHeadAttention> make_attention(const TransformerConfig& c) {
+  return std::make_shared<nn::MultiHeadAttention>(
+      nn::MultiHeadAttentionOptions{.embed_dim = c.d_model, .num_heads = c.heads, .dropout = c.dropout});
+}
+
+std::shared_ptr<nn::PositionwiseFeedForward> make_ffn(const TransformerConfig& c) {
+  return std::make_shared<nn::PositionwiseFeedForward>(nn::PositionwiseFeedForwardOptions{
+      .d_model = c.d_model, .d_ff = c.d_ff, .dropout = c.dropout, .activation = c.activation});
+}
+
+std::shared_ptr<nn::LayerNorm> make_norm(const TransformerConfig& c) {
+  return std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {c.d_model}, .eps = c.layer_norm_eps});
+}
+
+std::shared_ptr<nn::Dropout> make_dropout(const TransformerConfig& c) {
+  return std::make_shared<nn::Dropout>(nn::DropoutOptions{.p = c.dropout});
+}
+
+/// One residual sub-layer: post-norm norm(x + dropout(f(x))), or pre-norm x + dropout(f(norm(x))).
+template <typename F>
+Tensor residual(const Tensor& x, nn::LayerNorm& norm, nn::Dropout& dropout, bool pre_norm, F sublayer) {
+  if (pre_norm) return x + dropout.forward(sublayer(norm.forward(x)));
+  return norm.forward(x + dropout.forward(sublayer(x)));
+}
+
+}  // namespace
+
+EncoderLayer::EncoderLayer(const TransformerConfig& config) : Module("EncoderLayer"), pre_norm_(config.pre_norm) {
+  self_attn = register_module("self_attn", make_attention(config));
+  ffn = register_module("ffn", make_ffn(config));
+  norm1 = register_module("norm1", make_norm(config));
+  norm2 = register_module("norm2", make_norm(config));
+  dropout = register_module("dropout", make_dropout(config));
+}
+
+Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) {
+  Tensor h = residual(x, *norm1, *dropout, pre_norm_, [&](const Tensor& in) {
+    nn::AttentionOutput a = self_attn->forward(in, in, in, mask, record_attention);
+    attention = a.weights;
+    return a.output;
+  });
+  return residual(h, *norm2, *dropout, pre_norm_, [&](const Tensor& in) { return ffn->forward(in); });
+}
+
+DecoderLayer::DecoderLayer(const TransformerConfig& config) : Module("DecoderLayer"), pre_norm_(config.pre_norm) {
+  self_attn = register_module("self_attn", make_attention(config));
+  cross_attn = register_module("cross_attn", make_attention(config));
+  ffn = register_module("ffn", make_ffn(config));
+  norm1 = register_module("norm1", make_norm(config));
+  norm2 = register_module("norm2", make_norm(config));
+  norm3 = register_module("norm3", make_norm(config));
+  dropout = register_module("dropout", make_dropout(config));
+}
+
+Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor& self_mask, const Tensor& cross_mask,
+                             LayerCache* cache) {
+  Tensor h = residual(y, *norm1, *dropout, pre_norm_, [&](const Tensor& in) {
+    if (!cache) {
+      nn::AttentionOutput a = self_attn->forward(in, in, in, self_mask, record_attention);
+      self_attention = a.weights;
+      return a.output;
+    }
+    auto [k, v] = self_attn->project_key_value(in, in);  // [N, H, t_new, D]
+    cache->self_k = cache->self_k.defined() ? cat({cache->self_k, k}, 2) : k;
+    cache->self_v = cache->self_v.defined() ? cat({cache->self_v, v}, 2) : v;
+    nn::AttentionOutput a =
+        self_attn->attend(self_attn->project_query(in), cache->self_k, cache->self_v, self_mask, record_attention);
+    self_attention = a.weights;
+    return a.output;
+  });
+  h = residual(h, *norm2, *dropout, pre_norm_, [&](const Tensor& in) {
+    if (!cache) {
+      nn::AttentionOutput a = cross_attn->forward(in, memory, memory, cross_mask, record_attention);
+      cross_attention = a.weights;
+      return a.output;
+    }
+    if (!cache->cross_k.defined()) std::tie(cache->cross_k, cache->cross_v) = cross_attn->project_key_value(memory, memory);
+    nn::AttentionOutput a =
+        cross_attn->attend(cross_attn->project_query(in), cache->cross_k, cache->cross_v, cross_mask, record_attention);
+    cross_attention = a.weights;
+    return a.output;
+  });
+  return residual(h, *norm3, *dropout, pre_norm_, [&](const Tensor& in) { return ffn->forward(in); });
+}
+
+// ---- stacks -------------------------------------------------------------------------------------
+
+Encoder::Encoder(const TransformerConfig& config) : Module("Encoder") {
+  auto list = register_module("layers", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < config.encoder_layers; ++i) {
+    layers.push_back(std::make_shared<EncoderLayer>(config));
+    list->push_back(layers.back());
+  }
+  if (config.pre_norm) norm = register_module("norm", make_norm(config));
+}
+
+Tensor Encoder::forward(const Tensor& x, const Tensor& mask) {
+  Tensor h = x;
+  for (auto& layer : layers) h = layer->forward(h, mask);
+  return norm ? norm->forward(h) : h;
+}
+
+Decoder::Decoder(const TransformerConfig& config) : Module("Decoder") {
+  auto list = register_module("layers", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < config.decoder_layers; ++i) {
+    layers.push_back(std::make_shared<DecoderLayer>(config));
+    list->push_back(layers.back());
+  }
+  if (config.pre_norm) norm = register_module("norm", make_norm(config));
+}
+
+Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& self_mask, const Tensor& cross_mask,
+                        std::vector<LayerCache>* caches) {
+  MF_CHECK(!caches || caches->size() == layers.size(), "Decoder: {} caches for {} layers", caches ? caches->size() : 0,
+           layers.size());
+  Tensor h = y;
+  for (size_t i = 0; i < layers.size(); ++i)
+    h = layers[i]->forward(h, memory, self_mask, cross_mask, caches ? &(*caches)[i] : nullptr);
+  return norm ? norm->forward(h) : h;
+}
+
+// ---- model --------------------------------------------------------------------------------------
+
+Transformer::Transformer(const TransformerConfig& config) : Module("Transformer"), config_(config) {
+  config.validate();
+  auto embedding = [&](int64_t vocab) {
+    auto module = std::make_shared<nn::Embedding>(
+        nn::EmbeddingOptions{.num_embeddings = vocab, .embedding_dim = config.d_model, .padding_idx = config.pad_id});
+    // N(0, C^-1/2) keeps embedding * sqrt(C) at unit scale, as in the reference implementations.
+    NoGradGuard no_grad;
+    module->weight.copy_(randn(module->weight.shape()) * (1.0 / std::sqrt(static_cast<double>(config.d_model))));
+    module->weight.select(0, config.pad_id).zero_();
+    return module;
+  };
+  if (config.shared_embeddings) {
+    src_embed_ = tgt_embed_ = register_module("embed", embedding(config.src_vocab));
+  } else {
+    src_embed_ = register_module("src_embed", embedding(config.src_vocab));
+    tgt_embed_ = register_module("tgt_embed", embedding(config.tgt_vocab));
+  }
+  positions_ = register_module("positions", std::make_shared<nn::PositionalEncoding>(
+                                                nn::PositionalEncodingOptions{.d_model = config.d_model,
+                                                                              .max_len = config.max_len}));
+  dropout_ = register_module("dropout", make_dropout(config));
+  encoder = register_module("encoder", std::make_shared<Encoder>(config));
+  decoder = register_module("decoder", std::make_shared<Decoder>(config));
+  if (!config.tie_output)
+    output_proj_ = register_module("output_proj", std::make_shared<nn::Linear>(nn::LinearOptions{
+                                                      .in_features = config.d_model,
+                                                      .out_features = config.tgt_vocab,
+                                                      .bias = false}));
+}
+
+namespace {
+
+Tensor embed_scaled(nn::Embedding& embedding, nn::PositionalEncoding& positions, nn::Dropout& dropout,
+                    const Tensor& tokens, int64_t start, int64_t d_model) {
+  MF_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::Int64, "Transformer: expects int64 tokens [B, L], got {} {}",
+           dtype_name(tokens.dtype()), shape_str(tokens.shape()));
+  Tensor x = embedding.forward(tokens) * std::sqrt(static_cast<double>(d_model));  // [B, L, C]
+  return dropout.forward(positions.forward(x, start));
+}
+
+}  // namespace
+
+Tensor Transformer::embed_source(const Tensor& tokens) {
+  return embed_scaled(*src_embed_, *positions_, *dropout_, tokens, 0, config_.d_model);
+}
+
+Tensor Transformer::embed_target(const Tensor& tokens, int64_t start) {
+  return embed_scaled(*tgt_embed_, *positions_, *dropout_, tokens, start, config_.d_model);
+}
+
+Tensor Transformer::project_output(const Tensor& states) {
+  if (output_proj_) return output_proj_->forward(states);
+  return matmul(states, tgt_embed_->weight.t());  // [..., C] @ [C, V]: the transpose is a GEMM flag
+}
+
+Tensor Transformer::encode(const Tensor& src) {
+  Tensor x = embed_source(src);                                   // [B, S, C]
+  return encoder->forward(x, padding_mask(src, config_.pad_id, x.dtype()));
+}
+
+Tensor Transformer::decode(const Tensor& tgt_in, const Tensor& memory, const Tensor& src) {
+  Tensor y = embed_target(tgt_in);                                // [B, T, C]
+  Tensor self_mask = decoder_mask(tgt_in, config_.pad_id, y.dtype());  // [B, 1, T, T]
+  Tensor cross_mask = padding_mask(src, config_.pad_id, y.dtype());    // [B, 1, 1, S]
+  return project_output(decoder->forward(y, memory, self_mask, cross_mask));  // [B, T, V]
+}
+
+Tensor Transformer::forward(const Tensor& src, const Tensor& tgt_in) {
+  MF_CHECK(src.dim() == 2 && tgt_in.dim() == 2 && src.size(0) == tgt_in.size(0),
+           "Transformer: source {} and target {} must be [B, S] and [B, T] with the same B", shape_str(src.shape()),
+           shape_str(tgt_in.shape()));
+  return decode(tgt_in, encode(src), src);
+}
+
+Tensor Transformer::loss(const Tensor& logits, const Tensor& tgt_out, double label_smoothing) const {
+  MF_CHECK(logits.dim() == 3 && tgt_out.dim() == 2 && logits.size(0) == tgt_out.size(0) &&
+               logits.size(1) == tgt_out.size(1),
+           "Transformer::loss: logits {} do not match targets {}", shape_str(logits.shape()), shape_str(tgt_out.shape()));
+  return cross_entropy(logits.reshape({-1, logits.size(2)}), tgt_out.reshape({-1}), config_.pad_id, label_smoothing);
+}
+
+void Transformer::set_record_attention(bool on) {
+  for (auto& layer : encoder->layers) layer->record_attention = on;
+  for (auto& layer : decoder->layers) layer->record_attention = on;
+}
+
+std::vector<std::pair<std::string, Tensor>> Transformer::attention_weights() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < encoder->layers.size(); ++i)
+    out.emplace_back(fmt::format("encoder.{}.self_attn", i), encoder->layers[i]->attention);
+  for (size_t i = 0; i < decoder->layers.size(); ++i) {
+    out.emplace_back(fmt::format("decoder.{}.self_attn", i), decoder->layers[i]->self_attention);
+    out.emplace_back(fmt::format("decoder.{}.cross_attn", i), decoder->layers[i]->cross_attention);
+  }
+  return out;
+}
+
+}  // namespace mf::models

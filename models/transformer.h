@@ -1,0 +1,164 @@
+// The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017): the model
+// zoo's first entry.
+//
+// Axes: B = batch, S = source length, T = target length, C = d_model, H = heads, V = vocabulary.
+//
+// Parameter names (dotted paths, as PyTorch tutorials and ../shared/reference name them):
+//   embed.weight                                  shared source/target embedding [V, C] (shared_embeddings)
+//   src_embed.weight, tgt_embed.weight            separate embeddings otherwise
+//   output_proj.weight                            output projection [V, C] when not tied to the embedding
+//   encoder.layers.{i}.self_attn.{q,k,v,out}_proj.{weight,bias}
+//   encoder.layers.{i}.ffn.linear{1,2}.{weight,bias}, encoder.layers.{i}.norm{1,2}.{weight,bias}
+//   decoder.layers.{i}.{self_attn,cross_attn}.*, decoder.layers.{i}.ffn.*, decoder.layers.{i}.norm{1,2,3}.*
+//   encoder.norm.*, decoder.norm.*                final LayerNorms, pre-norm only
+#pragma once
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mf::models {
+
+struct TransformerConfig {
+  int64_t src_vocab = 0;
+  int64_t tgt_vocab = 0;
+  int64_t d_model = 512;         // C
+  int64_t heads = 8;             // H
+  int64_t encoder_layers = 6;
+  int64_t decoder_layers = 6;
+  int64_t d_ff = 2048;
+  double dropout = 0.1;
+  int64_t max_len = 512;         // longest sequence the positional table covers
+  nn::Activation activation = nn::Activation::ReLU;
+  /// false: the paper's post-norm, x = LayerNorm(x + sublayer(x)); true: pre-norm,
+  /// x = x + sublayer(LayerNorm(x)) with a final LayerNorm after each stack.
+  bool pre_norm = false;
+  /// One embedding for source, target and output (needs src_vocab == tgt_vocab).
+  bool shared_embeddings = true;
+  /// Output projection = target embedding (transposed), no bias.
+  bool tie_output = true;
+  double layer_norm_eps = 1e-5;
+  int64_t pad_id = 0;
+
+  /// Throws mf::Error naming the first inconsistent field.
+  void validate() const;
+  std::string to_json() const;
+  static TransformerConfig from_json(const std::string& json);
+};
+
+/// Additive attention masks (0 = attend, kMaskValue = do not), built once per batch and shared by
+/// every layer.
+inline constexpr double kMaskValue = -1e9;
+/// Keys that are not padding: tokens [B, S] -> [B, 1, 1, S].
+Tensor padding_mask(const Tensor& tokens, int64_t pad_id, DType dtype);
+/// Position t may attend to positions <= t: [1, 1, T, T].
+Tensor causal_mask(int64_t length, DType dtype, Device device = Device::cpu());
+/// The decoder's self-attention mask: causal and not padding, [B, 1, T, T].
+Tensor decoder_mask(const Tensor& tgt_tokens, int64_t pad_id, DType dtype);
+
+class EncoderLayer : public nn::Module {
+ public:
+  explicit EncoderLayer(const TransformerConfig& config);
+  /// x [B, S, C], mask broadcastable to [B, H, S, S] -> [B, S, C].
+  Tensor forward(const Tensor& x, const Tensor& mask);
+
+  std::shared_ptr<nn::MultiHeadAttention> self_attn;
+  std::shared_ptr<nn::PositionwiseFeedForward> ffn;
+  std::shared_ptr<nn::LayerNorm> norm1, norm2;
+  std::shared_ptr<nn::Dropout> dropout;
+  Tensor attention;  // [B, H, S, S] from the last forward, when the model records attention
+  bool record_attention = false;
+
+ private:
+  bool pre_norm_;
+};
+
+/// One decoder layer's key/value cache for incremental decoding.
+struct LayerCache {
+  Tensor self_k, self_v;    // [N, H, t, D], grown by one position per step
+  Tensor cross_k, cross_v;  // [N, H, S, D], computed once from the encoder output
+};
+
+class DecoderLayer : public nn::Module {
+ public:
+  explicit DecoderLayer(const TransformerConfig& config);
+  /// y [B, T, C] over memory [B, S, C]; self_mask broadcastable to [B, H, T, T], cross_mask to
+  /// [B, H, T, S]. With a cache, y holds only the new positions and their keys/values are appended
+  /// to the cache (self_mask may then be undefined: every cached position is in the past).
+  Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& self_mask, const Tensor& cross_mask,
+                 LayerCache* cache = nullptr);
+
+  std::shared_ptr<nn::MultiHeadAttention> self_attn, cross_attn;
+  std::shared_ptr<nn::PositionwiseFeedForward> ffn;
+  std::shared_ptr<nn::LayerNorm> norm1, norm2, norm3;
+  std::shared_ptr<nn::Dropout> dropout;
+  Tensor self_attention, cross_attention;  // from the last forward, when recording
+  bool record_attention = false;
+
+ private:
+  bool pre_norm_;
+};
+
+/// The encoder stack: layers "layers.{i}", and with pre-norm a final "norm".
+class Encoder : public nn::Module {
+ public:
+  explicit Encoder(const TransformerConfig& config);
+  Tensor forward(const Tensor& x, const Tensor& mask);
+  std::vector<std::shared_ptr<EncoderLayer>> layers;
+  std::shared_ptr<nn::LayerNorm> norm;  // pre-norm only
+};
+
+/// The decoder stack: layers "layers.{i}", and with pre-norm a final "norm".
+class Decoder : public nn::Module {
+ public:
+  explicit Decoder(const TransformerConfig& config);
+  /// With caches (one per layer), y holds only new positions (see DecoderLayer::forward).
+  Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& self_mask, const Tensor& cross_mask,
+                 std::vector<LayerCache>* caches = nullptr);
+  std::vector<std::shared_ptr<DecoderLayer>> layers;
+  std::shared_ptr<nn::LayerNorm> norm;  // pre-norm only
+};
+
+class Transformer : public nn::Module {
+ public:
+  explicit Transformer(const TransformerConfig& config);
+
+  /// Logits [B, T, V] for source tokens [B, S] and decoder inputs [B, T] (BOS + target, shifted).
+  Tensor forward(const Tensor& src, const Tensor& tgt_in);
+  /// Encoder output [B, S, C] for source tokens [B, S].
+  Tensor encode(const Tensor& src);
+  /// Decoder logits [B, T, V]: target tokens [B, T] over the encoder output for `src`.
+  Tensor decode(const Tensor& tgt_in, const Tensor& memory, const Tensor& src);
+  /// Label-smoothed cross-entropy of logits [B, T, V] against targets [B, T], padding ignored, mean
+  /// over the non-padding targets.
+  Tensor loss(const Tensor& logits, const Tensor& tgt_out, double label_smoothing) const;
+
+  /// tokens [B, L] -> embedding * sqrt(C) + positional encoding from `start`, then dropout.
+  Tensor embed_source(const Tensor& tokens);
+  Tensor embed_target(const Tensor& tokens, int64_t start = 0);
+  /// Decoder states [..., C] -> logits [..., V].
+  Tensor project_output(const Tensor& states);
+
+  /// Keep every layer's attention probabilities after each forward (off by default: it costs memory).
+  void set_record_attention(bool on);
+  /// "encoder.{i}.self_attn", "decoder.{i}.self_attn", "decoder.{i}.cross_attn" -> [B, H, *, *].
+  std::vector<std::pair<std::string, Tensor>> attention_weights() const;
+
+  const TransformerConfig& config() const { return config_; }
+
+  std::shared_ptr<Encoder> encoder;
+  std::shared_ptr<Decoder> decoder;
+
+ private:
+  TransformerConfig config_;
+  std::shared_ptr<nn::Embedding> src_embed_, tgt_embed_;  // the same module when shared
+  std::shared_ptr<nn::Linear> output_proj_;               // null when tied
+  std::shared_ptr<nn::PositionalEncoding> positions_;
+  std::shared_ptr<nn::Dropout> dropout_;
+};
+
+}  // namespace mf::models
