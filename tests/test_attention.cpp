@@ -149,6 +149,18 @@ TEST_CASE("attention rows sum to 1 and masked positions get probability 0") {
   CHECK(below == doctest::Approx(3 * 4 * 5));
 }
 
+TEST_CASE("a float64 mask serves a float32 module") {
+  auto mha = make_attention({.embed_dim = 4, .num_heads = 2}, 25);
+  Tensor x = randn({2, 3, 4}, DType::Float64);
+  Tensor mask = padding_mask(from_vector<int64_t>({0, 0, 1, 0, 0, 0}, {2, 3}).eq(1.0));  // float64 [B, 1, 1, S]
+  Tensor expected = mha->forward(x, x, x, mask).output;
+  mha->to(DType::Float32);
+  Tensor x32 = x.to(DType::Float32);
+  Tensor got = mha->forward(x32, x32, x32, mask).output;
+  CHECK(got.dtype() == DType::Float32);
+  check_close(got.to(DType::Float64), expected, 1e-5, 1e-6);
+}
+
 TEST_CASE("fused and separate projections give the same output") {
   auto separate = make_attention({.embed_dim = 8, .num_heads = 2}, 31);
   auto fused = make_attention({.embed_dim = 8, .num_heads = 2, .fused_qkv = true}, 32);
