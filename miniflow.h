@@ -21,6 +21,9 @@
 #include "autograd/autograd.h"
 
 #include "nn/module.h"
+#include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/attention.h"
 
 #include "models/batching.h"
 #include "models/bleu.h"

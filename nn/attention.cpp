@@ -1,0 +1,180 @@
+// Axes: B = batch, T = target (query) length, S = source (key/value) length, C = embed dim,
+// H = heads, D = head dim (C / H), F = feed-forward width, L = either T or S.
+#include "nn/attention.h"
+
+#include "ops/ops.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace mf::nn {
+
+// ---- MultiHeadAttention -------------------------------------------------------------------------
+
+MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
+    : Module("MultiHeadAttention"), options_(options) {
+  MF_CHECK(options.embed_dim > 0 && options.num_heads > 0,
+           "MultiHeadAttention: embed_dim and num_heads must be positive, got {} and {}", options.embed_dim,
+           options.num_heads);
+  MF_CHECK(options.embed_dim % options.num_heads == 0,
+           "MultiHeadAttention: embed_dim {} is not divisible by num_heads {}", options.embed_dim, options.num_heads);
+  MF_CHECK(options.dropout >= 0 && options.dropout <= 1,
+           "MultiHeadAttention: dropout has to be between 0 and 1, but got {}", options.dropout);
+  int64_t C = options.embed_dim;
+  auto make = [&](const char* name, int64_t out) {
+    return register_module(name, std::make_shared<Linear>(LinearOptions{C, out, options.bias}));
+  };
+  if (options.fused_qkv) {
+    in_proj = make("in_proj", 3 * C);
+  } else {
+    q_proj = make("q_proj", C);
+    k_proj = make("k_proj", C);
+    v_proj = make("v_proj", C);
+  }
+  out_proj = make("out_proj", C);
+}
+
+Tensor MultiHeadAttention::in_projection(const Tensor& x, int64_t first, int64_t count) const {
+  if (!options_.fused_qkv) {
+    MF_CHECK(count == 1, "MultiHeadAttention: separate projections run one at a time (asked for {})", count);
+    const Linear& projection = *(first == 0 ? q_proj : first == 1 ? k_proj : v_proj);
+    return linear(x, projection.weight, projection.bias);  // [B, L, C]
+  }
+  int64_t C = options_.embed_dim;
+  Tensor weight = in_proj->weight.narrow(0, first * C, count * C);  // [count * C, C]
+  Tensor bias = in_proj->bias.defined() ? in_proj->bias.narrow(0, first * C, count * C) : Tensor();
+  return linear(x, weight, bias);  // [B, L, count * C]
+}
+
+Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
+  int64_t B = x.size(0), L = x.size(1);
+  return x.view({B, L, options_.num_heads, head_dim()})  // [B, L, H, D]
+      .transpose(1, 2);                                   // [B, H, L, D]
+}
+
+namespace {
+
+void check_input(const char* what, const Tensor& x, int64_t C) {
+  MF_CHECK(x.defined() && x.dim() == 3 && x.size(2) == C,
+           "MultiHeadAttention: {} must be [B, L, {}] (embed_dim {}), got {}", what, C, C,
+           x.defined() ? shape_str(x.shape()) : "an undefined tensor");
+}
+
+}  // namespace
+
+Tensor MultiHeadAttention::project_query(const Tensor& query) const {
+  check_input("query", query, options_.embed_dim);
+  return split_heads(in_projection(query, 0, 1));  // [B, H, T, D]
+}
+
+std::pair<Tensor, Tensor> MultiHeadAttention::project_key_value(const Tensor& key, const Tensor& value) const {
+  check_input("key", key, options_.embed_dim);
+  check_input("value", value, options_.embed_dim);
+  MF_CHECK(key.size(0) == value.size(0) && key.size(1) == value.size(1),
+           "MultiHeadAttention: key {} and value {} must have the same batch and length", shape_str(key.shape()),
+           shape_str(value.shape()));
+  if (options_.fused_qkv && key.is_same(value)) {
+    std::vector<Tensor> kv = chunk(in_projection(key, 1, 2), 2, -1);  // 2 x [B, S, C]
+    return {split_heads(kv[0]), split_heads(kv[1])};                   // 2 x [B, H, S, D]
+  }
+  return {split_heads(in_projection(key, 1, 1)), split_heads(in_projection(value, 2, 1))};  // 2 x [B, H, S, D]
+}
+
+AttentionOutput MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                           bool need_weights) const {
+  int64_t H = options_.num_heads, D = head_dim();
+  MF_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(1) == H && q.size(3) == D &&
+               k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == H && k.size(3) == D,
+           "MultiHeadAttention::attend: expected Q [B, {}, T, {}] and K, V [B, {}, S, {}], got {}, {}, {}", H, D, H,
+           D, shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  int64_t B = q.size(0), T = q.size(2), S = k.size(2);
+  Tensor scores = matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));  // [B, H, T, S]
+  if (attn_mask.defined()) {
+    MF_CHECK(is_floating(attn_mask.dtype()),
+             "MultiHeadAttention: attn_mask must be an additive float mask (0 keeps, a large negative value "
+             "drops), got {}",
+             dtype_name(attn_mask.dtype()));
+    Shape full{B, H, T, S};
+    bool broadcasts = attn_mask.dim() <= 4;
+    for (int64_t d = 1; broadcasts && d <= attn_mask.dim(); ++d)
+      broadcasts = attn_mask.size(-d) == 1 || attn_mask.size(-d) == full[4 - d];
+    MF_CHECK(broadcasts, "MultiHeadAttention: attn_mask {} does not broadcast to [B, H, T, S] = {}",
+             shape_str(attn_mask.shape()), shape_str(full));
+    scores = scores + attn_mask.to(scores.dtype());  // [B, H, T, S]
+  }
+  Tensor probs = softmax(scores, -1);                                            // [B, H, T, S]
+  Tensor context = matmul(dropout(probs, options_.dropout, is_training()), v);  // [B, H, T, D]
+  Tensor merged = context.transpose(1, 2).reshape({B, T, H * D});               // [B, T, C]
+  return {out_proj->forward(merged), need_weights ? probs : Tensor()};
+}
+
+AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                            const Tensor& attn_mask, bool need_weights) {
+  check_input("query", query, options_.embed_dim);
+  check_input("key", key, options_.embed_dim);
+  MF_CHECK(query.size(0) == key.size(0), "MultiHeadAttention: query {} and key {} have different batch sizes",
+           shape_str(query.shape()), shape_str(key.shape()));
+  if (options_.fused_qkv && query.is_same(key) && key.is_same(value)) {
+    std::vector<Tensor> qkv = chunk(in_projection(query, 0, 3), 3, -1);  // 3 x [B, T, C]
+    return attend(split_heads(qkv[0]), split_heads(qkv[1]), split_heads(qkv[2]), attn_mask,
+                  need_weights);  // Q, K, V each [B, H, T, D]
+  }
+  auto [k, v] = project_key_value(key, value);  // [B, H, S, D] each
+  return attend(project_query(query), k, v, attn_mask, need_weights);
+}
+
+// ---- PositionwiseFeedForward --------------------------------------------------------------------
+
+PositionwiseFeedForward::PositionwiseFeedForward(const PositionwiseFeedForwardOptions& options)
+    : Module("PositionwiseFeedForward"), options_(options) {
+  MF_CHECK(options.d_model > 0 && options.d_ff > 0,
+           "PositionwiseFeedForward: d_model and d_ff must be positive, got {} and {}", options.d_model, options.d_ff);
+  linear1 = register_module("linear1", std::make_shared<Linear>(LinearOptions{options.d_model, options.d_ff}));
+  dropout = register_module("dropout", std::make_shared<Dropout>(DropoutOptions{options.dropout}));
+  linear2 = register_module("linear2", std::make_shared<Linear>(LinearOptions{options.d_ff, options.d_model}));
+}
+
+Tensor PositionwiseFeedForward::forward(const Tensor& x) {
+  Tensor hidden = linear1->forward(x);  // [..., F]
+  hidden = options_.activation == Activation::GELU ? gelu(hidden) : relu(hidden);
+  return linear2->forward(dropout->forward(hidden));  // [..., C]
+}
+
+// ---- PositionalEncoding -------------------------------------------------------------------------
+
+PositionalEncoding::PositionalEncoding(const PositionalEncodingOptions& options)
+    : Module("PositionalEncoding"), options_(options) {
+  MF_CHECK(options.d_model > 0 && options.max_len >= 0,
+           "PositionalEncoding: d_model must be positive and max_len >= 0, got {} and {}", options.d_model,
+           options.max_len);
+  int64_t C = options.d_model;
+  std::vector<double> table(static_cast<size_t>(options.max_len * C));
+  for (int64_t j = 0; j < C; ++j) {
+    // 1 / 10000^(2i/C) for the pair i = j / 2, written as PyTorch's tutorial (and the reference
+    // generator) writes it: exp(2i * -ln(10000) / C).
+    double inv_freq = std::exp(static_cast<double>(j / 2 * 2) * (-std::log(10000.0) / static_cast<double>(C)));
+    for (int64_t p = 0; p < options.max_len; ++p) {
+      double angle = static_cast<double>(p) * inv_freq;
+      table[static_cast<size_t>(p * C + j)] = j % 2 == 0 ? std::sin(angle) : std::cos(angle);
+    }
+  }
+  pe = register_buffer("pe", from_vector(table, {options.max_len, C}));
+}
+
+Tensor PositionalEncoding::forward(const Tensor& x, int64_t start) {
+  MF_CHECK(x.defined() && x.dim() == 3 && x.size(2) == options_.d_model,
+           "PositionalEncoding: input must be [B, T, {}] (d_model {}), got {}", options_.d_model, options_.d_model,
+           x.defined() ? shape_str(x.shape()) : "an undefined tensor");
+  int64_t T = x.size(1);
+  MF_CHECK(start >= 0 && start + T <= options_.max_len,
+           "PositionalEncoding: positions {} to {} (start {} + length {}) exceed max_len {}", start, start + T - 1,
+           start, T, options_.max_len);
+  return x + pe.narrow(0, start, T).to(x.dtype());  // [B, T, C] + [T, C]
+}
+
+std::string PositionalEncoding::extra_repr() const {
+  return fmt::format("d_model={}, max_len={}", options_.d_model, options_.max_len);
+}
+
+}  // namespace mf::nn

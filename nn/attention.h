@@ -1,0 +1,132 @@
+// The Transformer's attention-side layers: multi-head attention, the position-wise feed-forward
+// block and sinusoidal positional encoding ("Attention Is All You Need", section 3).
+//
+// Axes: B = batch, T = target (query) length, S = source (key/value) length, C = embed dim
+// (d_model), H = heads, D = head dim (C / H), F = feed-forward width (d_ff).
+#pragma once
+
+#include "core/tensor.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+#include <memory>
+#include <string>
+
+namespace mf::nn {
+
+struct MultiHeadAttentionOptions {
+  int64_t embed_dim = 0;  // C
+  int64_t num_heads = 1;  // H; must divide embed_dim
+  /// Dropout on the attention probabilities (training mode only).
+  double dropout = 0.0;
+  /// Biases on the four projections.
+  bool bias = true;
+  /// One in_proj Linear [3C, C] (rows: query, then key, then value) instead of q_proj, k_proj and
+  /// v_proj; same math, one GEMM when query, key and value are the same tensor.
+  bool fused_qkv = false;
+};
+
+/// What attention returns: the output [B, T, C] and, when asked for, the probabilities [B, H, T, S]
+/// per head (before dropout, so rows sum to 1; PyTorch's nn.MultiheadAttention returns them after
+/// dropout and averaged over heads by default).
+struct AttentionOutput {
+  Tensor output;
+  Tensor weights;  // undefined unless need_weights
+};
+
+/// Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(D) + mask) V per head, heads
+/// concatenated and projected by out_proj. Children are Linear(C, C) "q_proj", "k_proj", "v_proj",
+/// "out_proj" (or "in_proj" Linear(C, 3C) and "out_proj" with fused_qkv), each with Linear's default
+/// initialisation.
+///
+/// forward is three steps that a key/value cache for incremental decoding can call on their own:
+/// project_query, project_key_value (cacheable, and concatenable along S), then attend.
+class MultiHeadAttention : public Module {
+ public:
+  explicit MultiHeadAttention(const MultiHeadAttentionOptions& options);
+
+  /// query [B, T, C], key and value [B, S, C]; attn_mask an additive float mask (0 to keep, a large
+  /// negative value to drop) broadcastable to [B, H, T, S], such as a causal [1, 1, T, T] or a key
+  /// padding [B, 1, 1, S], or undefined for none; it is cast to the scores' dtype.
+  AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask = {},
+                          bool need_weights = false);
+
+  /// Queries split into heads: query [B, T, C] -> Q [B, H, T, D].
+  Tensor project_query(const Tensor& query) const;
+  /// Keys and values split into heads: key, value [B, S, C] -> {K, V}, each [B, H, S, D].
+  std::pair<Tensor, Tensor> project_key_value(const Tensor& key, const Tensor& value) const;
+  /// Attention of Q [B, H, T, D] over K, V [B, H, S, D] with an optional additive mask, heads merged
+  /// and projected by out_proj: output [B, T, C], weights [B, H, T, S] when need_weights.
+  AttentionOutput attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
+                         bool need_weights = false) const;
+
+  const MultiHeadAttentionOptions& options() const { return options_; }
+  int64_t head_dim() const { return options_.embed_dim / options_.num_heads; }
+
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj;  // null with fused_qkv
+  std::shared_ptr<Linear> in_proj;                 // only with fused_qkv
+  std::shared_ptr<Linear> out_proj;
+
+ private:
+  /// x [B, L, C] through `count` consecutive input projections starting at `first` (0 = query,
+  /// 1 = key, 2 = value) -> [B, L, count * C]. Only the fused layout can do more than one at once.
+  Tensor in_projection(const Tensor& x, int64_t first, int64_t count) const;
+  /// [B, L, C] -> [B, H, L, D].
+  Tensor split_heads(const Tensor& x) const;
+
+  MultiHeadAttentionOptions options_;
+};
+
+enum class Activation { ReLU, GELU };
+
+struct PositionwiseFeedForwardOptions {
+  int64_t d_model = 0;  // C
+  int64_t d_ff = 0;     // F
+  /// Dropout after the activation (training mode only).
+  double dropout = 0.0;
+  Activation activation = Activation::ReLU;
+};
+
+/// linear2(dropout(activation(linear1(x)))): [..., C] -> [..., F] -> [..., C]. Children "linear1"
+/// (Linear(C, F)), "dropout", "linear2" (Linear(F, C)), as in torch.nn.TransformerEncoderLayer.
+class PositionwiseFeedForward : public Module {
+ public:
+  explicit PositionwiseFeedForward(const PositionwiseFeedForwardOptions& options);
+  Tensor forward(const Tensor& x) override;
+  const PositionwiseFeedForwardOptions& options() const { return options_; }
+
+  std::shared_ptr<Linear> linear1;
+  std::shared_ptr<Dropout> dropout;
+  std::shared_ptr<Linear> linear2;
+
+ private:
+  PositionwiseFeedForwardOptions options_;
+};
+
+struct PositionalEncodingOptions {
+  int64_t d_model = 0;     // C
+  int64_t max_len = 5000;  // positions the table covers
+};
+
+/// Adds the sinusoidal table PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(p / 10000^(2i/C)).
+/// The table is the buffer "pe" [max_len, C], computed and kept in float64 so that float64 runs see
+/// it exactly (converting the module with to(Float32) rounds it); forward casts the rows it uses to
+/// the input's dtype.
+class PositionalEncoding : public Module {
+ public:
+  explicit PositionalEncoding(const PositionalEncodingOptions& options);
+  /// x [B, T, C] + PE[start : start + T] (start > 0 for incremental decoding). Throws when
+  /// start + T exceeds max_len.
+  Tensor forward(const Tensor& x, int64_t start);
+  Tensor forward(const Tensor& x) override { return forward(x, 0); }
+  /// "d_model=16, max_len=5000".
+  std::string extra_repr() const override;
+  const PositionalEncodingOptions& options() const { return options_; }
+
+  Tensor pe;  // [max_len, C]
+
+ private:
+  PositionalEncodingOptions options_;
+};
+
+}  // namespace mf::nn

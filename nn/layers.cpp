@@ -1,0 +1,118 @@
+#include "nn/layers.h"
+
+#include "nn/init.h"
+#include "ops/ops.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace mf::nn {
+
+namespace {
+const char* py_bool(bool value) { return value ? "True" : "False"; }
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site) {
+  MF_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got {} at {}", shape_str(weight.shape()),
+           format_location(site));
+  MF_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
+           "linear: input {} has {} features in its last dim, but weight {} expects {} at {}",
+           shape_str(x.shape()), x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1),
+           format_location(site));
+  Tensor out = matmul(x, weight.t(site), site);  // [..., out]
+  return bias.defined() ? add(out, bias, site) : out;
+}
+
+// ---- Linear -------------------------------------------------------------------------------------
+
+Linear::Linear(const LinearOptions& options) : Module("Linear"), options_(options) {
+  MF_CHECK(options.in_features >= 0 && options.out_features >= 0,
+           "Linear: in_features and out_features must be >= 0, got {} and {}", options.in_features,
+           options.out_features);
+  weight = register_parameter("weight", Tensor::empty({options.out_features, options.in_features}));
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (options.bias) {
+    bias = register_parameter("bias", Tensor::empty({options.out_features}));
+    double bound = options.in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(options.in_features)) : 0.0;
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+
+std::string Linear::extra_repr() const {
+  return fmt::format("in_features={}, out_features={}, bias={}", options_.in_features, options_.out_features,
+                     py_bool(options_.bias));
+}
+
+// ---- Embedding ----------------------------------------------------------------------------------
+
+Embedding::Embedding(const EmbeddingOptions& options) : Module("Embedding"), options_(options) {
+  MF_CHECK(options.num_embeddings >= 0 && options.embedding_dim >= 0,
+           "Embedding: num_embeddings and embedding_dim must be >= 0, got {} and {}", options.num_embeddings,
+           options.embedding_dim);
+  if (std::optional<int64_t>& pad = options_.padding_idx) {
+    MF_CHECK(*pad >= -options.num_embeddings && *pad < options.num_embeddings,
+             "Embedding: padding_idx {} is out of range for {} embeddings", *pad, options.num_embeddings);
+    if (*pad < 0) *pad += options.num_embeddings;
+  }
+  weight = register_parameter("weight", Tensor::empty({options.num_embeddings, options.embedding_dim}));
+  init::normal_(weight);
+  if (options_.padding_idx) {
+    Tensor row = weight.select(0, *options_.padding_idx);
+    init::zeros_(row);
+  }
+}
+
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices, options_.padding_idx); }
+
+std::string Embedding::extra_repr() const {
+  std::string text = fmt::format("{}, {}", options_.num_embeddings, options_.embedding_dim);
+  if (options_.padding_idx) text += fmt::format(", padding_idx={}", *options_.padding_idx);
+  return text;
+}
+
+// ---- LayerNorm ----------------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
+  MF_CHECK(!options.normalized_shape.empty(), "LayerNorm: normalized_shape must name at least one dim");
+  for (int64_t size : options.normalized_shape)
+    MF_CHECK(size > 0, "LayerNorm: normalized_shape {} has a dim that is not positive",
+             shape_str(options.normalized_shape));
+  MF_CHECK(options.eps >= 0, "LayerNorm: eps must be >= 0, got {}", options.eps);
+  if (options.elementwise_affine) {
+    weight = register_parameter("weight", ones(options.normalized_shape));
+    bias = register_parameter("bias", zeros(options.normalized_shape));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, options_.normalized_shape, weight, bias, options_.eps);
+}
+
+std::string LayerNorm::extra_repr() const {
+  // Python's tuple spelling: (16,) for one dim, (4, 8) for more.
+  std::string dims;
+  for (size_t i = 0; i < options_.normalized_shape.size(); ++i)
+    dims += fmt::format("{}{}", i == 0 ? "" : ", ", options_.normalized_shape[i]);
+  if (options_.normalized_shape.size() == 1) dims += ",";
+  return fmt::format("({}), eps={}, elementwise_affine={}", dims, options_.eps, py_bool(options_.elementwise_affine));
+}
+
+// ---- Dropout and activations --------------------------------------------------------------------
+
+Dropout::Dropout(const DropoutOptions& options) : Module("Dropout"), options_(options) {
+  MF_CHECK(options.p >= 0 && options.p <= 1, "Dropout: probability has to be between 0 and 1, but got {}",
+           options.p);
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, options_.p, is_training()); }
+
+std::string Dropout::extra_repr() const { return fmt::format("p={}", options_.p); }
+
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+
+Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+
+}  // namespace mf::nn

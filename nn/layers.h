@@ -1,0 +1,125 @@
+// Basic layers with PyTorch's parameter names, layouts and default initialisations (Linear's weight is
+// [out, in], as torch.nn.Linear's), so weights move between the two freely. Each builds its parameters
+// in the constructor from an options struct; forward only computes. Initialisation draws from the
+// default generator (mf::manual_seed makes it repeatable).
+#pragma once
+
+#include "core/tensor.h"
+#include "nn/module.h"
+
+#include <optional>
+#include <string>
+
+namespace mf::nn {
+
+/// x @ weight^T + bias (torch.nn.functional.linear): x [..., in], weight [out, in], bias [out] or
+/// undefined -> [..., out]. The transpose reaches the GEMM as a flag, not a copy.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Site site = Site::current());
+
+struct LinearOptions {
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = true;
+};
+
+/// y = x W^T + b. weight [out, in] ~ kaiming_uniform_(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in));
+/// bias [out] ~ U(-1/sqrt(in), 1/sqrt(in)). Parameters "weight", "bias" (absent when options.bias is off).
+class Linear : public Module {
+ public:
+  explicit Linear(const LinearOptions& options);
+  /// x [..., in] -> [..., out].
+  Tensor forward(const Tensor& x) override;
+  /// "in_features=4, out_features=2, bias=True".
+  std::string extra_repr() const override;
+  const LinearOptions& options() const { return options_; }
+
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out], undefined without bias
+
+ private:
+  LinearOptions options_;
+};
+
+struct EmbeddingOptions {
+  int64_t num_embeddings = 0;
+  int64_t embedding_dim = 0;
+  /// A row that stays zero and gets no gradient (negative counts from the end, as in PyTorch).
+  std::optional<int64_t> padding_idx;
+};
+
+/// A lookup table. weight [num_embeddings, embedding_dim] ~ N(0, 1), the padding row zeroed.
+class Embedding : public Module {
+ public:
+  explicit Embedding(const EmbeddingOptions& options);
+  /// int64 indices [...] -> [..., embedding_dim].
+  Tensor forward(const Tensor& indices) override;
+  /// "13, 16, padding_idx=0".
+  std::string extra_repr() const override;
+  /// The options, with a negative padding_idx resolved to its row.
+  const EmbeddingOptions& options() const { return options_; }
+
+  Tensor weight;  // [num_embeddings, embedding_dim]
+
+ private:
+  EmbeddingOptions options_;
+};
+
+struct LayerNormOptions {
+  /// The trailing dims to normalise over.
+  Shape normalized_shape;
+  double eps = 1e-5;
+  /// Learnable per-element weight (ones) and bias (zeros) of normalized_shape.
+  bool elementwise_affine = true;
+};
+
+/// (x - mean) / sqrt(var + eps) * weight + bias over the trailing normalized_shape dims (biased var).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(const LayerNormOptions& options);
+  Tensor forward(const Tensor& x) override;
+  /// "(16,), eps=1e-05, elementwise_affine=True".
+  std::string extra_repr() const override;
+  const LayerNormOptions& options() const { return options_; }
+
+  Tensor weight;  // normalized_shape, undefined without elementwise_affine
+  Tensor bias;
+
+ private:
+  LayerNormOptions options_;
+};
+
+struct DropoutOptions {
+  double p = 0.5;  // probability of zeroing an element
+};
+
+/// Zeroes elements with probability p and scales the rest by 1 / (1 - p) in training mode (drawing
+/// from the default generator); the identity in eval mode.
+class Dropout : public Module {
+ public:
+  explicit Dropout(const DropoutOptions& options);
+  Tensor forward(const Tensor& x) override;
+  /// "p=0.5".
+  std::string extra_repr() const override;
+  const DropoutOptions& options() const { return options_; }
+
+ private:
+  DropoutOptions options_;
+};
+
+/// max(x, 0).
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override;
+};
+
+/// Exact GELU, x * Phi(x) (PyTorch's approximate='none').
+class GELU : public Module {
+ public:
+  GELU() : Module("GELU") {}
+  Tensor forward(const Tensor& x) override;
+  /// "approximate='none'".
+  std::string extra_repr() const override { return "approximate='none'"; }
+};
+
+}  // namespace mf::nn

@@ -1,0 +1,297 @@
+// nn::init and the basic layers: Linear, Embedding, LayerNorm, Dropout, ReLU, GELU.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace mf;
+using mf::testing::check_close;
+using mf::testing::f64;
+
+namespace {
+
+/// Sample mean, standard deviation and largest magnitude of a tensor's elements.
+struct Stats {
+  double mean = 0, std = 0, max_abs = 0;
+};
+
+Stats stats(const Tensor& t) {
+  std::vector<double> v = t.to_vector<double>();
+  Stats s;
+  for (double x : v) s.mean += x / static_cast<double>(v.size());
+  for (double x : v) {
+    s.std += (x - s.mean) * (x - s.mean) / static_cast<double>(v.size() - 1);
+    s.max_abs = std::max(s.max_abs, std::abs(x));
+  }
+  s.std = std::sqrt(s.std);
+  return s;
+}
+
+/// U(-b, b) has standard deviation b / sqrt(3). With tens of thousands of samples the sample std is
+/// within 1% of that and the largest draw within 1% of b; a wrong formula (a fan swapped, a missing
+/// sqrt(3)) is off by far more.
+void check_uniform(const Tensor& t, double bound) {
+  Stats s = stats(t);
+  CHECK(s.max_abs <= bound);
+  CHECK(s.max_abs >= 0.99 * bound);
+  CHECK(s.std == doctest::Approx(bound / std::sqrt(3.0)).epsilon(0.02));
+  CHECK(std::abs(s.mean) < 0.02 * bound);
+}
+
+void check_normal(const Tensor& t, double std) {
+  Stats s = stats(t);
+  CHECK(s.std == doctest::Approx(std).epsilon(0.02));
+  CHECK(std::abs(s.mean) < 0.02 * std);
+}
+
+/// Gradcheck of `module`'s forward on `input` with respect to every parameter, in float64.
+void gradcheck_parameters(nn::Module& module, const Tensor& input) {
+  module.to(DType::Float64);
+  std::string result = autograd::gradcheck(
+      [&](const std::vector<Tensor>&) { return std::vector<Tensor>{module.forward(input)}; }, module.parameters());
+  CHECK_MESSAGE(result.empty(), result);
+}
+
+}  // namespace
+
+// ---- init ---------------------------------------------------------------------------------------
+
+TEST_CASE("calculate_gain follows torch.nn.init.calculate_gain") {
+  using nn::init::Nonlinearity;
+  CHECK(nn::init::calculate_gain(Nonlinearity::Linear) == 1.0);
+  CHECK(nn::init::calculate_gain(Nonlinearity::Sigmoid) == 1.0);
+  CHECK(nn::init::calculate_gain(Nonlinearity::Tanh) == doctest::Approx(5.0 / 3.0));
+  CHECK(nn::init::calculate_gain(Nonlinearity::ReLU) == doctest::Approx(1.4142135623730951));
+  CHECK(nn::init::calculate_gain(Nonlinearity::SELU) == 0.75);
+  // leaky_relu: sqrt(2 / (1 + slope^2)); the default slope 0.01 gives sqrt(2 / 1.0001) = 1.41414284...
+  CHECK(nn::init::calculate_gain(Nonlinearity::LeakyReLU) == doctest::Approx(1.4141428569978354));
+  // a = sqrt(5) (Linear's choice): sqrt(2 / 6) = 1 / sqrt(3).
+  CHECK(nn::init::calculate_gain(Nonlinearity::LeakyReLU, std::sqrt(5.0)) == doctest::Approx(1 / std::sqrt(3.0)));
+}
+
+TEST_CASE("fans of linear and conv-like weights") {
+  // [out, in]: fan_in = in, fan_out = out.
+  CHECK(nn::init::calculate_fan_in_and_fan_out(zeros({3, 5})) == std::pair<int64_t, int64_t>{5, 3});
+  // [o, i, k, k] = [4, 2, 3, 3]: the 3x3 receptive field multiplies both: fan_in 2*9, fan_out 4*9.
+  CHECK(nn::init::calculate_fan_in_and_fan_out(zeros({4, 2, 3, 3})) == std::pair<int64_t, int64_t>{18, 36});
+  CHECK_THROWS_WITH_AS(nn::init::calculate_fan_in_and_fan_out(zeros({7})),
+                       "calculate_fan_in_and_fan_out: fans need a tensor of at least 2 dims ([out, in, ...]), got [7]",
+                       Error);
+}
+
+TEST_CASE("xavier bounds and spreads") {
+  // fan_in 300, fan_out 200: bound = gain * sqrt(6 / 500), std = gain * sqrt(2 / 500).
+  Tensor w = Tensor::empty({200, 300}, DType::Float64);
+  nn::init::xavier_uniform_(w);
+  check_uniform(w, std::sqrt(6.0 / 500.0));
+  nn::init::xavier_uniform_(w, 2.0);
+  check_uniform(w, 2.0 * std::sqrt(6.0 / 500.0));
+  nn::init::xavier_normal_(w, 0.5);
+  check_normal(w, 0.5 * std::sqrt(2.0 / 500.0));
+}
+
+TEST_CASE("kaiming bounds and spreads") {
+  using nn::init::FanMode;
+  using nn::init::Nonlinearity;
+  Tensor w = Tensor::empty({64, 400}, DType::Float64);
+  // Linear's default: a = sqrt(5), fan_in: bound = sqrt(3) * (1 / sqrt(3)) / sqrt(400) = 1/20.
+  nn::init::kaiming_uniform_(w, std::sqrt(5.0));
+  check_uniform(w, 1.0 / 20.0);
+  // relu, fan_out = 64: bound = sqrt(3) * sqrt(2) / 8.
+  nn::init::kaiming_uniform_(w, 0.0, FanMode::FanOut, Nonlinearity::ReLU);
+  check_uniform(w, std::sqrt(6.0) / 8.0);
+  // conv weight [32, 16, 3, 3], relu, fan_out = 32 * 9: std = sqrt(2) / sqrt(288) = 1/12.
+  Tensor conv = Tensor::empty({32, 16, 3, 3}, DType::Float64);
+  nn::init::kaiming_normal_(conv, 0.0, FanMode::FanOut, Nonlinearity::ReLU);
+  check_normal(conv, 1.0 / 12.0);
+  // Zero-element tensors are left alone, as in PyTorch.
+  Tensor none = Tensor::empty({0, 3});
+  CHECK_NOTHROW(nn::init::kaiming_uniform_(none));
+}
+
+TEST_CASE("init works in place on parameters and replays from a generator") {
+  Tensor p = zeros({3, 4}).set_requires_grad();
+  nn::init::ones_(p);
+  check_close(p, ones({3, 4}), 0, 0);
+  nn::init::constant_(p, 2.5);
+  check_close(p, full({3, 4}, 2.5), 0, 0);
+  nn::init::zeros_(p);
+  check_close(p, zeros({3, 4}), 0, 0);
+  CHECK(p.requires_grad());
+
+  Generator a(7), b(7), c(8);
+  Tensor x = zeros({5}), y = zeros({5}), z = zeros({5});
+  nn::init::normal_(x, 0, 1, &a);
+  nn::init::normal_(y, 0, 1, &b);
+  nn::init::normal_(z, 0, 1, &c);
+  check_close(x, y, 0, 0);
+  CHECK(x.to_vector<double>() != z.to_vector<double>());
+  nn::init::uniform_(p, -1, 1, &a);
+  for (double v : p.to_vector<double>()) CHECK((v >= -1 && v < 1));
+}
+
+// ---- Linear -------------------------------------------------------------------------------------
+
+TEST_CASE("Linear computes x W^T + b") {
+  nn::Linear layer({.in_features = 3, .out_features = 2});
+  {
+    NoGradGuard no_grad;
+    layer.weight.copy_(tensor({1, 2, 3, 4, 5, 6}).view({2, 3}));
+    layer.bias.copy_(tensor({0.5, -1}));
+  }
+  // [1, 0, -1] -> [1 - 3 + 0.5, 4 - 6 - 1] = [-1.5, -3]; [2, 1, 0] -> [2 + 2 + 0.5, 8 + 5 - 1] = [4.5, 12].
+  Tensor x = tensor({1, 0, -1, 2, 1, 0}).view({2, 1, 3});
+  check_close(layer.forward(x), tensor({-1.5, -3, 4.5, 12}).view({2, 1, 2}), 0, 0);
+
+  nn::Linear no_bias({.in_features = 3, .out_features = 2, .bias = false});
+  CHECK_FALSE(no_bias.bias.defined());
+  CHECK(no_bias.named_parameters().size() == 1);
+  {
+    NoGradGuard no_grad;
+    no_bias.weight.copy_(layer.weight);
+  }
+  check_close(no_bias.forward(x), tensor({-2, -2, 4, 13}).view({2, 1, 2}), 0, 0);
+}
+
+TEST_CASE("Linear's default initialisation, names and printing") {
+  manual_seed(1);
+  nn::Linear layer({.in_features = 400, .out_features = 100});
+  CHECK(layer.weight.shape() == Shape{100, 400});
+  CHECK(layer.bias.shape() == Shape{100});
+  check_uniform(layer.weight, 1.0 / 20.0);  // U(-1/sqrt(in), 1/sqrt(in))
+  for (double v : layer.bias.to_vector<double>()) CHECK(std::abs(v) <= 1.0 / 20.0);
+  CHECK(stats(layer.bias).max_abs > 0.9 / 20.0);
+  auto params = layer.named_parameters();
+  REQUIRE(params.size() == 2);
+  CHECK(params[0].name == "weight");
+  CHECK(params[1].name == "bias");
+  CHECK(nn::Linear({.in_features = 4, .out_features = 2}).to_string() ==
+        "Linear(in_features=4, out_features=2, bias=True)");
+  CHECK(nn::Linear({.in_features = 4, .out_features = 2, .bias = false}).extra_repr() ==
+        "in_features=4, out_features=2, bias=False");
+}
+
+TEST_CASE("Linear rejects inputs of the wrong width") {
+  nn::Linear layer({.in_features = 3, .out_features = 2});
+  CHECK_THROWS_WITH_AS(layer.forward(zeros({5, 4})),
+                       doctest::Contains(
+                           "linear: input [5, 4] has 4 features in its last dim, but weight [2, 3] expects 3"),
+                       Error);
+}
+
+TEST_CASE("Linear gradcheck over weight and bias") {
+  nn::Linear layer({.in_features = 3, .out_features = 4});
+  gradcheck_parameters(layer, randn({2, 5, 3}, DType::Float64));
+}
+
+// ---- Embedding ----------------------------------------------------------------------------------
+
+TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient") {
+  nn::Embedding table({.num_embeddings = 4, .embedding_dim = 3, .padding_idx = 0});
+  check_close(table.weight.select(0, 0), zeros({3}), 0, 0);
+  {
+    NoGradGuard no_grad;
+    table.weight.copy_(arange(0, 12, 1, DType::Float32).view({4, 3}));
+  }
+  Tensor ids = from_vector<int64_t>({1, 3, 0, 1}, {2, 2});
+  // Row r of arange(12).view(4, 3) is [3r, 3r + 1, 3r + 2].
+  check_close(table.forward(ids), tensor({3, 4, 5, 9, 10, 11, 0, 1, 2, 3, 4, 5}).view({2, 2, 3}), 0, 0);
+  table.forward(ids).sum().backward();
+  // Row 1 is used twice, row 3 once, row 0 is padding, row 2 unused.
+  check_close(table.weight.grad(), tensor({0, 0, 0, 2, 2, 2, 0, 0, 0, 1, 1, 1}).view({4, 3}), 0, 0);
+  CHECK(table.extra_repr() == "4, 3, padding_idx=0");
+}
+
+TEST_CASE("Embedding initialises N(0, 1) and resolves a negative padding_idx") {
+  manual_seed(2);
+  nn::Embedding big({.num_embeddings = 1000, .embedding_dim = 50});
+  check_normal(big.weight, 1.0);
+  CHECK(big.extra_repr() == "1000, 50");
+  nn::Embedding last({.num_embeddings = 5, .embedding_dim = 2, .padding_idx = -1});
+  CHECK(*last.options().padding_idx == 4);
+  check_close(last.weight.select(0, 4), zeros({2}), 0, 0);
+  CHECK_THROWS_WITH_AS(nn::Embedding({.num_embeddings = 5, .embedding_dim = 2, .padding_idx = 5}),
+                       "Embedding: padding_idx 5 is out of range for 5 embeddings", Error);
+}
+
+TEST_CASE("Embedding gradcheck over weight") {
+  nn::Embedding table({.num_embeddings = 5, .embedding_dim = 3, .padding_idx = 2});
+  // The padding row is left out of the input: it is read by forward but, by design, gets no gradient.
+  gradcheck_parameters(table, from_vector<int64_t>({0, 3, 4, 4, 1, 0}, {2, 3}));
+}
+
+// ---- LayerNorm ----------------------------------------------------------------------------------
+
+TEST_CASE("LayerNorm of [1, 2, 3]") {
+  nn::LayerNorm norm({.normalized_shape = {3}});
+  check_close(norm.weight, ones({3}), 0, 0);
+  check_close(norm.bias, zeros({3}), 0, 0);
+  norm.to(DType::Float64);
+  // mean 2, biased variance (1 + 0 + 1) / 3 = 2/3, so the output is (x - 2) / sqrt(2/3 + 1e-5).
+  double s = 1.0 / std::sqrt(2.0 / 3.0 + 1e-5);
+  check_close(norm.forward(f64({1, 2, 3})), f64({-s, 0, s}), 1e-14, 1e-14);
+  {
+    NoGradGuard no_grad;
+    norm.weight.copy_(f64({2, 1, 0.5}));
+    norm.bias.copy_(f64({0, 1, -1}));
+  }
+  // [7, 6, 5] has the same spread about its mean 6, mirrored: [s, 0, -s] before the affine step.
+  check_close(norm.forward(f64({1, 2, 3, 7, 6, 5}, {2, 3})),
+              f64({-2 * s, 1, 0.5 * s - 1, 2 * s, 1, -0.5 * s - 1}, {2, 3}), 1e-14, 1e-14);
+  CHECK(norm.extra_repr() == "(3,), eps=1e-05, elementwise_affine=True");
+}
+
+TEST_CASE("LayerNorm without affine parameters, over two dims") {
+  nn::LayerNorm norm({.normalized_shape = {2, 2}, .eps = 0.0, .elementwise_affine = false});
+  CHECK(norm.parameters().empty());
+  CHECK(norm.extra_repr() == "(2, 2), eps=0, elementwise_affine=False");
+  // [0, 2, 4, 6]: mean 3, variance (9 + 1 + 1 + 9) / 4 = 5.
+  double r = 1.0 / std::sqrt(5.0);
+  check_close(norm.forward(tensor({0, 2, 4, 6}).view({1, 2, 2})),
+              tensor({-3 * r, -r, r, 3 * r}).view({1, 2, 2}), 1e-6, 1e-6);
+}
+
+TEST_CASE("LayerNorm gradcheck over weight and bias") {
+  nn::LayerNorm norm({.normalized_shape = {4}});
+  {
+    NoGradGuard no_grad;
+    norm.weight.copy_(uniform({4}, 0.5, 1.5));
+    norm.bias.copy_(uniform({4}, -1, 1));
+  }
+  gradcheck_parameters(norm, randn({3, 4}, DType::Float64));
+}
+
+// ---- Dropout and activations --------------------------------------------------------------------
+
+TEST_CASE("Dropout drops in training and is the identity in eval") {
+  manual_seed(3);
+  nn::Dropout drop({.p = 0.25});
+  Tensor x = ones({20000});
+  std::vector<double> y = drop.forward(x).to_vector<double>();
+  size_t dropped = 0, other = 0;
+  for (double v : y) {
+    dropped += v == 0;
+    other += v != 0 && std::abs(v - 1 / 0.75) > 1e-6;  // kept elements are scaled by 1 / (1 - p)
+  }
+  CHECK(other == 0);
+  // 20000 Bernoulli(0.25) draws: 5000 expected, standard deviation ~61.
+  CHECK(dropped > 4700);
+  CHECK(dropped < 5300);
+  drop.eval();
+  check_close(drop.forward(x), x, 0, 0);
+  CHECK(drop.to_string() == "Dropout(p=0.25)");
+  CHECK_THROWS_WITH_AS(nn::Dropout({.p = 1.5}), "Dropout: probability has to be between 0 and 1, but got 1.5", Error);
+}
+
+TEST_CASE("ReLU and GELU modules") {
+  nn::ReLU relu_module;
+  nn::GELU gelu_module;
+  Tensor x = f64({-1, 0, 2});
+  check_close(relu_module.forward(x), f64({0, 0, 2}), 0, 0);
+  // x * Phi(x): Phi(-1) = 0.158655253931457, Phi(2) = 0.977249868051821.
+  check_close(gelu_module.forward(x), f64({-0.158655253931457, 0, 2 * 0.977249868051821}), 1e-12, 1e-12);
+  CHECK(relu_module.to_string() == "ReLU()");
+  CHECK(gelu_module.to_string() == "GELU(approximate='none')");
+}
