@@ -101,7 +101,7 @@ AttentionOutput MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
       broadcasts = attn_mask.size(-d) == 1 || attn_mask.size(-d) == full[4 - d];
     MF_CHECK(broadcasts, "MultiHeadAttention: attn_mask {} does not broadcast to [B, H, T, S] = {}",
              shape_str(attn_mask.shape()), shape_str(full));
-    scores = scores + attn_mask;  // [B, H, T, S]
+    scores = scores + attn_mask.to(scores.dtype());  // [B, H, T, S]
   }
   Tensor probs = softmax(scores, -1);                                            // [B, H, T, S]
   Tensor context = matmul(dropout(probs, options_.dropout, is_training()), v);  // [B, H, T, D]

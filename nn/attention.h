@@ -26,7 +26,9 @@ struct MultiHeadAttentionOptions {
   bool fused_qkv = false;
 };
 
-/// What attention returns: the output [B, T, C] and, when asked for, the probabilities [B, H, T, S].
+/// What attention returns: the output [B, T, C] and, when asked for, the probabilities [B, H, T, S]
+/// per head (before dropout, so rows sum to 1; PyTorch's nn.MultiheadAttention returns them after
+/// dropout and averaged over heads by default).
 struct AttentionOutput {
   Tensor output;
   Tensor weights;  // undefined unless need_weights
@@ -45,7 +47,7 @@ class MultiHeadAttention : public Module {
 
   /// query [B, T, C], key and value [B, S, C]; attn_mask an additive float mask (0 to keep, a large
   /// negative value to drop) broadcastable to [B, H, T, S], such as a causal [1, 1, T, T] or a key
-  /// padding [B, 1, 1, S], or undefined for none.
+  /// padding [B, 1, 1, S], or undefined for none; it is cast to the scores' dtype.
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask = {},
                           bool need_weights = false);
 

@@ -29,6 +29,7 @@ const Registry& registry() {
     register_linalg_ops(r);
     register_softmax_ops(r);
     register_nn_ops(r);
+    register_loss_ops(r);
     register_cuda_kernels(r);
     return r;
   }();

@@ -13,6 +13,7 @@ void register_index_ops(Registry& registry);        // ops/index.cpp
 void register_linalg_ops(Registry& registry);       // ops/matmul.cpp
 void register_softmax_ops(Registry& registry);      // ops/softmax.cpp
 void register_nn_ops(Registry& registry);           // ops/nn_ops.cpp
+void register_loss_ops(Registry& registry);         // ops/cross_entropy.cpp
 void register_cuda_kernels(Registry& registry);     // cuda/ (a no-op in builds without CUDA)
 
 }  // namespace mf

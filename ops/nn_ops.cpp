@@ -1,5 +1,6 @@
 // Fused nn ops, each with its own backward op (PyTorch's native_layer_norm_backward, llm.c's
-// crossentropy_softmax_backward): layer_norm, embedding, dropout, cross_entropy.
+// crossentropy_softmax_backward): layer_norm, embedding, dropout (cross_entropy is in
+// cross_entropy.cpp).
 //
 // N = rows (the product of the leading dims), C = features per row (normalized size, embedding width,
 // classes), V = embedding rows. Kernels read contiguous copies of their inputs and write every element
@@ -9,7 +10,9 @@
 #include "ops/families.h"
 #include "ops/loops.h"
 #include "ops/ops.h"
+#include "ops/kernel_checks.h"
 #include "ops/reference.h"
+#include "ops/simd.h"
 
 #include <algorithm>
 #include <bit>
@@ -19,151 +22,12 @@
 namespace mf {
 namespace {
 
-// ---- shared helpers -----------------------------------------------------------------------------
+using namespace detail;
+using cpu::exp_of;
+using cpu::load;
+using cpu::pack_map;
+using cpu::pack_sum;
 
-/// A contiguous version of t (t itself when it already is), made without recording autograd.
-Tensor dense(const Tensor& t) {
-  NoGradGuard no_grad;
-  return t.contiguous();
-}
-
-/// Rows per parallel_for chunk so that a chunk holds about kParallelGrain elements.
-int64_t grain_for(int64_t elements_per_row) {
-  return std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(elements_per_row, 1));
-}
-
-void expect_tensor(const Tensor& t, std::string_view name, const Shape& shape, DType dtype) {
-  MF_CHECK(t.shape() == shape && t.dtype() == dtype, "{} has shape {} and dtype {}, expected {} and {}", name,
-           shape_str(t.shape()), dtype_name(t.dtype()), shape_str(shape), dtype_name(dtype));
-}
-
-void expect_float(const Tensor& t, std::string_view name) {
-  MF_CHECK(is_floating(t.dtype()), "expects a float32 or float64 {}, got {} (shape {})", name,
-           dtype_name(t.dtype()), shape_str(t.shape()));
-}
-
-/// The first index outside [0, high) that is not `skip` (ignore_index), as {flat position, value}.
-std::optional<std::pair<int64_t, int64_t>> find_bad_index(const Tensor& indices, int64_t high,
-                                                          std::optional<int64_t> skip = std::nullopt) {
-  Tensor host = dense(indices.to(Device::cpu()));
-  const int64_t* values = host.data_ptr<int64_t>();
-  for (int64_t i = 0; i < host.numel(); ++i)
-    if ((values[i] < 0 || values[i] >= high) && values[i] != skip) return std::pair{i, values[i]};
-  return std::nullopt;
-}
-
-void expect_int64(const Tensor& t, std::string_view name) {
-  MF_CHECK(t.dtype() == DType::Int64, "expects int64 {}, got {} (shape {})", name, dtype_name(t.dtype()),
-           shape_str(t.shape()));
-}
-
-/// Embedding ids must pick one of the V rows.
-void check_ids(const Tensor& indices, int64_t V) {
-  expect_int64(indices, "indices");
-  if (auto bad = find_bad_index(indices, V))
-    fail("index {} (at flat position {}) is out of range for {} embedding rows (valid ids are 0 to {})", bad->second,
-         bad->first, V, V - 1);
-}
-
-// ---- row loops ----------------------------------------------------------------------------------
-// Float rows go through packs of four (a GCC/Clang vector: one SSE/NEON register). Left to itself the
-// compiler keeps these loops scalar: it may not reorder a float sum, and under the default
-// -ftrapping-math it does not turn comparisons into selects. Float64 rows (the tests' precise path)
-// use packs of one. Loop bodies are lambdas []<typename V>(int64_t c) that load what they need at
-// column c as V: a pack, or one value in the row's tail.
-
-using f32x4 = float __attribute__((vector_size(16)));
-using i32x4 = int32_t __attribute__((vector_size(16)));
-template <typename T>
-using Pack = std::conditional_t<std::is_same_v<T, float>, f32x4, T>;
-template <typename T>
-constexpr int64_t kPackWidth = sizeof(Pack<T>) / sizeof(T);
-
-/// The pack (or value) V stored at data.
-template <typename V, typename T>
-V load(const T* data) {
-  V v;
-  std::memcpy(&v, data, sizeof(V));
-  return v;
-}
-
-/// Folds a pack's lanes into one value with fn (a pack of one is its own value).
-template <typename T, typename P, typename Fn>
-T fold(P pack, Fn fn) {
-  if constexpr (std::is_same_v<P, T>) {
-    return pack;
-  } else {
-    T total = pack[0];
-    for (int64_t j = 1; j < kPackWidth<T>; ++j) total = fn(total, pack[j]);
-    return total;
-  }
-}
-
-/// sum_c f<V>(c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
-template <typename T, typename F>
-double row_sum(int64_t C, F f) {
-  constexpr int64_t kWidth = kPackWidth<T>, kBlock = 256;
-  int64_t packed = C - C % kWidth;
-  double result = 0;
-  for (int64_t start = 0; start < packed; start += kBlock) {
-    Pack<T> total{};
-    for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kWidth)
-      total += f.template operator()<Pack<T>>(c);
-    result += fold<T>(total, [](T a, T b) { return a + b; });
-  }
-  for (int64_t c = packed; c < C; ++c) result += f.template operator()<T>(c);
-  return result;
-}
-
-/// out_c = f<V>(c) for c < C.
-template <typename T, typename F>
-void row_map(T* out, int64_t C, F f) {
-  int64_t c = 0;
-  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
-    Pack<T> v = f.template operator()<Pack<T>>(c);
-    std::memcpy(out + c, &v, sizeof(v));
-  }
-  for (; c < C; ++c) out[c] = f.template operator()<T>(c);
-}
-
-/// max_c row_c.
-template <typename T>
-T row_max(const T* row, int64_t C) {
-  Pack<T> top = Pack<T>{} + row[0];
-  int64_t c = 0;
-  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
-    auto v = load<Pack<T>>(row + c);
-    top = v > top ? v : top;
-  }
-  T result = fold<T>(top, [](T a, T b) { return a > b ? a : b; });
-  for (; c < C; ++c) result = row[c] > result ? row[c] : result;
-  return result;
-}
-
-/// e^x for float or f32x4: Cephes' expf, with x = n ln 2 + r, |r| <= ln(2) / 2, a degree-7
-/// polynomial for e^r and 2^n built in the exponent bits; relative error ~2e-7. Inputs are clamped to
-/// [-87, 88], where 2^n stays a normal float; NaN stays NaN.
-template <typename V, typename I>
-V exp_poly(V x) {
-  x = x < -87.0f ? V{} - 87.0f : x;
-  x = x > 88.0f ? V{} + 88.0f : x;
-  // Adding 1.5 * 2^23 rounds x / ln 2 to the nearest integer n, which lands in the low mantissa bits.
-  constexpr float kRound = 12582912.0f;
-  V shifted = x * 1.44269504088896341f + kRound, nf = shifted - kRound;
-  I n = std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(kRound);
-  V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // ln 2 in two parts, so n ln 2 is exact
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return (p * r * r + r + 1.0f) * std::bit_cast<V>((n + 127) << 23);
-}
-
-inline float exp_of(float x) { return exp_poly<float, int32_t>(x); }
-inline f32x4 exp_of(f32x4 x) { return exp_poly<f32x4, i32x4>(x); }
-inline double exp_of(double x) { return std::exp(x); }
 
 // ---- layer_norm ---------------------------------------------------------------------------------
 // Inputs x [..., *normalized_shape], weight and bias [*normalized_shape], Attrs.dims = normalized_shape,
@@ -207,8 +71,8 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
         // accurate when |mean| >> std, where the plain sum-of-squares formula cancels, and x - shift
         // is exact in T there, so the output never subtracts a rounded mean from a large x.
         T shift = C > 0 ? row[0] : T{0};
-        double s = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c) - shift; });
-        double ss = row_sum<T>(C, [=]<typename V>(int64_t c) {
+        double s = pack_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c) - shift; });
+        double ss = pack_sum<T>(C, [=]<typename V>(int64_t c) {
           auto d = load<V>(row + c) - shift;
           return d * d;
         });
@@ -217,7 +81,7 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
         mean[n] = static_cast<T>(shift + m);
         rstd[n] = static_cast<T>(r);
         T centre = static_cast<T>(m), scale = static_cast<T>(r);
-        row_map(o + n * C, C, [=]<typename V>(int64_t c) {
+        pack_map(o + n * C, C, [=]<typename V>(int64_t c) {
           return ((load<V>(row + c) - shift) - centre) * scale * load<V>(w + c) + load<V>(b + c);
         });
       }
@@ -325,8 +189,8 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
         for (int64_t n = block * rows_per_block, n_end = std::min(N, n + rows_per_block); n < n_end; ++n) {
           const T *grow = g + n * C, *xrow = inp + n * C;
           T m = mu[n], r = rs[n];
-          double sum_g = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(grow + c) * load<V>(w + c); });
-          double sum_gx = r * row_sum<T>(C, [=]<typename V>(int64_t c) {
+          double sum_g = pack_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(grow + c) * load<V>(w + c); });
+          double sum_gx = r * pack_sum<T>(C, [=]<typename V>(int64_t c) {
             return load<V>(grow + c) * load<V>(w + c) * (load<V>(xrow + c) - m);
           });
           for (int64_t c = 0; c < C; ++c) {
@@ -336,7 +200,7 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
           // dx = r g w + k_centred (x - mean) + k_const
           double k_xhat = -(r * sum_gx + drs[n] * r * r) * inv_c;
           auto k_centred = static_cast<T>(k_xhat * r), k_const = static_cast<T>((dmu[n] - r * sum_g) * inv_c);
-          row_map(dinp + n * C, C, [=]<typename V>(int64_t c) {
+          pack_map(dinp + n * C, C, [=]<typename V>(int64_t c) {
             return r * load<V>(grow + c) * load<V>(w + c) + k_centred * (load<V>(xrow + c) - m) + k_const;
           });
         }
@@ -445,6 +309,14 @@ std::vector<Sample> layer_norm_backward_samples() {
 // ---- embedding ----------------------------------------------------------------------------------
 // Inputs weight [V, C] and int64 indices [...]; output [..., C]. Attrs.ignore_index is the padding
 // row (negative for none), which receives no gradient.
+
+/// Embedding ids must pick one of the V rows.
+void check_ids(const Tensor& indices, int64_t V) {
+  expect_int64(indices, "indices");
+  if (auto bad = find_bad_index(indices, V))
+    fail("index {} (at flat position {}) is out of range for {} embedding rows (valid ids are 0 to {})", bad->second,
+         bad->first, V, V - 1);
+}
 
 std::vector<OutputSpec> infer_embedding(const std::vector<Tensor>& in, const Attrs&) {
   const Tensor &weight = in[0], &indices = in[1];
@@ -631,179 +503,6 @@ std::vector<Sample> dropout_samples() {
   };
 }
 
-// ---- cross_entropy ------------------------------------------------------------------------------
-// Inputs logits [N, C] and int64 target [N], Attrs.ignore_index and Attrs.label_smoothing = e; output
-// the per-row loss [N]: (1 - e) * -log p[target] + e * mean_c(-log p_c), 0 where target == ignore_index.
-// cross_entropy_backward: inputs dloss [N], logits, target; output
-// dlogits = dloss * (softmax - (1 - e) * onehot(target) - e / C), zero rows where ignored.
-
-void check_cross_entropy(const Tensor& logits, const Tensor& target, const Attrs& attrs) {
-  expect_float(logits, "logits");
-  MF_CHECK(logits.dim() == 2 && logits.size(1) > 0, "expects logits [N, C] with C > 0, got shape {}",
-           shape_str(logits.shape()));
-  MF_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
-           "target of shape {} does not match logits of shape {} (expected [{}])", shape_str(target.shape()),
-           shape_str(logits.shape()), logits.size(0));
-  MF_CHECK(attrs.label_smoothing >= 0 && attrs.label_smoothing <= 1, "label_smoothing must be in [0, 1], got {}",
-           attrs.label_smoothing);
-  expect_int64(target, "target");
-  if (auto bad = find_bad_index(target, logits.size(1), attrs.ignore_index))
-    fail("target {} (at position {}) is out of range for {} classes (valid targets are 0 to {}, or ignore_index {})",
-         bad->second, bad->first, logits.size(1), logits.size(1) - 1, attrs.ignore_index);
-}
-
-std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
-  check_cross_entropy(in[0], in[1], attrs);
-  return {{{in[0].size(0)}, in[0].dtype()}};
-}
-
-/// log(sum_c exp(row_c)), shifted by the row's max so that exp cannot overflow.
-template <typename T>
-double log_sum_exp(const T* row, int64_t C) {
-  T top = row_max(row, C);
-  double total = row_sum<T>(C, [=]<typename V>(int64_t c) { return exp_of(load<V>(row + c) - top); });
-  return static_cast<double>(top) + std::log(total);
-}
-
-void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  Tensor logits = dense(in[0]), target = dense(in[1]);
-  int64_t N = logits.size(0), C = logits.size(1);
-  double e = attrs.label_smoothing;
-  visit_floating(logits.dtype(), [&]<typename T>() {
-    const T* x = logits.data_ptr<T>();                // [N, C]
-    const int64_t* t = target.data_ptr<int64_t>();  // [N]
-    T* loss = out[0].data_ptr<T>();                   // [N]
-    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        if (t[n] == attrs.ignore_index) {
-          loss[n] = T{0};
-          continue;
-        }
-        const T* row = x + n * C;
-        double lse = log_sum_exp(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
-        if (e != 0) {
-          double logits_sum = row_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c); });
-          value += e * (lse - logits_sum / static_cast<double>(C));
-        }
-        loss[n] = static_cast<T>(value);
-      }
-    });
-  });
-}
-
-std::vector<Tensor> cross_entropy_rule(const GradContext& ctx) {
-  return {call1(OpId::cross_entropy_backward, {ctx.grads[0], ctx.inputs[0], ctx.inputs[1]}, ctx.attrs, ctx.site),
-          Tensor()};
-}
-
-/// log p_c of one row, by an explicit max-shifted log-sum-exp in double.
-std::vector<double> reference_log_probs(const Tensor& logits, int64_t n) {
-  int64_t C = logits.size(1);
-  double top = -INFINITY, total = 0;
-  for (int64_t c = 0; c < C; ++c) top = std::max(top, logits.at<double>({n, c}));
-  for (int64_t c = 0; c < C; ++c) total += std::exp(logits.at<double>({n, c}) - top);
-  std::vector<double> log_probs;
-  for (int64_t c = 0; c < C; ++c) log_probs.push_back(logits.at<double>({n, c}) - top - std::log(total));
-  return log_probs;
-}
-
-std::vector<Tensor> reference_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
-  const Tensor &logits = in[0], &target = in[1];
-  double e = attrs.label_smoothing;
-  std::vector<double> losses;
-  for (int64_t n = 0; n < logits.size(0); ++n) {
-    int64_t t = target.at<int64_t>({n});
-    if (t == attrs.ignore_index) {
-      losses.push_back(0);
-      continue;
-    }
-    std::vector<double> log_probs = reference_log_probs(logits, n);
-    double smooth = 0;
-    for (double lp : log_probs) smooth -= lp / static_cast<double>(log_probs.size());
-    losses.push_back(-(1 - e) * log_probs[t] + e * smooth);
-  }
-  return {reference::make({logits.size(0)}, logits.dtype(), losses)};
-}
-
-/// Targets in [0, C) with row `ignored` set to ignore_index -100.
-Tensor targets_with_ignored(int64_t n, int64_t classes, uint64_t seed, int64_t ignored) {
-  Tensor target = reference::randint({n}, classes, seed);
-  target.data_ptr<int64_t>()[ignored] = -100;
-  return target;
-}
-
-std::vector<Sample> cross_entropy_samples() {
-  return {
-      {"plain", {reference::randn({4, 5}, 471), reference::randint({4}, 5, 472)}},
-      {"ignored row, label smoothing 0.1", {reference::randn({6, 4}, 473), targets_with_ignored(6, 4, 474, 2)},
-       {.label_smoothing = 0.1}},
-      {"other ignore_index, large logits", {reference::uniform({3, 7}, 50, 90, 475), reference::randint({3}, 7, 476)},
-       {.label_smoothing = 0.3, .ignore_index = 0}},
-      {"one class", {reference::randn({3, 1}, 477), reference::randint({3}, 1, 478)}, {.label_smoothing = 0.2}},
-  };
-}
-
-std::vector<OutputSpec> infer_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
-  const Tensor &dloss = in[0], &logits = in[1];
-  check_cross_entropy(logits, in[2], attrs);
-  expect_tensor(dloss, "dloss", {logits.size(0)}, logits.dtype());
-  return {{logits.shape(), logits.dtype()}};
-}
-
-void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]);
-  int64_t N = logits.size(0), C = logits.size(1);
-  double e = attrs.label_smoothing, uniform_share = e / static_cast<double>(C);
-  visit_floating(logits.dtype(), [&]<typename T>() {
-    const T* dl = dloss.data_ptr<T>();               // [N]
-    const T* x = logits.data_ptr<T>();               // [N, C]
-    const int64_t* t = target.data_ptr<int64_t>();  // [N]
-    T* dx = out[0].data_ptr<T>();                    // [N, C]
-    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        T* drow = dx + n * C;
-        if (t[n] == attrs.ignore_index) {
-          std::fill(drow, drow + C, T{0});
-          continue;
-        }
-        const T* row = x + n * C;
-        auto lse = static_cast<T>(log_sum_exp(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
-        row_map(drow, C, [=]<typename V>(int64_t c) { return g * (exp_of(load<V>(row + c) - lse) - share); });
-        drow[t[n]] -= g * static_cast<T>(1 - e);
-      }
-    });
-  });
-}
-
-std::vector<Tensor> reference_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
-  const Tensor &dloss = in[0], &logits = in[1], &target = in[2];
-  int64_t C = logits.size(1);
-  double e = attrs.label_smoothing;
-  std::vector<double> grads;
-  for (int64_t n = 0; n < logits.size(0); ++n) {
-    int64_t t = target.at<int64_t>({n});
-    std::vector<double> log_probs = reference_log_probs(logits, n);
-    for (int64_t c = 0; c < C; ++c) {
-      double smoothed_target = (c == t ? 1 - e : 0.0) + e / static_cast<double>(C);
-      double grad = dloss.at<double>({n}) * (std::exp(log_probs[c]) - smoothed_target);
-      grads.push_back(t == attrs.ignore_index ? 0.0 : grad);
-    }
-  }
-  return {reference::make(logits.shape(), logits.dtype(), grads)};
-}
-
-std::vector<Sample> cross_entropy_backward_samples() {
-  return {
-      {"plain", {reference::randn({4}, 481), reference::randn({4, 5}, 482), reference::randint({4}, 5, 483)}},
-      {"ignored row, label smoothing 0.1",
-       {reference::randn({6}, 484), reference::randn({6, 4}, 485), targets_with_ignored(6, 4, 486, 3)},
-       {.label_smoothing = 0.1}},
-      {"large logits", {reference::randn({3}, 487), reference::uniform({3, 7}, 50, 90, 488),
-                        reference::randint({3}, 7, 489)},
-       {.label_smoothing = 0.3}},
-  };
-}
-
 }  // namespace
 
 void register_nn_ops(Registry& r) {
@@ -824,14 +523,6 @@ void register_nn_ops(Registry& r) {
   r.define(OpId::dropout, {.name = "dropout", .infer = infer_dropout, .kernels = {cpu_dropout},
                            .backward = dropout_rule, .saves_inputs = false,
                            .samples = dropout_samples, .reference = reference_dropout});
-  r.define(OpId::cross_entropy, {.name = "cross_entropy", .infer = infer_cross_entropy,
-                                 .kernels = {cpu_cross_entropy}, .backward = cross_entropy_rule,
-                                 .samples = cross_entropy_samples, .reference = reference_cross_entropy});
-  // Not differentiable itself: its samples check the forward only.
-  r.define(OpId::cross_entropy_backward,
-           {.name = "cross_entropy_backward", .infer = infer_cross_entropy_backward,
-            .kernels = {cpu_cross_entropy_backward}, .samples = cross_entropy_backward_samples,
-            .reference = reference_cross_entropy_backward});
 }
 
 // ---- public API -----------------------------------------------------------------------------------
@@ -863,27 +554,5 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* generator, S
   return std::move(call(OpId::dropout, {x}, {.value = p, .seed = stream.seed(), .counter = counter}, site)[0]);
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                     Reduction reduction, Site site) {
-  MF_CHECK(logits.dim() >= 1, "cross_entropy: logits must have a class dim, got shape {} at {}",
-           shape_str(logits.shape()), format_location(site));
-  Shape batch(logits.shape().begin(), logits.shape().end() - 1);  // [...]
-  MF_CHECK(target.shape() == batch,
-           "cross_entropy: target of shape {} does not match logits of shape {} (expected target shape {}) at {}",
-           shape_str(target.shape()), shape_str(logits.shape()), shape_str(batch), format_location(site));
-  int64_t N = shape_numel(batch), C = logits.size(-1);
-  Tensor losses = call1(OpId::cross_entropy, {logits.reshape({N, C}, site), target.reshape({N}, site)},
-                        {.label_smoothing = label_smoothing, .ignore_index = ignore_index}, site);  // [N]
-  switch (reduction) {
-    case Reduction::None: return losses.reshape(batch, site);
-    case Reduction::Sum: return losses.sum({}, false, site);
-    case Reduction::Mean: break;
-  }
-  // PyTorch's mean: over the targets that count, so nan (0 / 0) when every target is ignored.
-  std::vector<int64_t> targets = target.to_vector<int64_t>();
-  auto counted = static_cast<double>(std::count_if(targets.begin(), targets.end(),
-                                                   [&](int64_t t) { return t != ignore_index; }));
-  return losses.sum({}, false, site).div(counted, site);
-}
 
 }  // namespace mf

@@ -42,26 +42,10 @@ template <int W, bool kShiftPerElement>
 MF_INLINE void exp_lanes(const float* inp, const float* shift, float* out, typename cpu::Simd<float, W>::V& sum) {
   using V = typename cpu::Simd<float, W>::V;
   using I = typename cpu::Simd<int32_t, W>::V;
-  constexpr float kHi = 88.3762626647949f, kLo = -87.3365478515625f;  // beyond: inf, 0
   V x, b = V{} + shift[0];
   std::memcpy(&x, inp, sizeof(V));
   if constexpr (kShiftPerElement) std::memcpy(&b, shift, sizeof(V));
-  x -= b;
-  V c = x < kHi ? x : kHi;
-  c = c > kLo ? c : kLo;
-  // k = round(c / ln 2) by the 1.5 * 2^23 trick, then r = c - k ln 2 in two parts (Cody-Waite).
-  V k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  V r = c - k * 0.693359375f + k * 2.12194440e-4f;
-  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  V y = p * reinterpret_cast<V>((__builtin_convertvector(k, I) + 127) << 23);  // p * 2^k
-  y = x > kHi ? std::numeric_limits<float>::infinity() : y;
-  y = x < kLo ? 0.0f : y;
-  y = x != x ? x : y;
+  V y = cpu::exp_poly<V, I>(x - b);
   std::memcpy(out, &y, sizeof(V));
   sum += y;
 }

@@ -49,7 +49,9 @@ NaiveAttention naive_attention(const nn::MultiHeadAttention& mha, const Tensor& 
   Vec k = naive_linear(xkv, B * S, mha.k_proj->weight, mha.k_proj->bias);  // [B, S, C]
   Vec v = naive_linear(xkv, B * S, mha.v_proj->weight, mha.v_proj->bias);  // [B, S, C]
   Vec context(static_cast<size_t>(B * T * C)), weights(static_cast<size_t>(B * H * T * S));
-  auto at = [](const Vec& m, int64_t row, int64_t col, int64_t width) { return m[static_cast<size_t>(row * width + col)]; };
+  auto at = [](const Vec& m, int64_t row, int64_t col, int64_t width) {
+    return m[static_cast<size_t>(row * width + col)];
+  };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
@@ -145,6 +147,18 @@ TEST_CASE("attention rows sum to 1 and masked positions get probability 0") {
   }
   CHECK(above == 0.0);  // exp(-1e9) underflows to exactly 0
   CHECK(below == doctest::Approx(3 * 4 * 5));
+}
+
+TEST_CASE("a float64 mask serves a float32 module") {
+  auto mha = make_attention({.embed_dim = 4, .num_heads = 2}, 25);
+  Tensor x = randn({2, 3, 4}, DType::Float64);
+  Tensor mask = padding_mask(from_vector<int64_t>({0, 0, 1, 0, 0, 0}, {2, 3}).eq(1.0));  // float64 [B, 1, 1, S]
+  Tensor expected = mha->forward(x, x, x, mask).output;
+  mha->to(DType::Float32);
+  Tensor x32 = x.to(DType::Float32);
+  Tensor got = mha->forward(x32, x32, x32, mask).output;
+  CHECK(got.dtype() == DType::Float32);
+  check_close(got.to(DType::Float64), expected, 1e-5, 1e-6);
 }
 
 TEST_CASE("fused and separate projections give the same output") {
@@ -254,7 +268,8 @@ TEST_CASE("PositionalEncoding's table follows the sinusoid formula") {
     for (int64_t p : {0, 1, 7, 9})
       for (int64_t j = 0; j < d_model; ++j) {
         // PE[p, 2i] = sin(p / 10000^(2i / d)), PE[p, 2i + 1] = cos(p / 10000^(2i / d)).
-        double angle = static_cast<double>(p) / std::pow(10000.0, static_cast<double>(j - j % 2) / static_cast<double>(d_model));
+        double exponent = static_cast<double>(j - j % 2) / static_cast<double>(d_model);
+        double angle = static_cast<double>(p) / std::pow(10000.0, exponent);
         double expected = j % 2 == 0 ? std::sin(angle) : std::cos(angle);
         CHECK(encoding.pe.at<double>({p, j}) == doctest::Approx(expected).epsilon(1e-12));
       }
@@ -270,9 +285,13 @@ TEST_CASE("PositionalEncoding adds the rows from start and keeps the input's dty
   Tensor x = ones({2, 3, 4});
   Tensor y = encoding.forward(x, 2);
   CHECK(y.dtype() == DType::Float32);
-  Tensor rows = encoding.pe.narrow(0, 2, 3).to(DType::Float32);  // [T, C] for positions 2, 3, 4
-  check_close(y, (rows + 1.0).unsqueeze(0).expand({2, 3, 4}).contiguous(), 0, 0);
-  check_close(encoding.forward(x), (encoding.pe.narrow(0, 0, 3).to(DType::Float32) + 1.0).unsqueeze(0).expand({2, 3, 4}).contiguous(), 0, 0);
+  // ones + PE[start : start + 3], the same rows for both batch entries.
+  auto expected = [&](int64_t start) {
+    Tensor rows = encoding.pe.narrow(0, start, 3).to(DType::Float32) + 1.0;  // [T, C]
+    return rows.unsqueeze(0).expand({2, 3, 4}).contiguous();                // [B, T, C]
+  };
+  check_close(y, expected(2), 0, 0);
+  check_close(encoding.forward(x), expected(0), 0, 0);
   CHECK_THROWS_WITH_AS(encoding.forward(x, 4),
                        "PositionalEncoding: positions 4 to 6 (start 4 + length 3) exceed max_len 6", Error);
   CHECK_THROWS_WITH_AS(encoding.forward(zeros({2, 3, 5})),

@@ -176,7 +176,8 @@ TEST_CASE("Linear's default initialisation, names and printing") {
 TEST_CASE("Linear rejects inputs of the wrong width") {
   nn::Linear layer({.in_features = 3, .out_features = 2});
   CHECK_THROWS_WITH_AS(layer.forward(zeros({5, 4})),
-                       doctest::Contains("linear: input [5, 4] has 4 features in its last dim, but weight [2, 3] expects 3"),
+                       doctest::Contains(
+                           "linear: input [5, 4] has 4 features in its last dim, but weight [2, 3] expects 3"),
                        Error);
 }
 
@@ -237,8 +238,8 @@ TEST_CASE("LayerNorm of [1, 2, 3]") {
     norm.bias.copy_(f64({0, 1, -1}));
   }
   // [7, 6, 5] has the same spread about its mean 6, mirrored: [s, 0, -s] before the affine step.
-  check_close(norm.forward(f64({1, 2, 3, 7, 6, 5}, {2, 3})), f64({-2 * s, 1, 0.5 * s - 1, 2 * s, 1, -0.5 * s - 1}, {2, 3}),
-              1e-14, 1e-14);
+  check_close(norm.forward(f64({1, 2, 3, 7, 6, 5}, {2, 3})),
+              f64({-2 * s, 1, 0.5 * s - 1, 2 * s, 1, -0.5 * s - 1}, {2, 3}), 1e-14, 1e-14);
   CHECK(norm.extra_repr() == "(3,), eps=1e-05, elementwise_affine=True");
 }
 

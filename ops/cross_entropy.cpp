@@ -1,0 +1,230 @@
+// cross_entropy and its backward op, fused (llm.c's crossentropy_softmax_backward): a stable
+// log-sum-exp per row, no log_softmax tensor. N = rows, C = classes.
+#include "ops/families.h"
+#include "ops/kernel_checks.h"
+#include "ops/ops.h"
+#include "ops/reference.h"
+#include "ops/simd.h"
+
+#include <cmath>
+
+namespace mf {
+namespace {
+
+using namespace detail;
+using cpu::exp_of;
+using cpu::load;
+using cpu::pack_map;
+using cpu::pack_sum;
+
+// Inputs logits [N, C] and int64 target [N], Attrs.ignore_index and Attrs.label_smoothing = e; output
+// the per-row loss [N]: (1 - e) * -log p[target] + e * mean_c(-log p_c), 0 where target == ignore_index.
+// cross_entropy_backward: inputs dloss [N], logits, target; output
+// dlogits = dloss * (softmax - (1 - e) * onehot(target) - e / C), zero rows where ignored.
+
+void check_cross_entropy(const Tensor& logits, const Tensor& target, const Attrs& attrs) {
+  expect_float(logits, "logits");
+  MF_CHECK(logits.dim() == 2 && logits.size(1) > 0, "expects logits [N, C] with C > 0, got shape {}",
+           shape_str(logits.shape()));
+  MF_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
+           "target of shape {} does not match logits of shape {} (expected [{}])", shape_str(target.shape()),
+           shape_str(logits.shape()), logits.size(0));
+  MF_CHECK(attrs.label_smoothing >= 0 && attrs.label_smoothing <= 1, "label_smoothing must be in [0, 1], got {}",
+           attrs.label_smoothing);
+  expect_int64(target, "target");
+  if (auto bad = find_bad_index(target, logits.size(1), attrs.ignore_index))
+    fail("target {} (at position {}) is out of range for {} classes (valid targets are 0 to {}, or ignore_index {})",
+         bad->second, bad->first, logits.size(1), logits.size(1) - 1, attrs.ignore_index);
+}
+
+std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
+  check_cross_entropy(in[0], in[1], attrs);
+  return {{{in[0].size(0)}, in[0].dtype()}};
+}
+
+/// log(sum_c exp(row_c)), shifted by the row's max so that exp cannot overflow.
+template <typename T>
+double log_sum_exp(const T* row, int64_t C) {
+  T top = cpu::row_extreme<true>(row, C);
+  double total = pack_sum<T>(C, [=]<typename V>(int64_t c) { return exp_of(load<V>(row + c) - top); });
+  return static_cast<double>(top) + std::log(total);
+}
+
+void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor logits = dense(in[0]), target = dense(in[1]);
+  int64_t N = logits.size(0), C = logits.size(1);
+  double e = attrs.label_smoothing;
+  visit_floating(logits.dtype(), [&]<typename T>() {
+    const T* x = logits.data_ptr<T>();                // [N, C]
+    const int64_t* t = target.data_ptr<int64_t>();  // [N]
+    T* loss = out[0].data_ptr<T>();                   // [N]
+    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        if (t[n] == attrs.ignore_index) {
+          loss[n] = T{0};
+          continue;
+        }
+        const T* row = x + n * C;
+        double lse = log_sum_exp(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
+        if (e != 0) {
+          double logits_sum = pack_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c); });
+          value += e * (lse - logits_sum / static_cast<double>(C));
+        }
+        loss[n] = static_cast<T>(value);
+      }
+    });
+  });
+}
+
+std::vector<Tensor> cross_entropy_rule(const GradContext& ctx) {
+  return {call1(OpId::cross_entropy_backward, {ctx.grads[0], ctx.inputs[0], ctx.inputs[1]}, ctx.attrs, ctx.site),
+          Tensor()};
+}
+
+/// log p_c of one row, by an explicit max-shifted log-sum-exp in double.
+std::vector<double> reference_log_probs(const Tensor& logits, int64_t n) {
+  int64_t C = logits.size(1);
+  double top = -INFINITY, total = 0;
+  for (int64_t c = 0; c < C; ++c) top = std::max(top, logits.at<double>({n, c}));
+  for (int64_t c = 0; c < C; ++c) total += std::exp(logits.at<double>({n, c}) - top);
+  std::vector<double> log_probs;
+  for (int64_t c = 0; c < C; ++c) log_probs.push_back(logits.at<double>({n, c}) - top - std::log(total));
+  return log_probs;
+}
+
+std::vector<Tensor> reference_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &logits = in[0], &target = in[1];
+  double e = attrs.label_smoothing;
+  std::vector<double> losses;
+  for (int64_t n = 0; n < logits.size(0); ++n) {
+    int64_t t = target.at<int64_t>({n});
+    if (t == attrs.ignore_index) {
+      losses.push_back(0);
+      continue;
+    }
+    std::vector<double> log_probs = reference_log_probs(logits, n);
+    double smooth = 0;
+    for (double lp : log_probs) smooth -= lp / static_cast<double>(log_probs.size());
+    losses.push_back(-(1 - e) * log_probs[t] + e * smooth);
+  }
+  return {reference::make({logits.size(0)}, logits.dtype(), losses)};
+}
+
+/// Targets in [0, C) with row `ignored` set to ignore_index -100.
+Tensor targets_with_ignored(int64_t n, int64_t classes, uint64_t seed, int64_t ignored) {
+  Tensor target = reference::randint({n}, classes, seed);
+  target.data_ptr<int64_t>()[ignored] = -100;
+  return target;
+}
+
+std::vector<Sample> cross_entropy_samples() {
+  return {
+      {"plain", {reference::randn({4, 5}, 471), reference::randint({4}, 5, 472)}},
+      {"ignored row, label smoothing 0.1", {reference::randn({6, 4}, 473), targets_with_ignored(6, 4, 474, 2)},
+       {.label_smoothing = 0.1}},
+      {"other ignore_index, large logits", {reference::uniform({3, 7}, 50, 90, 475), reference::randint({3}, 7, 476)},
+       {.label_smoothing = 0.3, .ignore_index = 0}},
+      {"one class", {reference::randn({3, 1}, 477), reference::randint({3}, 1, 478)}, {.label_smoothing = 0.2}},
+  };
+}
+
+std::vector<OutputSpec> infer_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &dloss = in[0], &logits = in[1];
+  check_cross_entropy(logits, in[2], attrs);
+  expect_tensor(dloss, "dloss", {logits.size(0)}, logits.dtype());
+  return {{logits.shape(), logits.dtype()}};
+}
+
+void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]);
+  int64_t N = logits.size(0), C = logits.size(1);
+  double e = attrs.label_smoothing, uniform_share = e / static_cast<double>(C);
+  visit_floating(logits.dtype(), [&]<typename T>() {
+    const T* dl = dloss.data_ptr<T>();               // [N]
+    const T* x = logits.data_ptr<T>();               // [N, C]
+    const int64_t* t = target.data_ptr<int64_t>();  // [N]
+    T* dx = out[0].data_ptr<T>();                    // [N, C]
+    parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        T* drow = dx + n * C;
+        if (t[n] == attrs.ignore_index) {
+          std::fill(drow, drow + C, T{0});
+          continue;
+        }
+        const T* row = x + n * C;
+        auto lse = static_cast<T>(log_sum_exp(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
+        pack_map(drow, C, [=]<typename V>(int64_t c) { return g * (exp_of(load<V>(row + c) - lse) - share); });
+        drow[t[n]] -= g * static_cast<T>(1 - e);
+      }
+    });
+  });
+}
+
+std::vector<Tensor> reference_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &dloss = in[0], &logits = in[1], &target = in[2];
+  int64_t C = logits.size(1);
+  double e = attrs.label_smoothing;
+  std::vector<double> grads;
+  for (int64_t n = 0; n < logits.size(0); ++n) {
+    int64_t t = target.at<int64_t>({n});
+    std::vector<double> log_probs = reference_log_probs(logits, n);
+    for (int64_t c = 0; c < C; ++c) {
+      double smoothed_target = (c == t ? 1 - e : 0.0) + e / static_cast<double>(C);
+      double grad = dloss.at<double>({n}) * (std::exp(log_probs[c]) - smoothed_target);
+      grads.push_back(t == attrs.ignore_index ? 0.0 : grad);
+    }
+  }
+  return {reference::make(logits.shape(), logits.dtype(), grads)};
+}
+
+std::vector<Sample> cross_entropy_backward_samples() {
+  return {
+      {"plain", {reference::randn({4}, 481), reference::randn({4, 5}, 482), reference::randint({4}, 5, 483)}},
+      {"ignored row, label smoothing 0.1",
+       {reference::randn({6}, 484), reference::randn({6, 4}, 485), targets_with_ignored(6, 4, 486, 3)},
+       {.label_smoothing = 0.1}},
+      {"large logits", {reference::randn({3}, 487), reference::uniform({3, 7}, 50, 90, 488),
+                        reference::randint({3}, 7, 489)},
+       {.label_smoothing = 0.3}},
+  };
+}
+
+}  // namespace
+
+void register_loss_ops(Registry& r) {
+  r.define(OpId::cross_entropy, {.name = "cross_entropy", .infer = infer_cross_entropy,
+                                 .kernels = {cpu_cross_entropy}, .backward = cross_entropy_rule,
+                                 .samples = cross_entropy_samples, .reference = reference_cross_entropy});
+  // Not differentiable itself: its samples check the forward only.
+  r.define(OpId::cross_entropy_backward,
+           {.name = "cross_entropy_backward", .infer = infer_cross_entropy_backward,
+            .kernels = {cpu_cross_entropy_backward}, .samples = cross_entropy_backward_samples,
+            .reference = reference_cross_entropy_backward});
+}
+
+// ---- public API -----------------------------------------------------------------------------------
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     Reduction reduction, Site site) {
+  MF_CHECK(logits.dim() >= 1, "cross_entropy: logits must have a class dim, got shape {} at {}",
+           shape_str(logits.shape()), format_location(site));
+  Shape batch(logits.shape().begin(), logits.shape().end() - 1);  // [...]
+  MF_CHECK(target.shape() == batch,
+           "cross_entropy: target of shape {} does not match logits of shape {} (expected target shape {}) at {}",
+           shape_str(target.shape()), shape_str(logits.shape()), shape_str(batch), format_location(site));
+  int64_t N = shape_numel(batch), C = logits.size(-1);
+  Tensor losses = call1(OpId::cross_entropy, {logits.reshape({N, C}, site), target.reshape({N}, site)},
+                        {.label_smoothing = label_smoothing, .ignore_index = ignore_index}, site);  // [N]
+  switch (reduction) {
+    case Reduction::None: return losses.reshape(batch, site);
+    case Reduction::Sum: return losses.sum({}, false, site);
+    case Reduction::Mean: break;
+  }
+  // PyTorch's mean: over the targets that count, so nan (0 / 0) when every target is ignored.
+  std::vector<int64_t> targets = target.to_vector<int64_t>();
+  auto counted = static_cast<double>(std::count_if(targets.begin(), targets.end(),
+                                                   [&](int64_t t) { return t != ignore_index; }));
+  return losses.sum({}, false, site).div(counted, site);
+}
+
+}  // namespace mf

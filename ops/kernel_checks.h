@@ -1,0 +1,50 @@
+// Input checks and small helpers shared by the fused nn kernels (nn_ops.cpp, cross_entropy.cpp).
+#pragma once
+
+#include "core/graph.h"
+#include "core/tensor.h"
+#include "ops/loops.h"
+
+#include <optional>
+#include <string_view>
+#include <utility>
+
+namespace mf::detail {
+
+/// A contiguous version of t (t itself when it already is), made without recording autograd.
+inline Tensor dense(const Tensor& t) {
+  NoGradGuard no_grad;
+  return t.contiguous();
+}
+
+/// Rows per parallel_for chunk so that a chunk holds about kParallelGrain elements.
+inline int64_t grain_for(int64_t elements_per_row) {
+  return std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(elements_per_row, 1));
+}
+
+inline void expect_tensor(const Tensor& t, std::string_view name, const Shape& shape, DType dtype) {
+  MF_CHECK(t.shape() == shape && t.dtype() == dtype, "{} has shape {} and dtype {}, expected {} and {}", name,
+           shape_str(t.shape()), dtype_name(t.dtype()), shape_str(shape), dtype_name(dtype));
+}
+
+inline void expect_float(const Tensor& t, std::string_view name) {
+  MF_CHECK(is_floating(t.dtype()), "expects a float32 or float64 {}, got {} (shape {})", name,
+           dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+/// The first index outside [0, high) that is not `skip` (ignore_index), as {flat position, value}.
+inline std::optional<std::pair<int64_t, int64_t>> find_bad_index(const Tensor& indices, int64_t high,
+                                                          std::optional<int64_t> skip = std::nullopt) {
+  Tensor host = dense(indices.to(Device::cpu()));
+  const int64_t* values = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    if ((values[i] < 0 || values[i] >= high) && values[i] != skip) return std::pair{i, values[i]};
+  return std::nullopt;
+}
+
+inline void expect_int64(const Tensor& t, std::string_view name) {
+  MF_CHECK(t.dtype() == DType::Int64, "expects int64 {}, got {} (shape {})", name, dtype_name(t.dtype()),
+           shape_str(t.shape()));
+}
+
+}  // namespace mf::detail

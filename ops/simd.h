@@ -1,0 +1,187 @@
+// Vector building blocks for CPU row kernels, on GCC vector types: loads and stores go through
+// memcpy (unaligned, no aliasing questions), and code written once as always-inline templates compiles
+// for the instruction set of each caller (see softmax.cpp's per-ISA variants).
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace mf {
+namespace cpu {
+
+/// Forces inlining, so that kernels written once compile for the instruction set of each caller.
+#define MF_INLINE [[gnu::always_inline]] inline
+
+/// GCC vectors of W bytes of T (an alias template would drop the attribute). Kernels
+/// use them only as locals, loaded and stored with memcpy (unaligned, no aliasing questions).
+template <typename T, int W>
+struct Simd {
+  typedef T V __attribute__((vector_size(W)));
+  using Int = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  typedef Int Mask __attribute__((vector_size(W)));  // what comparisons of V give
+  static constexpr int64_t kLanes = W / static_cast<int>(sizeof(T));
+};
+
+/// Bytes per vector on every x86-64 CPU (SSE2); wider variants are compiled per ISA where they pay.
+inline constexpr int kBaselineWidth = 16;
+
+/// sum_i f(p[i]) over a contiguous run; f takes scalars and, for float types, vectors. Floats add
+/// in 4 vectors of partial sums: that lets them vectorise (the compiler may not reorder float adds
+/// itself) and keeps rounding error growing with n / (4 * lanes) rather than n.
+template <int W = kBaselineWidth, typename T, typename F>
+MF_INLINE T row_sum(const T* p, int64_t n, F f) {
+  T total{0};
+  int64_t i = 0;
+  if constexpr (std::is_floating_point_v<T>) {
+    using S = Simd<T, W>;
+    typename S::V acc[4] = {};
+    for (; i + 4 * S::kLanes <= n; i += 4 * S::kLanes)
+      for (int u = 0; u < 4; ++u) {
+        typename S::V v;
+        std::memcpy(&v, p + i + u * S::kLanes, sizeof(v));
+        acc[u] += f(v);
+      }
+    typename S::V all = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (int64_t k = 0; k < S::kLanes; ++k) total += all[k];
+  }
+  for (; i < n; ++i) total += f(p[i]);
+  return total;
+}
+
+template <int W = kBaselineWidth, typename T>
+MF_INLINE T row_sum(const T* p, int64_t n) {
+  return row_sum<W>(p, n, [](auto v) { return v; });
+}
+
+/// The row's largest (Greater) or smallest (Less) element, NaN if any element is NaN (as PyTorch's
+/// amax). n >= 1.
+template <bool Greater, int W = kBaselineWidth, typename T>
+MF_INLINE T row_extreme(const T* p, int64_t n) {
+  auto pick = [](T a, T b) { return (Greater ? a > b : a < b) ? a : b; };
+  T best = p[0];
+  bool nan = best != best;
+  int64_t i = 0;
+  if constexpr (std::is_floating_point_v<T>) {
+    // Plain compare-and-select, NaNs tracked apart: the forms that compile to max / min instructions
+    // on every ISA.
+    using S = Simd<T, W>;
+    typename S::V lanes = typename S::V{} + best;
+    typename S::Mask nans{};
+    for (; i + S::kLanes <= n; i += S::kLanes) {
+      typename S::V v;
+      std::memcpy(&v, p + i, sizeof(v));
+      lanes = (Greater ? v > lanes : v < lanes) ? v : lanes;
+      nans |= v != v;
+    }
+    for (int64_t k = 0; k < S::kLanes; ++k) {
+      best = pick(lanes[k], best);
+      nan |= nans[k] != 0;
+    }
+  }
+  for (; i < n; ++i) {
+    best = pick(p[i], best);
+    nan |= p[i] != p[i];
+  }
+  return nan ? std::numeric_limits<T>::quiet_NaN() : best;
+}
+
+/// e^x lane by lane for a float vector V (I: the int32 vector of the same width; scalars work too):
+/// Cephes' expf, with x = k ln 2 + r, |r| <= ln(2) / 2, a degree-7 polynomial for e^r and 2^k built
+/// in the exponent bits; within 2 ulp of std::exp. Above 88.38 gives inf, below -87.34 gives 0, NaN
+/// stays NaN.
+template <typename V, typename I>
+MF_INLINE V exp_poly(V x) {
+  constexpr float kHi = 88.3762626647949f, kLo = -87.3365478515625f;
+  V c = x < kHi ? x : V{} + kHi;
+  c = c > kLo ? c : V{} + kLo;
+  // k = round(c / ln 2) by adding 1.5 * 2^23, then r = c - k ln 2 with ln 2 in two parts (Cody-Waite).
+  V k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  V r = c - k * 0.693359375f + k * 2.12194440e-4f;
+  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  V y;
+  if constexpr (std::is_same_v<V, float>)
+    y = p * std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
+  else
+    y = p * std::bit_cast<V>((__builtin_convertvector(k, I) + 127) << 23);
+  y = x > kHi ? V{} + std::numeric_limits<float>::infinity() : y;
+  y = x < kLo ? V{} : y;
+  return x != x ? x : y;
+}
+
+// Float rows go through packs of four (a GCC/Clang vector: one SSE/NEON register). Left to itself the
+// compiler keeps these loops scalar: it may not reorder a float sum, and under the default
+// -ftrapping-math it does not turn comparisons into selects. Float64 rows (the tests' precise path)
+// use packs of one. Loop bodies are lambdas []<typename V>(int64_t c) that load what they need at
+// column c as V: a pack, or one value in the row's tail.
+
+using f32x4 = float __attribute__((vector_size(16)));
+using i32x4 = int32_t __attribute__((vector_size(16)));
+template <typename T>
+using Pack = std::conditional_t<std::is_same_v<T, float>, f32x4, T>;
+template <typename T>
+constexpr int64_t kPackWidth = sizeof(Pack<T>) / sizeof(T);
+
+/// The pack (or value) V stored at data.
+template <typename V, typename T>
+V load(const T* data) {
+  V v;
+  std::memcpy(&v, data, sizeof(V));
+  return v;
+}
+
+/// Folds a pack's lanes into one value with fn (a pack of one is its own value).
+template <typename T, typename P, typename Fn>
+T fold(P pack, Fn fn) {
+  if constexpr (std::is_same_v<P, T>) {
+    return pack;
+  } else {
+    T total = pack[0];
+    for (int64_t j = 1; j < kPackWidth<T>; ++j) total = fn(total, pack[j]);
+    return total;
+  }
+}
+
+/// sum_c f<V>(c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
+template <typename T, typename F>
+double pack_sum(int64_t C, F f) {
+  constexpr int64_t kWidth = kPackWidth<T>, kBlock = 256;
+  int64_t packed = C - C % kWidth;
+  double result = 0;
+  for (int64_t start = 0; start < packed; start += kBlock) {
+    Pack<T> total{};
+    for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kWidth)
+      total += f.template operator()<Pack<T>>(c);
+    result += fold<T>(total, [](T a, T b) { return a + b; });
+  }
+  for (int64_t c = packed; c < C; ++c) result += f.template operator()<T>(c);
+  return result;
+}
+
+/// out_c = f<V>(c) for c < C.
+template <typename T, typename F>
+void pack_map(T* out, int64_t C, F f) {
+  int64_t c = 0;
+  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
+    Pack<T> v = f.template operator()<Pack<T>>(c);
+    std::memcpy(out + c, &v, sizeof(v));
+  }
+  for (; c < C; ++c) out[c] = f.template operator()<T>(c);
+}
+
+/// e^x for the pack types: the polynomial for float and float packs, std::exp for double.
+inline float exp_of(float x) { return exp_poly<float, int32_t>(x); }
+inline f32x4 exp_of(f32x4 x) { return exp_poly<f32x4, i32x4>(x); }
+inline double exp_of(double x) { return std::exp(x); }
+
+}  // namespace cpu
+}  // namespace mf
