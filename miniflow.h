@@ -29,4 +29,5 @@
 #include "models/bleu.h"
 #include "models/corpus.h"
 #include "models/tokenizer.h"
+#include "models/transformer.h"
 #include "models/vocab.h"

@@ -1,5 +1,6 @@
 #include "models/transformer.h"
 
+#include "core/graph.h"
 #include "ops/ops.h"
 
 #include <nlohmann/json.hpp>
@@ -32,7 +33,7 @@ std::string TransformerConfig::to_json() const {
       {"dropout", dropout}, {"max_len", max_len},
       {"activation", activation == nn::Activation::ReLU ? "relu" : "gelu"}, {"pre_norm", pre_norm},
       {"shared_embeddings", shared_embeddings}, {"tie_output", tie_output}, {"layer_norm_eps", layer_norm_eps},
-      {"pad_id", pad_id}};
+      {"pad_id", pad_id}, {"freeze_pad_embedding", freeze_pad_embedding}};
   return j.dump();
 }
 
@@ -66,6 +67,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
   read("tie_output", config.tie_output);
   read("layer_norm_eps", config.layer_norm_eps);
   read("pad_id", config.pad_id);
+  read("freeze_pad_embedding", config.freeze_pad_embedding);
   config.validate();
   return config;
 }
@@ -220,12 +222,12 @@ Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& sel
 Transformer::Transformer(const TransformerConfig& config) : Module("Transformer"), config_(config) {
   config.validate();
   auto embedding = [&](int64_t vocab) {
-    auto module = std::make_shared<nn::Embedding>(
-        nn::EmbeddingOptions{.num_embeddings = vocab, .embedding_dim = config.d_model, .padding_idx = config.pad_id});
+    nn::EmbeddingOptions options{.num_embeddings = vocab, .embedding_dim = config.d_model};
+    if (config.freeze_pad_embedding) options.padding_idx = config.pad_id;
+    auto module = std::make_shared<nn::Embedding>(options);
     // N(0, C^-1/2) keeps embedding * sqrt(C) at unit scale, as in the reference implementations.
     NoGradGuard no_grad;
-    module->weight.copy_(randn(module->weight.shape()) * (1.0 / std::sqrt(static_cast<double>(config.d_model))));
-    module->weight.select(0, config.pad_id).zero_();
+    module->weight.mul_(1.0 / std::sqrt(static_cast<double>(config.d_model)));
     return module;
   };
   if (config.shared_embeddings) {

@@ -43,6 +43,9 @@ struct TransformerConfig {
   bool tie_output = true;
   double layer_norm_eps = 1e-5;
   int64_t pad_id = 0;
+  /// Keep the embedding's pad row zero and without gradient (nn.Embedding's padding_idx). Off by
+  /// default, as in the PyTorch tutorials: padding is masked out of attention and the loss anyway.
+  bool freeze_pad_embedding = false;
 
   /// Throws mf::Error naming the first inconsistent field.
   void validate() const;

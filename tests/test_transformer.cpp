@@ -1,0 +1,151 @@
+// The Transformer against PyTorch's own numbers (tests/data/transformer_tiny.safetensors, made by
+// ../shared/reference/generate.py), its masks, and its configuration.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+#include "reference.h"
+
+#include <set>
+
+using namespace mf;
+using mf::testing::check_close;
+using mf::testing::reference;
+
+namespace {
+
+/// The reference model: vocab 13, d_model 16, 2 heads, 2 + 2 layers, d_ff 32, ReLU, no dropout,
+/// post-norm, one shared and tied embedding, PAD 0 (tests/data/README.md, ../shared/reference/README.md).
+models::TransformerConfig reference_config() {
+  return {.src_vocab = 13, .tgt_vocab = 13, .d_model = 16, .heads = 2, .encoder_layers = 2, .decoder_layers = 2,
+          .d_ff = 32, .dropout = 0.0, .max_len = 16};
+}
+
+std::shared_ptr<models::Transformer> reference_model(DType dtype) {
+  auto model = std::make_shared<models::Transformer>(reference_config());
+  model->to(dtype);
+  nn::StateDict params = testing::reference_with_prefix("param.");
+  for (auto& entry : params) entry.tensor = entry.tensor.to(dtype);
+  model->load_state_dict(params);  // strict: the names match PyTorch's one for one
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("masks: padding keys, causal future, and both for the decoder") {
+  Tensor tokens = from_vector(std::vector<int64_t>{5, 7, 0, 3, 0, 0}, {2, 3});
+  Tensor pad = models::padding_mask(tokens, 0, DType::Float32);
+  CHECK(pad.shape() == Shape{2, 1, 1, 3});
+  CHECK(pad.to_vector<double>() == std::vector<double>{0, 0, -1e9, 0, -1e9, -1e9});
+
+  Tensor causal = models::causal_mask(3, DType::Float64);
+  CHECK(causal.shape() == Shape{1, 1, 3, 3});
+  CHECK(causal.to_vector<double>() == std::vector<double>{0, -1e9, -1e9, 0, 0, -1e9, 0, 0, 0});
+
+  // Row t of sentence b may see keys k <= t that are not padding.
+  Tensor dec = models::decoder_mask(tokens, 0, DType::Float64);
+  CHECK(dec.shape() == Shape{2, 1, 3, 3});
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < 3; ++t)
+      for (int64_t k = 0; k < 3; ++k) {
+        bool keep = k <= t && tokens.at<int64_t>({b, k}) != 0;
+        CHECK((dec.at<double>({b, 0, t, k}) == 0) == keep);
+      }
+}
+
+TEST_CASE("parameter names are PyTorch's, one for one") {
+  models::Transformer model(reference_config());
+  std::set<std::string> ours, theirs;
+  for (const auto& entry : model.state_dict()) ours.insert(entry.name);
+  for (const auto& entry : testing::reference_with_prefix("param.")) theirs.insert(entry.name);
+  CHECK(ours == theirs);
+}
+
+TEST_CASE("forward, attention, loss and every gradient match PyTorch in float64") {
+  auto model = reference_model(DType::Float64);
+  model->set_record_attention(true);
+  const Tensor &src = reference("input.src"), &tgt_in = reference("input.tgt_in"), &tgt_out = reference("input.tgt_out");
+
+  check_close(model->encode(src), reference("expected.encoder_out"), 1e-10, 1e-12);
+  Tensor logits = model->forward(src, tgt_in);
+  check_close(logits, reference("expected.logits"), 1e-10, 1e-12);
+  for (int64_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    check_close(model->encoder->layers[i]->attention,
+                reference(fmt::format("expected.attn.encoder.layers.{}.self_attn", i)), 1e-10, 1e-12);
+    check_close(model->decoder->layers[i]->self_attention,
+                reference(fmt::format("expected.attn.decoder.layers.{}.self_attn", i)), 1e-10, 1e-12);
+    check_close(model->decoder->layers[i]->cross_attention,
+                reference(fmt::format("expected.attn.decoder.layers.{}.cross_attn", i)), 1e-10, 1e-12);
+  }
+  check_close(model->loss(logits, tgt_out, 0.0), reference("expected.loss_no_smoothing"), 1e-10, 1e-12);
+  Tensor loss = model->loss(logits, tgt_out, 0.1);
+  check_close(loss, reference("expected.loss"), 1e-10, 1e-12);
+
+  loss.backward();
+  for (const auto& [name, param] : model->named_parameters()) {
+    CAPTURE(name);
+    check_close(param.grad(), reference("grad." + name), 1e-9, 1e-12);
+  }
+}
+
+TEST_CASE("float32 stays within float32 tolerances of PyTorch's float64 numbers") {
+  auto model = reference_model(DType::Float32);
+  Tensor logits = model->forward(reference("input.src"), reference("input.tgt_in"));
+  check_close(logits, reference("expected.logits").to(DType::Float32), 1e-5, 1e-5);
+  Tensor loss = model->loss(logits, reference("input.tgt_out"), 0.1);
+  check_close(loss, reference("expected.loss").to(DType::Float32), 1e-5, 1e-6);
+  loss.backward();
+  for (const auto& [name, param] : model->named_parameters()) {
+    CAPTURE(name);
+    check_close(param.grad(), reference("grad." + name).to(DType::Float32), 1e-4, 1e-6);
+  }
+}
+
+TEST_CASE("attention weights can be read after a forward pass") {
+  auto model = reference_model(DType::Float64);
+  model->set_record_attention(true);
+  model->forward(reference("input.src"), reference("input.tgt_in"));
+  auto weights = model->attention_weights();
+  REQUIRE(weights.size() == 6);
+  CHECK(weights[0].first == "encoder.0.self_attn");
+  CHECK(weights[0].second.shape() == Shape{3, 2, 5, 5});
+  CHECK(weights[5].first == "decoder.1.cross_attn");
+  CHECK(weights[5].second.shape() == Shape{3, 2, 6, 5});
+}
+
+TEST_CASE("pre-norm, separate embeddings and an untied output build and train a step") {
+  models::TransformerConfig config{.src_vocab = 11, .tgt_vocab = 7, .d_model = 8, .heads = 2, .encoder_layers = 1,
+                                   .decoder_layers = 1, .d_ff = 16, .dropout = 0.1, .max_len = 10,
+                                   .activation = nn::Activation::GELU, .pre_norm = true,
+                                   .shared_embeddings = false, .tie_output = false};
+  models::Transformer model(config);
+  std::set<std::string> names;
+  for (const auto& entry : model.state_dict()) names.insert(entry.name);
+  for (const char* name : {"src_embed.weight", "tgt_embed.weight", "output_proj.weight", "encoder.norm.weight",
+                           "decoder.norm.bias"})
+    CHECK_MESSAGE(names.count(name), name);
+  Tensor src = from_vector(std::vector<int64_t>{3, 4, 10, 0}, {2, 2});
+  Tensor tgt = from_vector(std::vector<int64_t>{1, 5, 1, 0}, {2, 2});
+  Tensor logits = model.forward(src, tgt);
+  CHECK(logits.shape() == Shape{2, 2, 7});
+  model.loss(logits, tgt, 0.1).backward();
+  CHECK(model.decoder->layers[0]->cross_attn->q_proj->weight.grad().defined());
+}
+
+TEST_CASE("config: JSON round trip and clear validation errors") {
+  models::TransformerConfig config = reference_config();
+  config.pre_norm = true;
+  config.activation = nn::Activation::GELU;
+  models::TransformerConfig back = models::TransformerConfig::from_json(config.to_json());
+  CHECK(back.to_json() == config.to_json());
+
+  config.heads = 3;
+  CHECK_THROWS_WITH_AS(config.validate(), "TransformerConfig: d_model 16 must be a positive multiple of heads 3",
+                       Error);
+  models::TransformerConfig separate = reference_config();
+  separate.tgt_vocab = 20;
+  CHECK_THROWS_WITH_AS(separate.validate(), doctest::Contains("shared embeddings need one vocabulary"), Error);
+  CHECK_THROWS_WITH_AS(models::TransformerConfig::from_json("{\"src_vocab\": 5}"),
+                       doctest::Contains("missing 'tgt_vocab'"), Error);
+  CHECK_THROWS_WITH_AS(models::TransformerConfig::from_json("not json"), doctest::Contains("not a JSON object"), Error);
+}
