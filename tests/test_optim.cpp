@@ -178,6 +178,24 @@ TEST_CASE("Adam, Adam with L2, AMSGrad and AdamW follow the published rules over
   }
 }
 
+TEST_CASE("float32 parameters are updated in float32 by the same rule") {
+  Tensor p = from_vector(std::vector<float>{1.0f, -2.0f, 0.5f}).set_requires_grad();
+  optim::Adam opt({p}, {.lr = 0.01, .amsgrad = true});
+  AdamRule rule{0.01, 0.9, 0.999, 1e-8, 0, false, true};
+  std::vector<double> expected = kP0;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> g(kGrads[s].begin(), kGrads[s].end());
+    p.set_grad(from_vector(g));
+    opt.step();
+    rule(expected, std::vector<double>(g.begin(), g.end()), s + 1);
+  }
+  CHECK(p.dtype() == DType::Float32);
+  check_close(p.to(DType::Float64), f64(expected, {3}), 1e-6, 1e-7);
+  // A gradient that does not match its parameter (set_grad refuses one; the autograd slot does not) is refused.
+  p.autograd_meta().grad = f64({1, 1}, {2});
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("is float32 [3] but its gradient is float64 [2]"), Error);
+}
+
 TEST_CASE("Adam and AdamW match PyTorch on every parameter of the reference Transformer") {
   if (!std::filesystem::exists(kReference)) {
     MESSAGE("SKIPPED: " << kReference << " is absent; Adam/AdamW not checked against PyTorch");
