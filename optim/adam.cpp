@@ -1,5 +1,6 @@
 #include "optim/adam.h"
 
+#include "core/parallel.h"
 #include "ops/ops.h"
 
 #include <nlohmann/json.hpp>
@@ -62,19 +63,21 @@ void BasicAdam<Decoupled>::update(size_t group, Tensor& param, const Tensor& gra
     const T b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2), c1 = static_cast<T>(1 - o.beta1),
             c2 = static_cast<T>(1 - o.beta2), eps = static_cast<T>(o.eps), bc2 = static_cast<T>(bias_correction2_sqrt),
             neg_step = static_cast<T>(-step_size);
-    for (int64_t i = 0, n = param.numel(); i < n; ++i) {
-      T gi = g[i];
-      if constexpr (Decoupled) {
-        p[i] = p[i] * decay;
-      } else if (o.weight_decay != 0) {
-        gi = gi + decay * p[i];
+    parallel_for(0, param.numel(), this->kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        T gi = g[i];
+        if constexpr (Decoupled) {
+          p[i] = p[i] * decay;
+        } else if (o.weight_decay != 0) {
+          gi = gi + decay * p[i];
+        }
+        m[i] = m[i] * b1 + c1 * gi;
+        v[i] = v[i] * b2 + (c2 * gi) * gi;
+        T v_hat = v[i];
+        if (v_max != nullptr) v_hat = v_max[i] = std::max(v_max[i], v[i]);
+        p[i] = p[i] + (neg_step * m[i]) / (std::sqrt(v_hat) / bc2 + eps);
       }
-      m[i] = m[i] * b1 + c1 * gi;
-      v[i] = v[i] * b2 + (c2 * gi) * gi;
-      T v_hat = v[i];
-      if (v_max != nullptr) v_hat = v_max[i] = std::max(v_max[i], v[i]);
-      p[i] = p[i] + (neg_step * m[i]) / (std::sqrt(v_hat) / bc2 + eps);
-    }
+    });
   });
 }
 

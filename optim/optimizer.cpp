@@ -26,7 +26,15 @@ void Optimizer::register_params(const std::vector<Tensor>& params) {
   state_.resize(state_.size() + params.size());
 }
 
+void Optimizer::check_param_count() const {
+  size_t count = 0;
+  for (size_t g = 0; g < num_param_groups(); ++g) count += group_params(g).size();
+  MF_CHECK(count == state_.size(), "{}: the groups hold {} parameters but {} were added; add parameters with "
+           "add_param_group", name_, count, state_.size());
+}
+
 void Optimizer::step() {
+  check_param_count();
   NoGradGuard no_grad;
   size_t index = 0;
   for (size_t g = 0; g < num_param_groups(); ++g) {
@@ -67,6 +75,7 @@ const ParamState& Optimizer::param_state(size_t index) const {
 }
 
 OptimizerState Optimizer::state_dict() const {
+  check_param_count();
   OptimizerState out;
   json groups = json::array(), states = json::array();
   size_t index = 0;
@@ -88,6 +97,7 @@ OptimizerState Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const OptimizerState& saved) {
+  check_param_count();
   std::vector<Tensor> params;
   for (size_t g = 0; g < num_param_groups(); ++g)
     for (const Tensor& p : group_params(g)) params.push_back(p);

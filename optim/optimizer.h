@@ -84,8 +84,14 @@ class Optimizer {
   virtual void set_options_json(size_t group, const std::string& json) = 0;
   /// Checks a new group's parameters (floating, not repeated) and makes room for their state.
   void register_params(const std::vector<Tensor>& params);
+  /// Elements per parallel chunk of an update: updates are elementwise, so results do not depend
+  /// on the thread count.
+  static constexpr int64_t kGrain = 1 << 15;
 
  private:
+  /// Throws mf::Error when the groups' parameter lists were edited behind the optimizer's back.
+  void check_param_count() const;
+
   std::string name_;
   std::vector<ParamState> state_;  // one per parameter, over all groups in order
 };
@@ -101,7 +107,8 @@ class OptimizerWithOptions : public Optimizer {
     register_params(group.params);
     groups_.push_back(std::move(group));
   }
-  /// The groups, options included (changing an option takes effect at the next step).
+  /// The groups, options included (changing an option takes effect at the next step). Add
+  /// parameters with add_param_group, not by editing a group's list.
   std::vector<ParamGroup<Options>>& param_groups() { return groups_; }
   const std::vector<ParamGroup<Options>>& param_groups() const { return groups_; }
 

@@ -1,5 +1,6 @@
 #include "optim/sgd.h"
 
+#include "core/parallel.h"
 #include "ops/ops.h"
 
 #include <nlohmann/json.hpp>
@@ -37,14 +38,16 @@ void SGD::update(size_t group, Tensor& param, const Tensor& grad, ParamState& st
     T* b = buffer.defined() ? buffer.data_ptr<T>() : nullptr;
     const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay), mom = static_cast<T>(o.momentum),
             keep = static_cast<T>(1 - o.dampening);
-    for (int64_t i = 0, n = param.numel(); i < n; ++i) {
-      T d = o.weight_decay != 0 ? g[i] + wd * p[i] : g[i];
-      if (b != nullptr) {
-        b[i] = first ? d : b[i] * mom + keep * d;
-        d = o.nesterov ? d + mom * b[i] : b[i];
+    parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        T d = o.weight_decay != 0 ? g[i] + wd * p[i] : g[i];
+        if (b != nullptr) {
+          b[i] = first ? d : b[i] * mom + keep * d;
+          d = o.nesterov ? d + mom * b[i] : b[i];
+        }
+        p[i] = p[i] + -lr * d;
       }
-      p[i] = p[i] + -lr * d;
-    }
+    });
   });
 }
 

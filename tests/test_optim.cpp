@@ -266,6 +266,31 @@ TEST_CASE("a non-contiguous parameter is updated in place") {
   CHECK(base.to_vector<double>() == std::vector<double>{0, 1, 2, 3});
 }
 
+TEST_CASE("a large update split over threads gives the same bits as one thread") {
+  auto run_adam = [](int threads) {
+    set_num_threads(threads);
+    Generator gen(3);
+    Tensor p = randn({300000}, DType::Float32, Device::cpu(), &gen).set_requires_grad();
+    optim::Adam opt({p}, {.lr = 0.01, .weight_decay = 0.1});
+    for (int s = 0; s < 2; ++s) {
+      p.set_grad(randn({300000}, DType::Float32, Device::cpu(), &gen));
+      opt.step();
+    }
+    return p.to_vector<float>();
+  };
+  int threads = intra_op_threads();
+  std::vector<float> serial = run_adam(1), parallel = run_adam(4);
+  set_num_threads(threads);
+  CHECK(serial == parallel);
+}
+
+TEST_CASE("parameters slipped into a group's list behind the optimizer's back are refused") {
+  Tensor a = param({1.0}, {1.0});
+  optim::SGD opt({a}, {.lr = 0.1});
+  opt.param_groups()[0].params.push_back(param({2.0}, {1.0}));
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("add parameters with add_param_group"), Error);
+}
+
 // ---- state dicts --------------------------------------------------------------------------------
 
 namespace {
