@@ -50,7 +50,7 @@ void check_steps(optim::Optimizer& opt, Tensor& p, std::vector<double> expected,
 const std::vector<double> kP0 = {1.0, -2.0, 0.5};
 const std::vector<std::vector<double>> kGrads = {{0.1, 0.2, -0.3}, {-0.4, 0.05, 0.3}, {0.02, -0.01, 0.001}};
 
-/// A safetensors record as a Tensor (float64 or int64 records only; the reference file has no others).
+/// A float64 safetensors record as a Tensor (the reference tensors this suite uses are all float64).
 Tensor to_tensor(const TensorRecord& record) {
   MF_CHECK(record.dtype == DType::Float64, "to_tensor: test helper reads float64 records, '{}' is {}", record.name,
            dtype_name(record.dtype));
