@@ -25,6 +25,12 @@
 #include "nn/layers.h"
 #include "nn/attention.h"
 
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "optim/scheduler.h"
+#include "optim/sgd.h"
+
 #include "models/batching.h"
 #include "models/bleu.h"
 #include "models/corpus.h"
