@@ -83,6 +83,7 @@ class Loss : public Module {
   Tensor forward(const Tensor& input, const Tensor& target, Site site = Site::current()) const {
     return Function(input, target, options_, site);
   }
+  /// Same as forward(input, target).
   Tensor operator()(const Tensor& input, const Tensor& target, Site site = Site::current()) const {
     return forward(input, target, site);
   }
