@@ -20,6 +20,8 @@
 
 #include "autograd/autograd.h"
 
+#include "nn/checkpoint.h"
+#include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/init.h"
 #include "nn/layers.h"
