@@ -25,5 +25,6 @@
 #include "models/batching.h"
 #include "models/bleu.h"
 #include "models/corpus.h"
+#include "models/generation.h"
 #include "models/tokenizer.h"
 #include "models/vocab.h"
