@@ -90,7 +90,6 @@ Hypothesis finish(std::vector<int64_t> tokens, double log_prob, double alpha) {
 /// (length `length`) are live[begin, end).
 bool sentence_done(std::vector<Hypothesis>& finished, const std::vector<Live>& live, size_t begin, size_t end,
                    int64_t length, const BeamOptions& options) {
-  if (begin == end) return true;
   auto beam = static_cast<size_t>(options.beam_size);
   if (finished.size() < beam) return false;
   std::vector<double> scores(finished.size());

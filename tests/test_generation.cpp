@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 
 using namespace mf;
 using namespace mf::generation;
@@ -62,6 +63,16 @@ Model scripted_model(std::vector<std::vector<int64_t>> scripts, int64_t vocab, d
     int64_t main = position < script.size() ? script[position] : kEos;
     std::vector<double> out(static_cast<size_t>(vocab), static_cast<float>(std::log((1 - p_main) / (vocab - 1))));
     out[static_cast<size_t>(main)] = static_cast<float>(std::log(p_main));
+    return out;
+  };
+}
+
+/// Probabilities by prefix (BOS left out), `otherwise` for prefixes not in the table.
+Model table_model(std::map<std::vector<int64_t>, std::vector<double>> table, std::vector<double> otherwise) {
+  return [table, otherwise](int64_t, const std::vector<int64_t>& prefix) {
+    auto it = table.find(std::vector<int64_t>(prefix.begin() + 1, prefix.end()));
+    std::vector<double> out;
+    for (double p : it == table.end() ? otherwise : it->second) out.push_back(static_cast<float>(std::log(p)));
     return out;
   };
 }
@@ -346,7 +357,9 @@ TEST_CASE("beam_search drops a sentence's rows once it is done (scripted)") {
   // two best candidates are "0 EOS" and "1 EOS" (log 0.02 + log 0.9 each) -> 3 finished; the best
   // live beam has 2 log 0.02, below the 2nd best finished, so sentence 1 is done.
   // Sentence 0 says "3 3 3 3 3 3": EOS never ranks among its top 2 (token 0 ties with it and wins),
-  // so it keeps 2 live rows until max_new_tokens.
+  // so it keeps 2 live rows until max_new_tokens, where "3 3 3 3 3 3" and "3 3 3 3 3 0" (the first of
+  // the ties at 5 log 0.9 + log 0.02) are finished as they stand. Its "EOS" of step 1 (log 0.02) would
+  // beat the latter, but ranked below the beam it was never kept.
   // Rows per step: 1 + 1, then 2 + 2, then 2 for sentence 0 alone.
   FakeDecoder decoder(scripted_model({{3, 3, 3, 3, 3, 3}, {kEos}}, 6), iota(2));
   auto results = beam_search(decoder, 2, {.beam_size = 2, .max_new_tokens = 6, .length_penalty = 0, .nbest = 2});
@@ -355,6 +368,8 @@ TEST_CASE("beam_search drops a sentence's rows once it is done (scripted)") {
   REQUIRE(results[0].size() == 2);
   CHECK(results[0][0].tokens == std::vector<int64_t>{3, 3, 3, 3, 3, 3});
   CHECK(results[0][0].log_prob == doctest::Approx(6 * l9).epsilon(1e-12));
+  CHECK(results[0][1].tokens == std::vector<int64_t>{3, 3, 3, 3, 3, 0});
+  CHECK(results[0][1].log_prob == doctest::Approx(5 * l9 + l02).epsilon(1e-12));
   REQUIRE(results[1].size() == 2);
   CHECK(results[1][0].tokens == std::vector<int64_t>{kEos});
   CHECK(results[1][0].log_prob == l9);
@@ -362,29 +377,86 @@ TEST_CASE("beam_search drops a sentence's rows once it is done (scripted)") {
   CHECK(results[1][1].log_prob == l02 + l9);
 }
 
-TEST_CASE("beam_search keeps going while a live hypothesis could still win under the length penalty") {
-  // V = 4, alpha = 1, so lp(L) = (5 + L) / 6 and max_new_tokens 10 gives lp(10) = 2.5. Beam 1.
-  // Step 1: p(EOS) = 0.5, p(3) = 0.48. "EOS" finishes with score log 0.5 = -0.693; "3" lives with
-  // S = log 0.48 = -0.734. The heuristic bound S / lp(1) = -0.734 would stop here, but S could still
-  // end as S / lp(10) = -0.294, so the search goes on. Step 2: p(EOS | 3) = 0.99, and "3 EOS" scores
-  // (log 0.48 + log 0.99) / (7/6) = -0.638, which beats "EOS". Then the best live beam (log 0.48 +
-  // log(0.01/3)) can reach at most -6.44 / 2.5 = -2.58 < -0.638: done after 2 steps.
-  Model model = [](int64_t, const std::vector<int64_t>& prefix) {
-    std::vector<double> p = prefix.size() == 1 ? std::vector<double>{0.01, 0.01, 0.5, 0.48}
-                                               : std::vector<double>{0.01 / 3, 0.01 / 3, 0.99, 0.01 / 3};
-    std::vector<double> out;
-    for (double v : p) out.push_back(static_cast<float>(std::log(v)));
-    return out;
-  };
+TEST_CASE("beam_search: an EOS ranked below the beam is not kept") {
+  // Beam 2, nbest 2, alpha = -1 (lp(L) = 6 / (5 + L), score = sum * (5 + L) / 6), max_new_tokens 10.
+  // Step 1 (p: 0 0.3, 1 0.05, EOS 0.15, 3 0.5): "3" (-0.693) and "0" (-1.204) live.
+  // Step 2, ranked: "3 EOS" (log 0.5 + log 0.5 = -1.386) finishes (score -1.617); "3 3" (-0.693 +
+  // log 0.404 = -1.600) lives; "0 EOS" (-1.204 + log 0.609 = -1.700) ranks 3rd, below the beam, and is
+  // dropped; "0 3" (-2.408) lives. Kept, "0 EOS" would have been the 2nd finished (score -1.983), and
+  // "3 3" could reach at most -1.600 * 8/6 = -2.133 below it, so the search would stop with "0 EOS" in
+  // the 2-best. Dropped, one finished is not enough and step 3 (p(EOS) = 0.9 after any other prefix)
+  // finishes "3 3 EOS" (-1.705, score -2.274) and "0 3 EOS"; the live beams (<= -1.600 + log(0.1/3))
+  // cannot come near, so the search stops with the 2-best "3 EOS", "3 3 EOS".
+  Model model = table_model({{{}, {0.3, 0.05, 0.15, 0.5}},
+                             {{3}, {0.048, 0.048, 0.5, 0.404}},
+                             {{0}, {0.05, 0.041, 0.609, 0.3}}},
+                            {0.1 / 3, 0.1 / 3, 0.9, 0.1 / 3});
   FakeDecoder decoder(model, {0});
-  auto results = beam_search(decoder, 1, {.beam_size = 1, .max_new_tokens = 10, .length_penalty = 1.0});
-  CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 1});
-  REQUIRE(results[0].size() == 1);
+  auto results = beam_search(decoder, 1, {.beam_size = 2, .max_new_tokens = 10, .length_penalty = -1, .nbest = 2});
+  CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 2, 2});
+  REQUIRE(results[0].size() == 2);
   CHECK(results[0][0].tokens == std::vector<int64_t>{3, kEos});
-  double sum = static_cast<float>(std::log(0.48)) + static_cast<double>(static_cast<float>(std::log(0.99)));
-  CHECK(results[0][0].log_prob == doctest::Approx(sum).epsilon(1e-12));
-  CHECK(results[0][0].score == doctest::Approx(sum / (7.0 / 6.0)).epsilon(1e-12));
-  CHECK(results[0][0].score == doctest::Approx(-0.638).epsilon(1e-3));
+  CHECK(results[0][0].score == doctest::Approx(-1.617).epsilon(1e-3));
+  CHECK(results[0][1].tokens == std::vector<int64_t>{3, 3, kEos});
+  CHECK(results[0][1].score == doctest::Approx(-2.274).epsilon(1e-3));
+}
+
+TEST_CASE("ties go to the earlier hypothesis, then the lower token id") {
+  // Uniform over V = 8: every candidate of a step ties. Greedy takes token 0 each time. Beam 6, max 2:
+  // step 1 ranks tokens 0, 1, EOS, 3, 4, 5, 6 (a row's 7 best, lowest id first): "EOS" (rank 2)
+  // finishes, the other six live. Step 2 walks the 42 tied candidates hypothesis by hypothesis: "0 0",
+  // "0 1", "0 EOS" (rank 2, finished), "0 3" ... "0 6" fill the beam and are finished at max length,
+  // after "0 EOS". Best first (stable): "EOS", then "0 EOS", "0 0", "0 1", "0 3", "0 4".
+  Model model = table_model({}, std::vector<double>(8, 0.125));
+  FakeDecoder greedy_decoder(model, {0}), beam_decoder(model, {0});
+  GreedyResult greedy = greedy_decode(greedy_decoder, 1, {.max_new_tokens = 2});
+  check_close(greedy.tokens, from_vector<int64_t>({kBos, 0, 0}, {1, 3}), 0, 0);
+  auto results = beam_search(beam_decoder, 1, {.beam_size = 6, .max_new_tokens = 2, .length_penalty = 0, .nbest = 6});
+  std::vector<std::vector<int64_t>> tokens;
+  for (const Hypothesis& h : results[0]) tokens.push_back(h.tokens);
+  CHECK(tokens == std::vector<std::vector<int64_t>>{{kEos}, {0, kEos}, {0, 0}, {0, 1}, {0, 3}, {0, 4}});
+}
+
+TEST_CASE("beam_search keeps going while a live hypothesis could still win under the length penalty") {
+  // A live hypothesis with sum S and length t can at best end with sum S at a length L in
+  // [t + 1, max_new_tokens], i.e. score max(S / lp(t + 1), S / lp(max)), lp(L) = ((5 + L) / 6)^alpha.
+  // max_new_tokens is 10 in both cases.
+  SUBCASE("alpha = 1: the heuristic S / lp(t) would stop too soon") {
+    // Beam 1. Step 1: "EOS" (p 0.5) finishes with score log 0.5 = -0.693; "3" (p 0.48) lives with
+    // S = log 0.48 = -0.734 < -0.693, but S / lp(10) = -0.734 / 2.5 = -0.294 may still win. Step 2:
+    // "3 EOS" (p 0.99) scores (log 0.48 + log 0.99) / (7/6) = -0.638 and wins. The best live beam,
+    // log 0.48 + log(0.01/3) = -6.44, can reach at most -6.44 / (8/6) < -0.638: done after 2 steps.
+    Model model = table_model({{{}, {0.01, 0.01, 0.5, 0.48}}}, {0.01 / 3, 0.01 / 3, 0.99, 0.01 / 3});
+    FakeDecoder decoder(model, {0});
+    auto results = beam_search(decoder, 1, {.beam_size = 1, .max_new_tokens = 10, .length_penalty = 1.0});
+    CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 1});
+    REQUIRE(results[0].size() == 1);
+    CHECK(results[0][0].tokens == std::vector<int64_t>{3, kEos});
+    double sum = static_cast<float>(std::log(0.48)) + static_cast<double>(static_cast<float>(std::log(0.99)));
+    CHECK(results[0][0].log_prob == doctest::Approx(sum).epsilon(1e-12));
+    CHECK(results[0][0].score == doctest::Approx(sum / (7.0 / 6.0)).epsilon(1e-12));
+    CHECK(results[0][0].score == doctest::Approx(-0.638).epsilon(1e-3));
+  }
+  SUBCASE("alpha = -1: S / lp(max) alone would stop too soon") {
+    // lp(L) = 6 / (5 + L), so score = sum * (5 + L) / 6. Beam 2.
+    // Step 1 (p: 0 0.15, 1 0.05, EOS 0.5, 3 0.3): "EOS" finishes (score -0.693); "3" (-1.204) and
+    // "0" (-1.897) live. Step 2: after "3", p(3) = 0.9, p(EOS) = 0.05; after "0", p(EOS) = 0.9: ranked,
+    // "3 3" (-1.309) lives, "0 EOS" (-2.002) finishes with score -2.002 * 7/6 = -2.336, "3 0" (-4.71)
+    // lives. Two finished, the 2nd best -2.336; "3 3" can reach -1.309 * 8/6 = -1.745 (at L = 3) but
+    // only -1.309 * 15/6 = -3.27 at L = 10, so only the exact bound goes on. Step 3: "3 3 EOS" (-1.414)
+    // finishes with score -1.414 * 8/6 = -1.885, the new 2nd best; the best live beam (-4.71) can
+    // reach at most -4.71 * 9/6 = -7.07: done after 3 steps.
+    Model model = table_model({{{}, {0.15, 0.05, 0.5, 0.3}}, {{3}, {0.03, 0.02, 0.05, 0.9}}},
+                              {0.1 / 3, 0.1 / 3, 0.9, 0.1 / 3});
+    FakeDecoder decoder(model, {0});
+    auto results =
+        beam_search(decoder, 1, {.beam_size = 2, .max_new_tokens = 10, .length_penalty = -1.0, .nbest = 2});
+    CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 2, 2});
+    REQUIRE(results[0].size() == 2);
+    CHECK(results[0][0].tokens == std::vector<int64_t>{kEos});
+    CHECK(results[0][1].tokens == std::vector<int64_t>{3, 3, kEos});
+    CHECK(results[0][1].score == doctest::Approx(-1.885).epsilon(1e-3));
+  }
 }
 
 TEST_CASE("length_penalty is GNMT's ((5 + length) / 6)^alpha") {
