@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <functional>
+#include <numeric>
 
 namespace mf::generation {
 
@@ -29,6 +29,7 @@ void check_common(const char* op, int64_t batch_size, int64_t max_new_tokens, st
   for (int64_t token : specials) MF_CHECK(token >= 0, "{}: special token ids must be >= 0, got {}", op, token);
 }
 
+/// A 1-D int64 CPU tensor: the tokens and row indices the decoder is given.
 Tensor int64_vector(const std::vector<int64_t>& values) {
   return from_vector(values, {static_cast<int64_t>(values.size())});
 }
@@ -50,8 +51,9 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
       MF_CHECK(token < vocab, "{}: special token id {} is outside the decoder's vocabulary of {} tokens", op, token,
                vocab);
   }
-  MF_CHECK(log_probs.size(1) == vocab, "{}: decoder.step returned {} log-probabilities per row after {} before", op,
-           log_probs.size(1), vocab);
+  MF_CHECK(log_probs.size(1) == vocab,
+           "{}: decoder.step returned {} log-probabilities per row, but {} on the first step", op, log_probs.size(1),
+           vocab);
   TopTokens top{.k = std::min(k, vocab)};
   auto [values, ids] = topk(log_probs, top.k, 1);  // [N, k] each
   top.values = values.to_vector<double>();
@@ -81,6 +83,7 @@ struct Candidate {
   int64_t token;
 };
 
+/// A finished hypothesis, scored with the length penalty.
 Hypothesis finish(std::vector<int64_t> tokens, double log_prob, double alpha) {
   double score = log_prob / length_penalty(static_cast<int64_t>(tokens.size()), alpha);
   return {.tokens = std::move(tokens), .log_prob = log_prob, .score = score};
@@ -88,7 +91,7 @@ Hypothesis finish(std::vector<int64_t> tokens, double log_prob, double alpha) {
 
 /// The early-stopping rule of beam_search's doc comment, for one sentence whose live hypotheses
 /// (length `length`) are live[begin, end).
-bool sentence_done(std::vector<Hypothesis>& finished, const std::vector<Live>& live, size_t begin, size_t end,
+bool sentence_done(const std::vector<Hypothesis>& finished, const std::vector<Live>& live, size_t begin, size_t end,
                    int64_t length, const BeamOptions& options) {
   auto beam = static_cast<size_t>(options.beam_size);
   if (finished.size() < beam) return false;
@@ -192,10 +195,11 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       const size_t first_new = next.size();
       for (size_t rank = 0; rank < candidates.size() && next.size() - first_new < beam; ++rank) {
         const Candidate& c = candidates[rank];
+        if (c.token == options.eos && rank >= beam) continue;
         std::vector<int64_t> extended = live[static_cast<size_t>(c.row)].tokens;
         extended.push_back(c.token);
         if (c.token == options.eos) {
-          if (rank < beam) finished[s].push_back(finish(std::move(extended), c.log_prob, options.length_penalty));
+          finished[s].push_back(finish(std::move(extended), c.log_prob, options.length_penalty));
         } else {
           next.push_back({.sentence = s, .tokens = std::move(extended), .log_prob = c.log_prob});
           parents.push_back(c.row);
@@ -216,7 +220,8 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   }
 
   for (auto& hyps : finished) {
-    std::stable_sort(hyps.begin(), hyps.end(), [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+    std::stable_sort(hyps.begin(), hyps.end(),
+                     [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
     hyps.resize(std::min(hyps.size(), static_cast<size_t>(options.nbest)));
   }
   return finished;

@@ -500,6 +500,16 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
         "beam_search: decoder.step was fed 2 tokens and must return float log-probabilities [2, V], got float32 [1, 5]",
         Error);
   }
+  SUBCASE("a vocabulary that changes between steps") {
+    struct Shrinking : IncrementalDecoder {
+      Tensor step(const Tensor& tokens) override { return zeros({tokens.size(0), vocab--}); }
+      void select_rows(const Tensor&) override {}
+      int64_t vocab = 5;
+    } shrinking;
+    CHECK_THROWS_WITH_AS(
+        greedy_decode(shrinking, 2),
+        "greedy_decode: decoder.step returned 4 log-probabilities per row, but 5 on the first step", Error);
+  }
   SUBCASE("NaN log-probabilities") {
     FakeDecoder nan_decoder([](int64_t, const std::vector<int64_t>&) { return std::vector<double>(4, NAN); }, {0});
     CHECK_THROWS_WITH_AS(greedy_decode(nan_decoder, 1), "greedy_decode: decoder.step returned NaN log-probabilities",
