@@ -36,5 +36,6 @@
 #include "models/batching.h"
 #include "models/bleu.h"
 #include "models/corpus.h"
+#include "models/generation.h"
 #include "models/tokenizer.h"
 #include "models/vocab.h"
