@@ -20,14 +20,23 @@
 
 #include "autograd/autograd.h"
 
+#include "nn/checkpoint.h"
+#include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/attention.h"
 
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "optim/scheduler.h"
+#include "optim/sgd.h"
+
 #include "models/batching.h"
 #include "models/bleu.h"
 #include "models/corpus.h"
+#include "models/generation.h"
 #include "models/tokenizer.h"
 #include "models/transformer.h"
 #include "models/vocab.h"

@@ -11,6 +11,10 @@
 #include <limits>
 #include <type_traits>
 
+// GCC warns that passing wide vectors by value changes the ABI on targets without AVX; every function
+// here is always inlined into a caller compiled for its ISA, so no such call exists.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace mf {
 namespace cpu {
 

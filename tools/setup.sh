@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Installs what miniflow needs on Debian 12 (only what is missing) and builds it into build/.
+#   --with-python-interop   also makes .venv-interop with numpy and safetensors from PyPI, so that the
+#                           safetensors_interop test runs against Python's safetensors instead of skipping
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+with_python_interop=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-python-interop) with_python_interop=1 ;;
+    *) echo "usage: bash tools/setup.sh [--with-python-interop]" >&2; exit 2 ;;
+  esac
+done
+
 packages=(g++ meson ninja-build pkg-config libopenblas-dev libfmt-dev nlohmann-json3-dev doctest-dev)
+if ((with_python_interop)); then packages+=(python3-venv); fi
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
@@ -16,5 +27,24 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if [ ! -f build/build.ninja ]; then meson setup build; fi
+# The build picks .venv-interop's Python when it exists at configure time, so a venv made now for an
+# existing build needs a reconfigure.
+reconfigure=0
+if ((with_python_interop)); then
+  venv=.venv-interop
+  if [ ! -x "$venv/bin/python3" ]; then
+    python3 -m venv "$venv"
+    reconfigure=1
+  fi
+  if ! "$venv/bin/python3" -c 'import numpy, safetensors' 2>/dev/null; then
+    echo "installing into $venv: numpy safetensors"
+    "$venv/bin/python3" -m pip install -q --disable-pip-version-check 'numpy>=1.24' 'safetensors>=0.4'
+  fi
+fi
+
+if [ ! -f build/build.ninja ]; then
+  meson setup build
+elif ((reconfigure)); then
+  meson setup --reconfigure build
+fi
 ninja -C build

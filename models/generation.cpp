@@ -1,0 +1,230 @@
+// Greedy and beam search over an IncrementalDecoder. The search state lives on the host: per step
+// the decoder gets [N] tokens and gives [N, V] log-probabilities, of which only each row's top k
+// (k = 1 greedy, beam_size + 1 beam) is copied back.
+#include "models/generation.h"
+
+#include "core/graph.h"
+#include "ops/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+
+namespace mf::generation {
+
+namespace {
+
+/// A row's k most probable next tokens, row-major: values/ids [rows * k], best first.
+struct TopTokens {
+  int64_t k = 0;
+  std::vector<double> values;
+  std::vector<int64_t> ids;
+};
+
+/// Checks what the settings of both searches share.
+void check_common(const char* op, int64_t batch_size, int64_t max_new_tokens, std::initializer_list<int64_t> specials) {
+  MF_CHECK(batch_size >= 1, "{}: batch_size must be at least 1, got {}", op, batch_size);
+  MF_CHECK(max_new_tokens >= 1, "{}: max_new_tokens must be at least 1, got {}", op, max_new_tokens);
+  for (int64_t token : specials) MF_CHECK(token >= 0, "{}: special token ids must be >= 0, got {}", op, token);
+}
+
+/// A 1-D int64 CPU tensor: the tokens and row indices the decoder is given.
+Tensor int64_vector(const std::vector<int64_t>& values) {
+  return from_vector(values, {static_cast<int64_t>(values.size())});
+}
+
+/// Runs one decoder step on `tokens`, checks its result ([rows, V], V the same every step and larger
+/// than every special token, no NaN among the winners) and returns each row's k best tokens
+/// (ties go to the lower id, as topk and torch.argmax do).
+TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
+                   int64_t& vocab, std::initializer_list<int64_t> specials) {
+  const auto rows = static_cast<int64_t>(tokens.size());
+  Tensor log_probs = decoder.step(int64_vector(tokens));  // [N, V]
+  MF_CHECK(log_probs.defined() && log_probs.dim() == 2 && log_probs.size(0) == rows && is_floating(log_probs.dtype()),
+           "{}: decoder.step was fed {} tokens and must return float log-probabilities [{}, V], got {}", op, rows,
+           rows, log_probs.defined() ? fmt::format("{} {}", dtype_name(log_probs.dtype()), shape_str(log_probs.shape()))
+                                     : std::string("an undefined tensor"));
+  if (vocab < 0) {
+    vocab = log_probs.size(1);
+    for (int64_t token : specials)
+      MF_CHECK(token < vocab, "{}: special token id {} is outside the decoder's vocabulary of {} tokens", op, token,
+               vocab);
+  }
+  MF_CHECK(log_probs.size(1) == vocab,
+           "{}: decoder.step returned {} log-probabilities per row, but {} on the first step", op, log_probs.size(1),
+           vocab);
+  TopTokens top{.k = std::min(k, vocab)};
+  auto [values, ids] = topk(log_probs, top.k, 1);  // [N, k] each
+  top.values = values.to_vector<double>();
+  top.ids = ids.to_vector<int64_t>();
+  for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN log-probabilities", op);
+  return top;
+}
+
+/// Applies `index` to the decoder's rows unless it keeps every row in place.
+void select_if_changed(IncrementalDecoder& decoder, const std::vector<int64_t>& index, size_t rows) {
+  bool identity = index.size() == rows;
+  for (size_t i = 0; identity && i < index.size(); ++i) identity = index[i] == static_cast<int64_t>(i);
+  if (!identity) decoder.select_rows(int64_vector(index));
+}
+
+/// A hypothesis still being extended; its index in the live list is its row in the decoder.
+struct Live {
+  int64_t sentence;
+  std::vector<int64_t> tokens;
+  double log_prob;
+};
+
+/// One way to extend a live hypothesis, ranked by log_prob.
+struct Candidate {
+  double log_prob;
+  int64_t row;
+  int64_t token;
+};
+
+/// A finished hypothesis, scored with the length penalty.
+Hypothesis finish(std::vector<int64_t> tokens, double log_prob, double alpha) {
+  double score = log_prob / length_penalty(static_cast<int64_t>(tokens.size()), alpha);
+  return {.tokens = std::move(tokens), .log_prob = log_prob, .score = score};
+}
+
+/// The early-stopping rule of beam_search's doc comment, for one sentence whose live hypotheses
+/// (length `length`) are live[begin, end).
+bool sentence_done(const std::vector<Hypothesis>& finished, const std::vector<Live>& live, size_t begin, size_t end,
+                   int64_t length, const BeamOptions& options) {
+  auto beam = static_cast<size_t>(options.beam_size);
+  if (finished.size() < beam) return false;
+  std::vector<double> scores(finished.size());
+  std::transform(finished.begin(), finished.end(), scores.begin(), [](const Hypothesis& h) { return h.score; });
+  std::nth_element(scores.begin(), scores.begin() + static_cast<std::ptrdiff_t>(beam - 1), scores.end(),
+                   std::greater<>());
+  double kth_best = scores[beam - 1];
+  double lp_next = length_penalty(length + 1, options.length_penalty);
+  double lp_max = length_penalty(options.max_new_tokens, options.length_penalty);
+  for (size_t i = begin; i < end; ++i) {
+    double bound = std::max(live[i].log_prob / lp_next, live[i].log_prob / lp_max);
+    if (bound > kth_best) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+double length_penalty(int64_t length, double alpha) {
+  return std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha);
+}
+
+GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, const GreedyOptions& options) {
+  const char* op = "greedy_decode";
+  auto specials = {options.bos, options.eos, options.pad};
+  check_common(op, batch_size, options.max_new_tokens, specials);
+  NoGradGuard no_grad;
+
+  std::vector<std::vector<int64_t>> generated(static_cast<size_t>(batch_size));
+  std::vector<double> log_probs(static_cast<size_t>(batch_size), 0.0);
+  std::vector<int64_t> sentence_of_row(static_cast<size_t>(batch_size));  // the decoder's rows, in order
+  std::iota(sentence_of_row.begin(), sentence_of_row.end(), 0);
+  int64_t vocab = -1;
+  for (int64_t step = 1; !sentence_of_row.empty(); ++step) {
+    std::vector<int64_t> tokens;
+    for (int64_t s : sentence_of_row) tokens.push_back(generated[s].empty() ? options.bos : generated[s].back());
+    TopTokens top = step_top(op, decoder, tokens, 1, vocab, specials);
+    std::vector<int64_t> keep;  // rows whose sentence goes on
+    for (size_t row = 0; row < sentence_of_row.size(); ++row) {
+      int64_t s = sentence_of_row[row];
+      generated[s].push_back(top.ids[row]);
+      log_probs[s] += top.values[row];
+      if (top.ids[row] != options.eos) keep.push_back(static_cast<int64_t>(row));
+    }
+    if (step == options.max_new_tokens || keep.empty()) break;
+    select_if_changed(decoder, keep, sentence_of_row.size());
+    std::vector<int64_t> kept_sentences;
+    for (int64_t row : keep) kept_sentences.push_back(sentence_of_row[row]);
+    sentence_of_row = std::move(kept_sentences);
+  }
+
+  size_t longest = 0;
+  for (const auto& g : generated) longest = std::max(longest, g.size());
+  const size_t width = 1 + longest;
+  std::vector<int64_t> matrix(static_cast<size_t>(batch_size) * width, options.pad);  // [B, L]
+  for (size_t s = 0; s < generated.size(); ++s) {
+    matrix[s * width] = options.bos;
+    std::copy(generated[s].begin(), generated[s].end(), matrix.begin() + static_cast<std::ptrdiff_t>(s * width + 1));
+  }
+  return {.tokens = from_vector(matrix, {batch_size, static_cast<int64_t>(width)}), .log_probs = std::move(log_probs)};
+}
+
+std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, int64_t batch_size,
+                                                 const BeamOptions& options) {
+  const char* op = "beam_search";
+  auto specials = {options.bos, options.eos};
+  check_common(op, batch_size, options.max_new_tokens, specials);
+  MF_CHECK(options.beam_size >= 1, "{}: beam_size must be at least 1, got {}", op, options.beam_size);
+  MF_CHECK(options.nbest >= 1 && options.nbest <= options.beam_size,
+           "{}: nbest must be between 1 and beam_size ({}), got {}", op, options.beam_size, options.nbest);
+  MF_CHECK(std::isfinite(options.length_penalty), "{}: length_penalty must be finite, got {}", op,
+           options.length_penalty);
+  NoGradGuard no_grad;
+
+  const auto beam = static_cast<size_t>(options.beam_size);
+  std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(batch_size));
+  std::vector<Live> live;  // row i of the decoder; grouped by sentence, best first within a sentence
+  for (int64_t s = 0; s < batch_size; ++s) live.push_back({.sentence = s, .tokens = {}, .log_prob = 0.0});
+  int64_t vocab = -1;
+  for (int64_t step = 1; !live.empty(); ++step) {
+    std::vector<int64_t> tokens;
+    for (const Live& h : live) tokens.push_back(h.tokens.empty() ? options.bos : h.tokens.back());
+    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials);
+    const bool last_step = step == options.max_new_tokens;
+
+    std::vector<Live> next;
+    std::vector<int64_t> parents;  // decoder row of each hypothesis in `next`
+    for (size_t begin = 0, end = 0; begin < live.size(); begin = end) {
+      const int64_t s = live[begin].sentence;
+      while (end < live.size() && live[end].sentence == s) ++end;
+      std::vector<Candidate> candidates;
+      for (size_t row = begin; row < end; ++row)
+        for (int64_t j = 0; j < top.k; ++j) {
+          size_t at = row * static_cast<size_t>(top.k) + static_cast<size_t>(j);
+          candidates.push_back({live[row].log_prob + top.values[at], static_cast<int64_t>(row), top.ids[at]});
+        }
+      // Stable: equal sums keep the earlier hypothesis, then the lower token id (topk's order).
+      std::stable_sort(candidates.begin(), candidates.end(),
+                       [](const Candidate& a, const Candidate& b) { return a.log_prob > b.log_prob; });
+      const size_t first_new = next.size();
+      for (size_t rank = 0; rank < candidates.size() && next.size() - first_new < beam; ++rank) {
+        const Candidate& c = candidates[rank];
+        if (c.token == options.eos && rank >= beam) continue;
+        std::vector<int64_t> extended = live[static_cast<size_t>(c.row)].tokens;
+        extended.push_back(c.token);
+        if (c.token == options.eos) {
+          finished[s].push_back(finish(std::move(extended), c.log_prob, options.length_penalty));
+        } else {
+          next.push_back({.sentence = s, .tokens = std::move(extended), .log_prob = c.log_prob});
+          parents.push_back(c.row);
+        }
+      }
+      if (last_step) {
+        for (size_t i = first_new; i < next.size(); ++i)
+          finished[s].push_back(finish(std::move(next[i].tokens), next[i].log_prob, options.length_penalty));
+      }
+      if (last_step || sentence_done(finished[s], next, first_new, next.size(), step, options)) {
+        next.resize(first_new);
+        parents.resize(first_new);
+      }
+    }
+    if (next.empty()) break;
+    select_if_changed(decoder, parents, live.size());
+    live = std::move(next);
+  }
+
+  for (auto& hyps : finished) {
+    std::stable_sort(hyps.begin(), hyps.end(),
+                     [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+    hyps.resize(std::min(hyps.size(), static_cast<size_t>(options.nbest)));
+  }
+  return finished;
+}
+
+}  // namespace mf::generation

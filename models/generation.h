@@ -1,0 +1,121 @@
+// Decoding for sequence-to-sequence models: greedy search and batched beam search over any model
+// that implements IncrementalDecoder (one new token per row per call, with a per-row key/value cache).
+//
+// Everything lives in namespace mf::generation. The searches keep their bookkeeping (hypotheses,
+// scores) on the host in float64; the model only ever sees [N] token tensors and row selections, and
+// only the top few log-probabilities of each row are copied back from its device per step.
+// N = rows the decoder holds now, V = vocabulary size, B = sentences (batch_size).
+#pragma once
+
+#include "core/tensor.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace mf::generation {
+
+/// What a model implements to be decoded. An implementation starts holding one row per sentence
+/// (batch_size rows, e.g. the encoder output of each source sentence) and an empty target prefix;
+/// each step() extends every row's prefix by one token. Row order is whatever the last select_rows
+/// made it; the searches keep track of which row belongs to which hypothesis.
+class IncrementalDecoder {
+ public:
+  virtual ~IncrementalDecoder() = default;
+
+  /// Feeds one new token per row (`tokens`: [N] int64 on the CPU, N = the rows held now; the first
+  /// call feeds BOS) and returns the log-probabilities of the next token, [N, V] float32 or float64 on
+  /// any device, extending each row's key/value cache by one position.
+  virtual Tensor step(const Tensor& tokens) = 0;
+
+  /// Keeps and reorders the cached rows: row i of the new cache is row index[i] of the old (`index`:
+  /// [N'] int64 on the CPU, each in [0, N)). Rows may repeat (a beam forks) and may be left out (a
+  /// finished sentence), so N' may be larger or smaller than N. Per-row state that never changes
+  /// (encoder output, source mask) must follow the same selection.
+  virtual void select_rows(const Tensor& index) = 0;
+};
+
+struct GreedyOptions {
+  /// At most this many tokens are generated per sentence, EOS included; at least 1.
+  int64_t max_new_tokens = 64;
+  int64_t bos = 1;
+  int64_t eos = 2;
+  int64_t pad = 0;
+};
+
+struct GreedyResult {
+  /// [B, L] int64: BOS, then the generated tokens, then PAD after EOS (the layout of PyTorch's usual
+  /// greedy loop). L = 1 + the longest generation, at most 1 + max_new_tokens.
+  Tensor tokens;
+  /// Per sentence, the sum of the log-probabilities of its generated tokens (EOS included).
+  std::vector<double> log_probs;
+};
+
+/// Argmax decoding of `batch_size` sentences together: every step feeds each unfinished sentence's
+/// last token and appends the most probable next one (the lowest token id on a tie, as torch.argmax).
+/// A sentence is finished after EOS or after max_new_tokens tokens; finished sentences are dropped
+/// from the decoder with select_rows (only when a row finishes, so no copy otherwise), so later steps
+/// cost only the live rows, and decoding stops as soon as every sentence is finished. Runs with
+/// autograd off. On return the decoder's cache is in no particular state. Throws mf::Error for
+/// batch_size or max_new_tokens below 1, a negative special token or one outside the vocabulary, and
+/// a decoder whose step returns the wrong shape or NaN.
+GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, const GreedyOptions& options = {});
+
+struct BeamOptions {
+  /// Live hypotheses per sentence, and how many finished ones decide that a sentence is done; >= 1.
+  int64_t beam_size = 4;
+  /// At most this many tokens are generated per hypothesis, EOS included; at least 1.
+  int64_t max_new_tokens = 64;
+  /// alpha of the length penalty (see length_penalty): 0 ranks by the plain sum of log-probabilities;
+  /// larger values favour longer hypotheses. 0.6 is the GNMT / Marian choice.
+  double length_penalty = 0.6;
+  /// Hypotheses returned per sentence, 1 <= nbest <= beam_size.
+  int64_t nbest = 1;
+  int64_t bos = 1;
+  int64_t eos = 2;
+};
+
+/// One finished hypothesis of beam search.
+struct Hypothesis {
+  /// The generated tokens, BOS left out; the last is EOS unless max_new_tokens ran out first.
+  std::vector<int64_t> tokens;
+  /// Sum of the log-probabilities of `tokens`.
+  double log_prob = 0;
+  /// What hypotheses are ranked by: log_prob / length_penalty(tokens.size(), alpha).
+  double score = 0;
+};
+
+/// GNMT's length penalty (Wu et al. 2016, eq. 14): ((5 + length) / 6)^alpha, with length the number of
+/// generated tokens, EOS included. It is 1 for length 1 whatever alpha, so one-token hypotheses keep
+/// their plain log-probability.
+double length_penalty(int64_t length, double alpha);
+
+/// Batched beam search: the live hypotheses of all sentences are the rows of one step() call (up to
+/// batch_size * beam_size rows). The first step runs on the decoder's batch_size rows and select_rows
+/// then forks each sentence into its beams.
+///
+/// Each step, for every sentence, the candidates (each live hypothesis extended by each token) are
+/// ranked by their summed log-probability (ties: earlier hypothesis, then lower token id). Walking
+/// them best first, a candidate ending in EOS becomes a finished hypothesis when it ranks among the
+/// first beam_size (fairseq's rule: an EOS further down would not have survived the beam anyway),
+/// and the first beam_size candidates not ending in EOS become the next live hypotheses. A row holds
+/// one EOS, so only its beam_size + 1 best tokens can be among those; only they leave the device.
+///
+/// Early stopping (exact): a sentence is done when it has at least beam_size finished hypotheses and
+/// the beam_size-th best of their scores is at least the best score any live hypothesis could still
+/// reach. Log-probabilities are <= 0, so a live hypothesis with sum S and length t can at best end with
+/// sum S at some length L in (t, max_new_tokens], i.e. at best max(S / lp(t + 1), S / lp(max)) (S / lp(L)
+/// is monotonic in L); continuing could therefore not change the sentence's beam_size best, unlike the
+/// common heuristic S / lp(t) that stops too soon when alpha > 0. A sentence is also done when it has
+/// no live hypotheses left; at max_new_tokens the live hypotheses are finished as they stand, without
+/// EOS. A done sentence's rows are dropped with select_rows, and the search ends when all are done.
+///
+/// Returns per sentence its best min(nbest, number found) finished hypotheses, best score first (ties
+/// keep the order they were found in). With length_penalty 0 and beam_size 1 the result is exactly
+/// greedy_decode's (tokens and log-probabilities). Runs with autograd off; on return the decoder's
+/// cache is in no particular state. Throws mf::Error for beam_size, nbest, batch_size or
+/// max_new_tokens out of range, a non-finite length_penalty, a negative special token or one outside
+/// the vocabulary, and a decoder whose step returns the wrong shape or NaN.
+std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, int64_t batch_size,
+                                                 const BeamOptions& options = {});
+
+}  // namespace mf::generation

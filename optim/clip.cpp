@@ -1,0 +1,55 @@
+#include "optim/clip.h"
+
+#include "core/graph.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mf::optim {
+
+namespace {
+
+/// Sum of |g|^p over `grad` (p finite), or max |g| (p infinite, NaN if any element is NaN).
+double accumulate_norm(const Tensor& grad, double p, double acc) {
+  Tensor g = grad.to(Device::cpu()).contiguous();
+  visit_floating(g.dtype(), [&]<typename T>() {
+    const T* data = g.data_ptr<T>();
+    for (int64_t i = 0, n = g.numel(); i < n; ++i) {
+      double a = std::abs(static_cast<double>(data[i]));
+      if (std::isinf(p)) acc = std::isnan(a) || std::isnan(acc) ? NAN : std::max(acc, a);
+      else acc += p == 2 ? a * a : p == 1 ? a : std::pow(a, p);
+    }
+  });
+  return acc;
+}
+
+}  // namespace
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+  MF_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be > 0 (or kInfNorm), got {}", norm_type);
+  MF_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0, got {}", max_norm);
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  double acc = 0;
+  for (const Tensor& g : grads) acc = accumulate_norm(g, norm_type, acc);
+  double total = std::isinf(norm_type) ? acc : norm_type == 2 ? std::sqrt(acc) : std::pow(acc, 1 / norm_type);
+  MF_CHECK(!error_if_nonfinite || std::isfinite(total),
+           "clip_grad_norm_: the total {}-norm of the gradients is {}", norm_type, total);
+  double coef = max_norm / (total + 1e-6);
+  if (!(coef >= 1))  // also when coef is NaN, which then spreads to the gradients as in PyTorch
+    for (Tensor& g : grads) g.mul_(coef);
+  return total;
+}
+
+void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
+  MF_CHECK(clip_value >= 0, "clip_grad_value_: clip_value must be >= 0, got {}", clip_value);
+  NoGradGuard no_grad;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (g.defined()) g.copy_(g.clamp(-clip_value, clip_value));
+  }
+}
+
+}  // namespace mf::optim

@@ -1,0 +1,518 @@
+// Greedy and beam search (models/generation.h) against fake decoders whose next-token distribution is
+// a fixed function of (sentence, prefix), so every expected value can be computed independently: by a
+// naive argmax loop, by exhaustive enumeration, or by hand for scripted distributions.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+
+using namespace mf;
+using namespace mf::generation;
+using mf::testing::check_close;
+
+namespace {
+
+constexpr int64_t kPad = 0, kBos = 1, kEos = 2;
+
+/// log p(next token | sentence, prefix) for every token, prefix starting with BOS. Values are
+/// float-rounded, so the float32 tensors a decoder returns hold them exactly.
+using Model = std::function<std::vector<double>(int64_t sentence, const std::vector<int64_t>& prefix)>;
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::vector<double> float_log_softmax(const std::vector<double>& logits) {
+  double top = *std::max_element(logits.begin(), logits.end()), total = 0;
+  for (double l : logits) total += std::exp(l - top);
+  std::vector<double> out;
+  for (double l : logits) out.push_back(static_cast<float>(l - top - std::log(total)));
+  return out;
+}
+
+/// A random model: logits uniform in [-3, 3) hashed from (seed, sentence, whole prefix), EOS pushed up
+/// as the prefix grows so sentences end at various lengths. Depending on the sentence and the whole
+/// prefix makes any mix-up of rows (batching, reordering) change the numbers.
+Model random_model(uint64_t seed, int64_t vocab) {
+  return [seed, vocab](int64_t sentence, const std::vector<int64_t>& prefix) {
+    uint64_t h = splitmix(seed ^ splitmix(static_cast<uint64_t>(sentence)));
+    for (int64_t t : prefix) h = splitmix(h ^ static_cast<uint64_t>(t));
+    std::vector<double> logits;
+    for (int64_t v = 0; v < vocab; ++v) {
+      h = splitmix(h);
+      logits.push_back(static_cast<double>(h >> 11) * 0x1.0p-53 * 6 - 3);
+    }
+    logits[kEos] += 0.6 * static_cast<double>(prefix.size());
+    return float_log_softmax(logits);
+  };
+}
+
+/// A scripted model: at position p (after p generated tokens) the sentence's script[p] (EOS past the
+/// end) has probability `p_main`, every other token shares the rest equally.
+Model scripted_model(std::vector<std::vector<int64_t>> scripts, int64_t vocab, double p_main = 0.9) {
+  return [scripts, vocab, p_main](int64_t sentence, const std::vector<int64_t>& prefix) {
+    const auto& script = scripts[static_cast<size_t>(sentence)];
+    size_t position = prefix.size() - 1;
+    int64_t main = position < script.size() ? script[position] : kEos;
+    std::vector<double> out(static_cast<size_t>(vocab), static_cast<float>(std::log((1 - p_main) / (vocab - 1))));
+    out[static_cast<size_t>(main)] = static_cast<float>(std::log(p_main));
+    return out;
+  };
+}
+
+/// Probabilities by prefix (BOS left out), `otherwise` for prefixes not in the table.
+Model table_model(std::map<std::vector<int64_t>, std::vector<double>> table, std::vector<double> otherwise) {
+  return [table, otherwise](int64_t, const std::vector<int64_t>& prefix) {
+    auto it = table.find(std::vector<int64_t>(prefix.begin() + 1, prefix.end()));
+    std::vector<double> out;
+    for (double p : it == table.end() ? otherwise : it->second) out.push_back(static_cast<float>(std::log(p)));
+    return out;
+  };
+}
+
+/// The decoder the searches drive: row i holds sentence sentences[i] and the prefix fed so far. It
+/// records how many rows each step saw and every selection, and rejects malformed calls.
+class FakeDecoder : public IncrementalDecoder {
+ public:
+  FakeDecoder(Model model, std::vector<int64_t> sentences, int64_t bos = kBos)
+      : model_(std::move(model)), sentences_(std::move(sentences)), bos_(bos) {
+    prefixes_.resize(sentences_.size());
+  }
+
+  Tensor step(const Tensor& tokens) override {
+    MF_CHECK(tokens.dim() == 1 && tokens.dtype() == DType::Int64 && tokens.size(0) == rows(),
+             "FakeDecoder: bad tokens {}", shape_str(tokens.shape()));
+    std::vector<int64_t> fed = tokens.to_vector<int64_t>();
+    rows_per_step.push_back(rows());
+    std::vector<float> out;
+    for (size_t row = 0; row < fed.size(); ++row) {
+      MF_CHECK(!prefixes_[row].empty() || fed[row] == bos_, "FakeDecoder: the first token must be BOS");
+      prefixes_[row].push_back(fed[row]);
+      for (double v : model_(sentences_[row], prefixes_[row])) out.push_back(static_cast<float>(v));
+    }
+    return from_vector(out, {rows(), static_cast<int64_t>(out.size()) / std::max<int64_t>(rows(), 1)});
+  }
+
+  void select_rows(const Tensor& index) override {
+    std::vector<int64_t> picked = index.to_vector<int64_t>();
+    selections.push_back(picked);
+    std::vector<int64_t> sentences;
+    std::vector<std::vector<int64_t>> prefixes;
+    for (int64_t i : picked) {
+      MF_CHECK(i >= 0 && i < rows(), "FakeDecoder: row {} out of range", i);
+      sentences.push_back(sentences_[static_cast<size_t>(i)]);
+      prefixes.push_back(prefixes_[static_cast<size_t>(i)]);
+    }
+    sentences_ = std::move(sentences);
+    prefixes_ = std::move(prefixes);
+  }
+
+  int64_t rows() const { return static_cast<int64_t>(sentences_.size()); }
+
+  std::vector<int64_t> rows_per_step;
+  std::vector<std::vector<int64_t>> selections;
+
+ private:
+  Model model_;
+  std::vector<int64_t> sentences_;
+  std::vector<std::vector<int64_t>> prefixes_;
+  int64_t bos_;
+};
+
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+double gnmt(size_t length, double alpha) { return std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha); }
+
+/// Naive greedy decoding of one sentence: argmax (first maximum) until EOS or max_new_tokens.
+std::pair<std::vector<int64_t>, double> naive_greedy(const Model& model, int64_t sentence, int64_t max_new_tokens) {
+  std::vector<int64_t> prefix{kBos};
+  double sum = 0;
+  while (static_cast<int64_t>(prefix.size()) <= max_new_tokens) {
+    std::vector<double> lp = model(sentence, prefix);
+    auto best = std::max_element(lp.begin(), lp.end());  // the first maximum
+    sum += *best;
+    prefix.push_back(best - lp.begin());
+    if (prefix.back() == kEos) break;
+  }
+  return {prefix, sum};
+}
+
+/// Every complete hypothesis of one sentence (ends in EOS, or has max_new_tokens tokens), with its
+/// log-probability and GNMT score, best first.
+std::vector<Hypothesis> enumerate_all(const Model& model, int64_t sentence, int64_t vocab, int64_t max_new_tokens,
+                                      double alpha) {
+  std::vector<Hypothesis> all;
+  std::function<void(std::vector<int64_t>&, double)> extend = [&](std::vector<int64_t>& prefix, double sum) {
+    std::vector<double> lp = model(sentence, prefix);
+    for (int64_t t = 0; t < vocab; ++t) {
+      prefix.push_back(t);
+      double s = sum + lp[static_cast<size_t>(t)];
+      if (t == kEos || static_cast<int64_t>(prefix.size()) - 1 == max_new_tokens) {
+        std::vector<int64_t> tokens(prefix.begin() + 1, prefix.end());
+        all.push_back({tokens, s, s / gnmt(tokens.size(), alpha)});
+      } else {
+        extend(prefix, s);
+      }
+      prefix.pop_back();
+    }
+  };
+  std::vector<int64_t> prefix{kBos};
+  extend(prefix, 0.0);
+  std::sort(all.begin(), all.end(), [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+  return all;
+}
+
+void check_same(const std::vector<Hypothesis>& actual, const std::vector<Hypothesis>& expected) {
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    CAPTURE(i);
+    CHECK(actual[i].tokens == expected[i].tokens);
+    CHECK(actual[i].log_prob == doctest::Approx(expected[i].log_prob).epsilon(1e-12));
+    CHECK(actual[i].score == doctest::Approx(expected[i].score).epsilon(1e-12));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("greedy_decode equals a naive argmax loop run on each sentence") {
+  for (uint64_t seed : {1, 2, 3}) {
+    for (int64_t max_new : {1, 3, 8}) {
+      CAPTURE(seed);
+      CAPTURE(max_new);
+      const int64_t batch = 5, vocab = 7;
+      Model model = random_model(seed, vocab);
+      FakeDecoder decoder(model, iota(batch));
+      GreedyResult result = greedy_decode(decoder, batch, {.max_new_tokens = max_new});
+
+      std::vector<std::pair<std::vector<int64_t>, double>> expected;
+      size_t width = 0;
+      for (int64_t s = 0; s < batch; ++s) {
+        expected.push_back(naive_greedy(model, s, max_new));
+        width = std::max(width, expected.back().first.size());
+      }
+      REQUIRE(result.tokens.shape() == Shape{batch, static_cast<int64_t>(width)});
+      for (int64_t s = 0; s < batch; ++s) {
+        CAPTURE(s);
+        auto row = result.tokens.select(0, s).to_vector<int64_t>();
+        auto want = expected[static_cast<size_t>(s)].first;
+        want.resize(width, kPad);  // PAD after EOS
+        CHECK(row == want);
+        CHECK(result.log_probs[static_cast<size_t>(s)] == expected[static_cast<size_t>(s)].second);
+      }
+      // Every step sees only the sentences that have not produced EOS yet.
+      for (size_t step = 0; step < decoder.rows_per_step.size(); ++step) {
+        int64_t unfinished = 0;
+        for (const auto& e : expected) unfinished += e.first.size() > step + 1;
+        CHECK(decoder.rows_per_step[step] == unfinished);
+      }
+    }
+  }
+}
+
+TEST_CASE("greedy_decode: BOS first, PAD after EOS, finished rows dropped, early stop (scripted)") {
+  const double l9 = static_cast<float>(std::log(0.9));
+  SUBCASE("max_new_tokens reached") {
+    // Sentence 0 says "5 EOS", sentence 1 "EOS", sentence 2 "4 4 4 4 ...": after step 1 sentence 1 is
+    // dropped (keep rows 0 and 2), after step 2 sentence 0 (keep row 1 of 2); sentence 2 hits the limit.
+    FakeDecoder decoder(scripted_model({{5, kEos}, {kEos}, {4, 4, 4, 4, 4, 4}}, 6), iota(3));
+    GreedyResult result = greedy_decode(decoder, 3, {.max_new_tokens = 4});
+    check_close(result.tokens, from_vector<int64_t>({1, 5, 2, 0, 0, 1, 2, 0, 0, 0, 1, 4, 4, 4, 4}, {3, 5}), 0, 0);
+    CHECK(result.log_probs == std::vector<double>{2 * l9, l9, 4 * l9});
+    CHECK(decoder.rows_per_step == std::vector<int64_t>{3, 2, 1, 1});
+    CHECK(decoder.selections == std::vector<std::vector<int64_t>>{{0, 2}, {1}});
+  }
+  SUBCASE("every sentence ends before max_new_tokens") {
+    FakeDecoder decoder(scripted_model({{5, kEos}, {kEos}, {4, 4, kEos}}, 6), iota(3));
+    GreedyResult result = greedy_decode(decoder, 3, {.max_new_tokens = 10});
+    check_close(result.tokens, from_vector<int64_t>({1, 5, 2, 0, 1, 2, 0, 0, 1, 4, 4, 2}, {3, 4}), 0, 0);
+    CHECK(decoder.rows_per_step == std::vector<int64_t>{3, 2, 1});
+  }
+  SUBCASE("other special token ids") {
+    // BOS 3, EOS 4, PAD 5; sentence 0 says "4", sentence 1 "0 4".
+    FakeDecoder decoder(scripted_model({{4}, {0, 4}}, 6), iota(2), 3);
+    GreedyResult result = greedy_decode(decoder, 2, {.max_new_tokens = 3, .bos = 3, .eos = 4, .pad = 5});
+    check_close(result.tokens, from_vector<int64_t>({3, 4, 5, 3, 0, 4}, {2, 3}), 0, 0);
+  }
+}
+
+TEST_CASE("beam_search with beam 1 and no length penalty is greedy_decode") {
+  for (uint64_t seed : {4, 5, 6, 7}) {
+    CAPTURE(seed);
+    const int64_t batch = 6, vocab = 9, max_new = 7;
+    Model model = random_model(seed, vocab);
+    FakeDecoder greedy_decoder(model, iota(batch)), beam_decoder(model, iota(batch));
+    GreedyResult greedy = greedy_decode(greedy_decoder, batch, {.max_new_tokens = max_new});
+    auto beams = beam_search(beam_decoder, batch, {.beam_size = 1, .max_new_tokens = max_new, .length_penalty = 0});
+    REQUIRE(beams.size() == static_cast<size_t>(batch));
+    for (int64_t s = 0; s < batch; ++s) {
+      CAPTURE(s);
+      REQUIRE(beams[static_cast<size_t>(s)].size() == 1);
+      const Hypothesis& h = beams[static_cast<size_t>(s)][0];
+      std::vector<int64_t> row = greedy.tokens.select(0, s).to_vector<int64_t>();
+      std::vector<int64_t> want(row.begin() + 1, row.begin() + 1 + static_cast<std::ptrdiff_t>(h.tokens.size()));
+      CHECK(h.tokens == want);
+      CHECK((h.tokens.size() + 1 == row.size() || row[h.tokens.size() + 1] == kPad));
+      CHECK(h.log_prob == greedy.log_probs[static_cast<size_t>(s)]);
+      CHECK(h.score == h.log_prob);
+    }
+  }
+}
+
+TEST_CASE("beam_search returns n-best lists in score order, each scored as the model says") {
+  const int64_t batch = 4, vocab = 8, max_new = 6;
+  for (double alpha : {0.0, 0.6, 1.2}) {
+    CAPTURE(alpha);
+    Model model = random_model(11, vocab);
+    FakeDecoder decoder(model, iota(batch));
+    auto results = beam_search(decoder, batch, {.beam_size = 5, .max_new_tokens = max_new, .length_penalty = alpha,
+                                                .nbest = 4});
+    REQUIRE(results.size() == static_cast<size_t>(batch));
+    for (int64_t s = 0; s < batch; ++s) {
+      CAPTURE(s);
+      const auto& hyps = results[static_cast<size_t>(s)];
+      REQUIRE(hyps.size() == 4);
+      for (size_t i = 0; i < hyps.size(); ++i) {
+        const Hypothesis& h = hyps[i];
+        REQUIRE(!h.tokens.empty());
+        CHECK(static_cast<int64_t>(h.tokens.size()) <= max_new);
+        // EOS only at the end; without EOS the hypothesis used up max_new_tokens.
+        CHECK(std::count(h.tokens.begin(), h.tokens.end(), kEos) == (h.tokens.back() == kEos ? 1 : 0));
+        if (h.tokens.back() != kEos) CHECK(static_cast<int64_t>(h.tokens.size()) == max_new);
+        // The model's own numbers along the hypothesis.
+        std::vector<int64_t> prefix{kBos};
+        double sum = 0;
+        for (int64_t t : h.tokens) {
+          sum += model(s, prefix)[static_cast<size_t>(t)];
+          prefix.push_back(t);
+        }
+        CHECK(h.log_prob == doctest::Approx(sum).epsilon(1e-12));
+        CHECK(h.score == doctest::Approx(sum / gnmt(h.tokens.size(), alpha)).epsilon(1e-12));
+        if (i > 0) {
+          CHECK(hyps[i - 1].score >= h.score);
+          CHECK(hyps[i - 1].tokens != h.tokens);
+        }
+      }
+    }
+    CHECK(decoder.rows_per_step.front() == batch);
+    for (int64_t rows : decoder.rows_per_step) CHECK(rows <= batch * 5);
+  }
+}
+
+TEST_CASE("beam_search with a beam wider than the search space is exhaustive search") {
+  // V = 4 and at most 3 new tokens: 1 + 3 + 9 hypotheses end in EOS and 27 run out of length, 40 in
+  // all; at most 9 are ever live at once, so a beam of 64 prunes nothing and never stops early, and
+  // its 40-best list must be the brute-force enumeration sorted by score.
+  const int64_t batch = 3, vocab = 4, max_new = 3;
+  for (double alpha : {0.0, 0.6, 2.0, -0.7}) {
+    CAPTURE(alpha);
+    Model model = random_model(21, vocab);
+    FakeDecoder decoder(model, iota(batch));
+    auto results = beam_search(decoder, batch, {.beam_size = 64, .max_new_tokens = max_new, .length_penalty = alpha,
+                                                .nbest = 40});
+    for (int64_t s = 0; s < batch; ++s) {
+      CAPTURE(s);
+      std::vector<Hypothesis> all = enumerate_all(model, s, vocab, max_new, alpha);
+      REQUIRE(all.size() == 40);
+      check_same(results[static_cast<size_t>(s)], all);
+    }
+  }
+}
+
+TEST_CASE("decoding sentences together gives each sentence's result when decoded alone") {
+  const int64_t batch = 5, vocab = 6;
+  Model model = random_model(31, vocab);
+  FakeDecoder greedy_batched(model, iota(batch)), beam_batched(model, iota(batch));
+  GreedyResult greedy = greedy_decode(greedy_batched, batch, {.max_new_tokens = 9});
+  BeamOptions options{.beam_size = 3, .max_new_tokens = 9, .length_penalty = 0.8, .nbest = 3};
+  auto beams = beam_search(beam_batched, batch, options);
+  for (int64_t s = 0; s < batch; ++s) {
+    CAPTURE(s);
+    FakeDecoder greedy_alone(model, {s}), beam_alone(model, {s});
+    GreedyResult one = greedy_decode(greedy_alone, 1, {.max_new_tokens = 9});
+    std::vector<int64_t> row = greedy.tokens.select(0, s).to_vector<int64_t>();
+    std::vector<int64_t> alone = one.tokens.select(0, 0).to_vector<int64_t>();
+    alone.resize(row.size(), kPad);
+    CHECK(row == alone);
+    CHECK(greedy.log_probs[static_cast<size_t>(s)] == one.log_probs[0]);
+    auto single = beam_search(beam_alone, 1, options);
+    check_same(beams[static_cast<size_t>(s)], single[0]);
+  }
+}
+
+TEST_CASE("beam_search drops a sentence's rows once it is done (scripted)") {
+  // V = 6, p(script token) = 0.9, every other token 0.02; beam 2, no length penalty, max 6.
+  // Sentence 1 says "EOS". Step 1 (its one row): EOS ranks first -> finished (log 0.9); tokens 0 and
+  // 1 (ties go to the lower id) become the two live beams. Step 2: both rows put EOS first, so the
+  // two best candidates are "0 EOS" and "1 EOS" (log 0.02 + log 0.9 each) -> 3 finished; the best
+  // live beam has 2 log 0.02, below the 2nd best finished, so sentence 1 is done.
+  // Sentence 0 says "3 3 3 3 3 3": EOS never ranks among its top 2 (token 0 ties with it and wins),
+  // so it keeps 2 live rows until max_new_tokens, where "3 3 3 3 3 3" and "3 3 3 3 3 0" (the first of
+  // the ties at 5 log 0.9 + log 0.02) are finished as they stand. Its "EOS" of step 1 (log 0.02) would
+  // beat the latter, but ranked below the beam it was never kept.
+  // Rows per step: 1 + 1, then 2 + 2, then 2 for sentence 0 alone.
+  FakeDecoder decoder(scripted_model({{3, 3, 3, 3, 3, 3}, {kEos}}, 6), iota(2));
+  auto results = beam_search(decoder, 2, {.beam_size = 2, .max_new_tokens = 6, .length_penalty = 0, .nbest = 2});
+  CHECK(decoder.rows_per_step == std::vector<int64_t>{2, 4, 2, 2, 2, 2});
+  const double l9 = static_cast<float>(std::log(0.9)), l02 = static_cast<float>(std::log(0.02));
+  REQUIRE(results[0].size() == 2);
+  CHECK(results[0][0].tokens == std::vector<int64_t>{3, 3, 3, 3, 3, 3});
+  CHECK(results[0][0].log_prob == doctest::Approx(6 * l9).epsilon(1e-12));
+  CHECK(results[0][1].tokens == std::vector<int64_t>{3, 3, 3, 3, 3, 0});
+  CHECK(results[0][1].log_prob == doctest::Approx(5 * l9 + l02).epsilon(1e-12));
+  REQUIRE(results[1].size() == 2);
+  CHECK(results[1][0].tokens == std::vector<int64_t>{kEos});
+  CHECK(results[1][0].log_prob == l9);
+  CHECK(results[1][1].tokens == std::vector<int64_t>{0, kEos});
+  CHECK(results[1][1].log_prob == l02 + l9);
+}
+
+TEST_CASE("beam_search: an EOS ranked below the beam is not kept") {
+  // Beam 2, nbest 2, alpha = -1 (lp(L) = 6 / (5 + L), score = sum * (5 + L) / 6), max_new_tokens 10.
+  // Step 1 (p: 0 0.3, 1 0.05, EOS 0.15, 3 0.5): "3" (-0.693) and "0" (-1.204) live.
+  // Step 2, ranked: "3 EOS" (log 0.5 + log 0.5 = -1.386) finishes (score -1.617); "3 3" (-0.693 +
+  // log 0.404 = -1.600) lives; "0 EOS" (-1.204 + log 0.609 = -1.700) ranks 3rd, below the beam, and is
+  // dropped; "0 3" (-2.408) lives. Kept, "0 EOS" would have been the 2nd finished (score -1.983), and
+  // "3 3" could reach at most -1.600 * 8/6 = -2.133 below it, so the search would stop with "0 EOS" in
+  // the 2-best. Dropped, one finished is not enough and step 3 (p(EOS) = 0.9 after any other prefix)
+  // finishes "3 3 EOS" (-1.705, score -2.274) and "0 3 EOS"; the live beams (<= -1.600 + log(0.1/3))
+  // cannot come near, so the search stops with the 2-best "3 EOS", "3 3 EOS".
+  Model model = table_model({{{}, {0.3, 0.05, 0.15, 0.5}},
+                             {{3}, {0.048, 0.048, 0.5, 0.404}},
+                             {{0}, {0.05, 0.041, 0.609, 0.3}}},
+                            {0.1 / 3, 0.1 / 3, 0.9, 0.1 / 3});
+  FakeDecoder decoder(model, {0});
+  auto results = beam_search(decoder, 1, {.beam_size = 2, .max_new_tokens = 10, .length_penalty = -1, .nbest = 2});
+  CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 2, 2});
+  REQUIRE(results[0].size() == 2);
+  CHECK(results[0][0].tokens == std::vector<int64_t>{3, kEos});
+  CHECK(results[0][0].score == doctest::Approx(-1.617).epsilon(1e-3));
+  CHECK(results[0][1].tokens == std::vector<int64_t>{3, 3, kEos});
+  CHECK(results[0][1].score == doctest::Approx(-2.274).epsilon(1e-3));
+}
+
+TEST_CASE("ties go to the earlier hypothesis, then the lower token id") {
+  // Uniform over V = 8: every candidate of a step ties. Greedy takes token 0 each time. Beam 6, max 2:
+  // step 1 ranks tokens 0, 1, EOS, 3, 4, 5, 6 (a row's 7 best, lowest id first): "EOS" (rank 2)
+  // finishes, the other six live. Step 2 walks the 42 tied candidates hypothesis by hypothesis: "0 0",
+  // "0 1", "0 EOS" (rank 2, finished), "0 3" ... "0 6" fill the beam and are finished at max length,
+  // after "0 EOS". Best first (stable): "EOS", then "0 EOS", "0 0", "0 1", "0 3", "0 4".
+  Model model = table_model({}, std::vector<double>(8, 0.125));
+  FakeDecoder greedy_decoder(model, {0}), beam_decoder(model, {0});
+  GreedyResult greedy = greedy_decode(greedy_decoder, 1, {.max_new_tokens = 2});
+  check_close(greedy.tokens, from_vector<int64_t>({kBos, 0, 0}, {1, 3}), 0, 0);
+  auto results = beam_search(beam_decoder, 1, {.beam_size = 6, .max_new_tokens = 2, .length_penalty = 0, .nbest = 6});
+  std::vector<std::vector<int64_t>> tokens;
+  for (const Hypothesis& h : results[0]) tokens.push_back(h.tokens);
+  CHECK(tokens == std::vector<std::vector<int64_t>>{{kEos}, {0, kEos}, {0, 0}, {0, 1}, {0, 3}, {0, 4}});
+}
+
+TEST_CASE("beam_search keeps going while a live hypothesis could still win under the length penalty") {
+  // A live hypothesis with sum S and length t can at best end with sum S at a length L in
+  // [t + 1, max_new_tokens], i.e. score max(S / lp(t + 1), S / lp(max)), lp(L) = ((5 + L) / 6)^alpha.
+  // max_new_tokens is 10 in both cases.
+  SUBCASE("alpha = 1: the heuristic S / lp(t) would stop too soon") {
+    // Beam 1. Step 1: "EOS" (p 0.5) finishes with score log 0.5 = -0.693; "3" (p 0.48) lives with
+    // S = log 0.48 = -0.734 < -0.693, but S / lp(10) = -0.734 / 2.5 = -0.294 may still win. Step 2:
+    // "3 EOS" (p 0.99) scores (log 0.48 + log 0.99) / (7/6) = -0.638 and wins. The best live beam,
+    // log 0.48 + log(0.01/3) = -6.44, can reach at most -6.44 / (8/6) < -0.638: done after 2 steps.
+    Model model = table_model({{{}, {0.01, 0.01, 0.5, 0.48}}}, {0.01 / 3, 0.01 / 3, 0.99, 0.01 / 3});
+    FakeDecoder decoder(model, {0});
+    auto results = beam_search(decoder, 1, {.beam_size = 1, .max_new_tokens = 10, .length_penalty = 1.0});
+    CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 1});
+    REQUIRE(results[0].size() == 1);
+    CHECK(results[0][0].tokens == std::vector<int64_t>{3, kEos});
+    double sum = static_cast<float>(std::log(0.48)) + static_cast<double>(static_cast<float>(std::log(0.99)));
+    CHECK(results[0][0].log_prob == doctest::Approx(sum).epsilon(1e-12));
+    CHECK(results[0][0].score == doctest::Approx(sum / (7.0 / 6.0)).epsilon(1e-12));
+    CHECK(results[0][0].score == doctest::Approx(-0.638).epsilon(1e-3));
+  }
+  SUBCASE("alpha = -1: S / lp(max) alone would stop too soon") {
+    // lp(L) = 6 / (5 + L), so score = sum * (5 + L) / 6. Beam 2.
+    // Step 1 (p: 0 0.15, 1 0.05, EOS 0.5, 3 0.3): "EOS" finishes (score -0.693); "3" (-1.204) and
+    // "0" (-1.897) live. Step 2: after "3", p(3) = 0.9, p(EOS) = 0.05; after "0", p(EOS) = 0.9: ranked,
+    // "3 3" (-1.309) lives, "0 EOS" (-2.002) finishes with score -2.002 * 7/6 = -2.336, "3 0" (-4.71)
+    // lives. Two finished, the 2nd best -2.336; "3 3" can reach -1.309 * 8/6 = -1.745 (at L = 3) but
+    // only -1.309 * 15/6 = -3.27 at L = 10, so only the exact bound goes on. Step 3: "3 3 EOS" (-1.414)
+    // finishes with score -1.414 * 8/6 = -1.885, the new 2nd best; the best live beam (-4.71) can
+    // reach at most -4.71 * 9/6 = -7.07: done after 3 steps.
+    Model model = table_model({{{}, {0.15, 0.05, 0.5, 0.3}}, {{3}, {0.03, 0.02, 0.05, 0.9}}},
+                              {0.1 / 3, 0.1 / 3, 0.9, 0.1 / 3});
+    FakeDecoder decoder(model, {0});
+    auto results =
+        beam_search(decoder, 1, {.beam_size = 2, .max_new_tokens = 10, .length_penalty = -1.0, .nbest = 2});
+    CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 2, 2});
+    REQUIRE(results[0].size() == 2);
+    CHECK(results[0][0].tokens == std::vector<int64_t>{kEos});
+    CHECK(results[0][1].tokens == std::vector<int64_t>{3, 3, kEos});
+    CHECK(results[0][1].score == doctest::Approx(-1.885).epsilon(1e-3));
+  }
+}
+
+TEST_CASE("length_penalty is GNMT's ((5 + length) / 6)^alpha") {
+  CHECK(length_penalty(1, 0.6) == 1.0);
+  CHECK(length_penalty(7, 1.0) == doctest::Approx(2.0));
+  CHECK(length_penalty(13, 0.5) == doctest::Approx(std::sqrt(3.0)));
+  CHECK(length_penalty(4, 0.0) == 1.0);
+}
+
+TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
+  Model model = random_model(1, 5);
+  FakeDecoder decoder(model, iota(2));
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.beam_size = 0}), "beam_search: beam_size must be at least 1, got 0",
+                       Error);
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.beam_size = 3, .nbest = 4}),
+                       "beam_search: nbest must be between 1 and beam_size (3), got 4", Error);
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.nbest = 0}),
+                       "beam_search: nbest must be between 1 and beam_size (4), got 0", Error);
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.max_new_tokens = 0}),
+                       "beam_search: max_new_tokens must be at least 1, got 0", Error);
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.length_penalty = NAN}),
+                       "beam_search: length_penalty must be finite, got nan", Error);
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.max_new_tokens = 0}),
+                       "greedy_decode: max_new_tokens must be at least 1, got 0", Error);
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 0), "greedy_decode: batch_size must be at least 1, got 0", Error);
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.pad = -1}),
+                       "greedy_decode: special token ids must be >= 0, got -1", Error);
+  CHECK(decoder.rows_per_step.empty());  // options are checked before the decoder is touched
+
+  SUBCASE("special token outside the vocabulary") {
+    CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.eos = 5}),
+                         "greedy_decode: special token id 5 is outside the decoder's vocabulary of 5 tokens", Error);
+  }
+  SUBCASE("a step result of the wrong shape") {
+    struct OneRow : IncrementalDecoder {
+      Tensor step(const Tensor&) override { return zeros({1, 5}); }
+      void select_rows(const Tensor&) override {}
+    } one_row;
+    CHECK_THROWS_WITH_AS(
+        beam_search(one_row, 2),
+        "beam_search: decoder.step was fed 2 tokens and must return float log-probabilities [2, V], got float32 [1, 5]",
+        Error);
+  }
+  SUBCASE("a vocabulary that changes between steps") {
+    struct Shrinking : IncrementalDecoder {
+      Tensor step(const Tensor& tokens) override { return zeros({tokens.size(0), vocab--}); }
+      void select_rows(const Tensor&) override {}
+      int64_t vocab = 5;
+    } shrinking;
+    CHECK_THROWS_WITH_AS(
+        greedy_decode(shrinking, 2),
+        "greedy_decode: decoder.step returned 4 log-probabilities per row, but 5 on the first step", Error);
+  }
+  SUBCASE("NaN log-probabilities") {
+    FakeDecoder nan_decoder([](int64_t, const std::vector<int64_t>&) { return std::vector<double>(4, NAN); }, {0});
+    CHECK_THROWS_WITH_AS(greedy_decode(nan_decoder, 1), "greedy_decode: decoder.step returned NaN log-probabilities",
+                         Error);
+  }
+}
