@@ -316,4 +316,51 @@ std::vector<std::pair<std::string, Tensor>> Transformer::attention_weights() con
   return out;
 }
 
+// ---- incremental decoding ---------------------------------------------------------------------
+
+TransformerDecoder::TransformerDecoder(Transformer& model, const Tensor& src) : model_(model) {
+  NoGradGuard no_grad;
+  memory_ = model.encode(src);                                           // [B, S, C]
+  src_mask_ = padding_mask(src, model.config().pad_id, memory_.dtype());  // [B, 1, 1, S]
+  caches_.resize(model.decoder->layers.size());
+}
+
+Tensor TransformerDecoder::step(const Tensor& tokens) {
+  NoGradGuard no_grad;
+  MF_CHECK(tokens.dim() == 1 && tokens.size(0) == memory_.size(0), "TransformerDecoder::step: expects {} tokens, got "
+           "shape {}", memory_.size(0), shape_str(tokens.shape()));
+  Tensor y = model_.embed_target(tokens.to(memory_.device()).view({-1, 1}), position_);  // [N, 1, C]
+  // No self-attention mask: the cache holds only past positions, all of them visible.
+  Tensor h = model_.decoder->forward(y, memory_, Tensor(), src_mask_, &caches_);       // [N, 1, C]
+  ++position_;
+  return model_.project_output(h).squeeze(1).log_softmax(-1);                          // [N, V]
+}
+
+void TransformerDecoder::select_rows(const Tensor& index) {
+  NoGradGuard no_grad;
+  Tensor rows = index.to(memory_.device());
+  auto pick = [&](Tensor& t) {
+    if (t.defined()) t = index_select(t, 0, rows);
+  };
+  pick(memory_);
+  pick(src_mask_);
+  for (LayerCache& cache : caches_) {
+    pick(cache.self_k);
+    pick(cache.self_v);
+    pick(cache.cross_k);
+    pick(cache.cross_v);
+  }
+}
+
+generation::GreedyResult greedy_decode(Transformer& model, const Tensor& src, const generation::GreedyOptions& options) {
+  TransformerDecoder decoder(model, src);
+  return generation::greedy_decode(decoder, src.size(0), options);
+}
+
+std::vector<std::vector<generation::Hypothesis>> beam_search(Transformer& model, const Tensor& src,
+                                                             const generation::BeamOptions& options) {
+  TransformerDecoder decoder(model, src);
+  return generation::beam_search(decoder, src.size(0), options);
+}
+
 }  // namespace mf::models

@@ -13,6 +13,7 @@
 //   encoder.norm.*, decoder.norm.*                final LayerNorms, pre-norm only
 #pragma once
 
+#include "models/generation.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/module.h"
@@ -163,5 +164,32 @@ class Transformer : public nn::Module {
   std::shared_ptr<nn::PositionalEncoding> positions_;
   std::shared_ptr<nn::Dropout> dropout_;
 };
+
+/// Incremental decoding of a Transformer (generation::IncrementalDecoder): the sources are encoded
+/// once, the cross-attention keys/values are computed once per layer, and each step appends one
+/// position to every layer's self-attention cache, so a new token costs O(prefix), not a full
+/// decoder run. Runs without recording autograd; put the model in eval() mode first for dropout.
+class TransformerDecoder : public generation::IncrementalDecoder {
+ public:
+  /// Starts one row per source sentence (src [B, S] int64).
+  TransformerDecoder(Transformer& model, const Tensor& src);
+  /// tokens [N] -> log-probabilities of the next token [N, V].
+  Tensor step(const Tensor& tokens) override;
+  void select_rows(const Tensor& index) override;
+
+ private:
+  Transformer& model_;
+  Tensor memory_;      // [N, S, C]
+  Tensor src_mask_;    // [N, 1, 1, S]
+  std::vector<LayerCache> caches_;
+  int64_t position_ = 0;
+};
+
+/// Greedy translation of src [B, S] with the key/value cache (see generation::greedy_decode).
+generation::GreedyResult greedy_decode(Transformer& model, const Tensor& src,
+                                       const generation::GreedyOptions& options = {});
+/// Batched beam search over src [B, S] with the key/value cache (see generation::beam_search).
+std::vector<std::vector<generation::Hypothesis>> beam_search(Transformer& model, const Tensor& src,
+                                                             const generation::BeamOptions& options = {});
 
 }  // namespace mf::models
