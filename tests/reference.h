@@ -6,7 +6,6 @@
 
 #include "miniflow.h"
 
-#include <cstring>
 #include <map>
 #include <string>
 
@@ -14,19 +13,23 @@ namespace mf::testing {
 
 inline constexpr const char* kReferencePath = "tests/data/transformer_tiny.safetensors";
 
+inline const nn::TensorFile& reference_file() {
+  static const nn::TensorFile file = nn::load_tensors(kReferencePath);
+  return file;
+}
+
 /// Every tensor of the reference file by name (float64 and int64, as stored).
 inline const std::map<std::string, Tensor>& reference_tensors() {
   static const std::map<std::string, Tensor> tensors = [] {
     std::map<std::string, Tensor> out;
-    for (const TensorRecord& record : read_safetensors(kReferencePath).records) {
-      Tensor t = Tensor::empty(record.shape, record.dtype);
-      if (!record.data.empty()) std::memcpy(t.raw_data(), record.data.data(), record.data.size());
-      out.emplace(record.name, t);
-    }
+    for (const nn::NamedTensor& entry : reference_file().tensors) out.emplace(entry.name, entry.tensor);
     return out;
   }();
   return tensors;
 }
+
+/// The file's `config` metadata: the model and optimiser settings as JSON text.
+inline const std::string& reference_config_json() { return reference_file().metadata.at("config"); }
 
 inline const Tensor& reference(const std::string& name) {
   auto it = reference_tensors().find(name);

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "helpers.h"
+#include "reference.h"
 
 #include <cmath>
 #include <cstring>
@@ -302,24 +303,6 @@ TEST_CASE("PositionalEncoding adds the rows from start and keeps the input's dty
 
 namespace {
 
-const char* kReference = "../shared/reference/transformer_tiny.safetensors";
-
-/// A tensor holding a record's bytes (same dtype and shape).
-Tensor from_record(const TensorRecord& record) {
-  Tensor t = Tensor::empty(record.shape, record.dtype);
-  REQUIRE(record.data.size() == static_cast<size_t>(t.numel()) * t.element_size());
-  if (!record.data.empty()) std::memcpy(t.raw_data(), record.data.data(), record.data.size());
-  return t;
-}
-
-/// The records whose names start with `prefix`, as a state dict with the prefix removed.
-nn::StateDict with_prefix(const std::map<std::string, Tensor>& tensors, const std::string& prefix) {
-  nn::StateDict state;
-  for (const auto& [name, t] : tensors)
-    if (name.starts_with(prefix)) state.push_back({name.substr(prefix.size()), t});
-  return state;
-}
-
 /// The reference's post-norm encoder layer built from this file's modules, under its names.
 class ReferenceEncoderLayer : public nn::Module {
  public:
@@ -339,12 +322,7 @@ class ReferenceEncoderLayer : public nn::Module {
 }  // namespace
 
 TEST_CASE("encoder attention matches PyTorch on the reference batch") {
-  if (!std::filesystem::exists(kReference)) {
-    MESSAGE("SKIPPED: " << kReference << " is absent; the PyTorch reference comparison did not run");
-    return;
-  }
-  std::map<std::string, Tensor> ref;
-  for (const TensorRecord& record : read_safetensors(kReference).records) ref[record.name] = from_record(record);
+  const std::map<std::string, Tensor>& ref = testing::reference_tensors();
 
   // Source embedding as the reference README describes: embed.weight[src] * sqrt(16) + PE[position].
   Tensor src = ref.at("input.src");  // [B, S] = [3, 5], PAD = 0
@@ -357,7 +335,7 @@ TEST_CASE("encoder attention matches PyTorch on the reference batch") {
   SUBCASE("layer 0 attention probabilities") {
     nn::MultiHeadAttention mha({.embed_dim = 16, .num_heads = 2});
     mha.to(DType::Float64);
-    mha.load_state_dict(with_prefix(ref, "param.encoder.layers.0.self_attn."));
+    mha.load_state_dict(testing::reference_with_prefix("param.encoder.layers.0.self_attn."));
     Tensor weights = mha.forward(x, x, x, mask, true).weights;  // [B, H, S, S]
     check_close(weights, ref.at("expected.attn.encoder.layers.0.self_attn"), 1e-10, 1e-12);
   }
@@ -366,7 +344,7 @@ TEST_CASE("encoder attention matches PyTorch on the reference batch") {
     for (int layer = 0; layer < 2; ++layer) {
       ReferenceEncoderLayer block;
       block.to(DType::Float64);
-      block.load_state_dict(with_prefix(ref, fmt::format("param.encoder.layers.{}.", layer)));
+      block.load_state_dict(testing::reference_with_prefix(fmt::format("param.encoder.layers.{}.", layer)));
       nn::AttentionOutput attn = block.self_attn->forward(x, x, x, mask, true);
       check_close(attn.weights, ref.at(fmt::format("expected.attn.encoder.layers.{}.self_attn", layer)), 1e-10, 1e-12);
       x = block.norm1->forward(x + attn.output);

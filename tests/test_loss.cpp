@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "helpers.h"
+#include "reference.h"
 
 #include <cmath>
 
@@ -194,21 +195,16 @@ TEST_CASE("loss modules hold their options, print them, and keep pos_weight as a
 }
 
 TEST_CASE("cross-entropy of the PyTorch reference logits matches PyTorch's loss") {
-  const std::filesystem::path path = "../shared/reference/transformer_tiny.safetensors";
-  if (!std::filesystem::exists(path)) {
-    MESSAGE("SKIPPED: " << path.string() << " not found, so the reference loss was not checked");
-    return;
-  }
   // torch.nn.functional.cross_entropy(logits.view(-1, 13), tgt_out.view(-1), ignore_index=0,
   // label_smoothing=0.1), in float64 (reference/generate.py).
-  const nn::TensorFile file = nn::load_tensors(path);
-  const Tensor logits = *nn::find(file.tensors, "expected.logits");  // [3, 6, 13]
-  const Tensor target = *nn::find(file.tensors, "input.tgt_out");    // [3, 6]
+  using testing::reference;
+  const Tensor logits = reference("expected.logits");  // [3, 6, 13]
+  const Tensor target = reference("input.tgt_out");    // [3, 6]
   REQUIRE(logits.shape() == Shape{3, 6, 13});
   check_close(nn::cross_entropy(logits, target, {.ignore_index = 0, .label_smoothing = 0.1}),
-              *nn::find(file.tensors, "expected.loss"), 1e-10, 0);
+              reference("expected.loss"), 1e-10, 0);
   check_close(nn::CrossEntropyLoss({.ignore_index = 0})(logits, target),
-              *nn::find(file.tensors, "expected.loss_no_smoothing"), 1e-10, 0);
+              reference("expected.loss_no_smoothing"), 1e-10, 0);
   check_close(nn::nll_loss(log_softmax(logits, -1), target, {.ignore_index = 0}),
-              *nn::find(file.tensors, "expected.loss_no_smoothing"), 1e-10, 0);
+              reference("expected.loss_no_smoothing"), 1e-10, 0);
 }

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "helpers.h"
+#include "reference.h"
 
 #include <nlohmann/json.hpp>
 
@@ -50,16 +51,7 @@ void check_steps(optim::Optimizer& opt, Tensor& p, std::vector<double> expected,
 const std::vector<double> kP0 = {1.0, -2.0, 0.5};
 const std::vector<std::vector<double>> kGrads = {{0.1, 0.2, -0.3}, {-0.4, 0.05, 0.3}, {0.02, -0.01, 0.001}};
 
-/// A float64 safetensors record as a Tensor (the reference tensors this suite uses are all float64).
-Tensor to_tensor(const TensorRecord& record) {
-  MF_CHECK(record.dtype == DType::Float64, "to_tensor: test helper reads float64 records, '{}' is {}", record.name,
-           dtype_name(record.dtype));
-  std::vector<double> values(record.data.size() / sizeof(double));
-  std::memcpy(values.data(), record.data.data(), record.data.size());
-  return from_vector(values, record.shape);
-}
 
-const std::filesystem::path kReference = "../shared/reference/transformer_tiny.safetensors";
 
 }  // namespace
 
@@ -197,15 +189,8 @@ TEST_CASE("float32 parameters are updated in float32 by the same rule") {
 }
 
 TEST_CASE("Adam and AdamW match PyTorch on every parameter of the reference Transformer") {
-  if (!std::filesystem::exists(kReference)) {
-    MESSAGE("SKIPPED: " << kReference << " is absent; Adam/AdamW not checked against PyTorch");
-    return;
-  }
-  SafetensorsContents file = read_safetensors(kReference);
-  std::map<std::string, Tensor> tensors;
-  for (const TensorRecord& record : file.records)
-    if (record.dtype == DType::Float64) tensors[record.name] = to_tensor(record);
-  nlohmann::json config = nlohmann::json::parse(file.metadata.at("config"));
+  const std::map<std::string, Tensor>& tensors = testing::reference_tensors();
+  nlohmann::json config = nlohmann::json::parse(testing::reference_config_json());
   for (const char* which : {"adam", "adamw"}) {
     CAPTURE(which);
     const nlohmann::json& c = config.at(which);
