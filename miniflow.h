@@ -32,6 +32,7 @@
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
 #include "optim/sgd.h"
+#include "optim/training_state.h"
 
 #include "models/batching.h"
 #include "models/bleu.h"
