@@ -40,4 +40,5 @@
 #include "models/generation.h"
 #include "models/tokenizer.h"
 #include "models/transformer.h"
+#include "models/translation.h"
 #include "models/vocab.h"

@@ -1,0 +1,152 @@
+#include "models/translation.h"
+
+#include "core/graph.h"
+#include "nn/checkpoint.h"
+#include "ops/ops.h"
+
+#include <nlohmann/json.hpp>
+
+namespace mf::models {
+namespace {
+
+constexpr const char* kFormatKey = "translation.format";
+constexpr const char* kFormat = "miniflow-translator-1";
+
+/// Rows padded to the longest with <pad>: [rows, longest] int64.
+Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows, Device device) {
+  size_t longest = 1;
+  for (const auto& row : rows) longest = std::max(longest, row.size());
+  std::vector<int64_t> flat(rows.size() * longest, Vocab::kPad);
+  for (size_t r = 0; r < rows.size(); ++r) std::copy(rows[r].begin(), rows[r].end(), flat.begin() + r * longest);
+  return from_vector(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(longest)}, device);
+}
+
+std::string tokenizer_json(const TokenizerOptions& options) {
+  return nlohmann::json{{"lowercase", options.lowercase}, {"split_punctuation", options.split_punctuation}}.dump();
+}
+
+TokenizerOptions tokenizer_from_json(const std::string& text, const std::filesystem::path& path) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  MF_CHECK(j.is_object() && j.contains("lowercase") && j["lowercase"].is_boolean() && j.contains("split_punctuation") &&
+               j["split_punctuation"].is_boolean(),
+           "checkpoint '{}': malformed tokenizer settings {}", path.string(), text.substr(0, 200));
+  return {.lowercase = j["lowercase"].get<bool>(), .split_punctuation = j["split_punctuation"].get<bool>()};
+}
+
+const std::string& entry(const SafetensorsMetadata& metadata, const char* key, const std::filesystem::path& path) {
+  auto it = metadata.find(key);
+  MF_CHECK(it != metadata.end(), "checkpoint '{}' has no '{}' entry", path.string(), key);
+  return it->second;
+}
+
+}  // namespace
+
+TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>& sources,
+                                        const std::vector<std::vector<int64_t>>& targets,
+                                        std::span<const int64_t> indices, Device device) {
+  std::vector<std::vector<int64_t>> src, tgt_in, tgt_out;
+  int64_t target_tokens = 0;
+  for (int64_t i : indices) {
+    MF_CHECK(i >= 0 && i < static_cast<int64_t>(sources.size()) && sources.size() == targets.size(),
+             "make_translation_batch: example {} is out of range for {} pairs", i, sources.size());
+    src.push_back(sources[i]);
+    src.back().push_back(Vocab::kEos);
+    tgt_in.push_back({Vocab::kSos});
+    tgt_in.back().insert(tgt_in.back().end(), targets[i].begin(), targets[i].end());
+    tgt_out.push_back(targets[i]);
+    tgt_out.back().push_back(Vocab::kEos);
+    target_tokens += static_cast<int64_t>(tgt_out.back().size());
+  }
+  return {pad_rows(src, device), pad_rows(tgt_in, device), pad_rows(tgt_out, device), target_tokens};
+}
+
+Translator::Translator(const TransformerConfig& config, Vocab src_vocab, Vocab tgt_vocab, TokenizerOptions tokenizer)
+    : src_vocab_(std::move(src_vocab)), tgt_vocab_(std::move(tgt_vocab)), tokenizer_(tokenizer) {
+  MF_CHECK(config.src_vocab == src_vocab_.size() && config.tgt_vocab == tgt_vocab_.size(),
+           "Translator: config vocabularies {} / {} do not match the vocabularies' sizes {} / {}", config.src_vocab,
+           config.tgt_vocab, src_vocab_.size(), tgt_vocab_.size());
+  MF_CHECK(!config.shared_embeddings || src_vocab_ == tgt_vocab_,
+           "Translator: shared embeddings need the source and target vocabularies to be the same");
+  model_ = std::make_shared<Transformer>(config);
+}
+
+Tensor Translator::encode_sources(const std::vector<std::string>& sentences) const {
+  std::vector<std::vector<int64_t>> rows;
+  int64_t limit = model_->config().max_len - 1;  // room for <eos>
+  for (const std::string& sentence : sentences) {
+    std::vector<int64_t> ids = src_vocab_.encode(tokenizer_.tokenize(sentence));
+    if (static_cast<int64_t>(ids.size()) > limit) ids.resize(static_cast<size_t>(limit));
+    ids.push_back(Vocab::kEos);
+    rows.push_back(std::move(ids));
+  }
+  return pad_rows(rows, Device::cpu());
+}
+
+std::string Translator::decode_target(std::span<const int64_t> ids) const {
+  return Tokenizer::detokenize(tgt_vocab_.decode(ids));
+}
+
+std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
+                                                      int64_t max_new_tokens) {
+  if (sentences.empty()) return {};
+  int64_t budget = std::min(max_new_tokens, model_->config().max_len - 1);
+  generation::GreedyResult result = greedy_decode(*model_, encode_sources(sentences), {.max_new_tokens = budget});
+  std::vector<std::string> out;
+  for (int64_t b = 0; b < result.tokens.size(0); ++b) {
+    std::vector<int64_t> ids = result.tokens.select(0, b).to_vector<int64_t>();
+    out.push_back(decode_target(std::span(ids).subspan(1)));  // drop <sos>
+  }
+  return out;
+}
+
+std::vector<std::vector<std::pair<std::string, double>>> Translator::translate_beam(
+    const std::vector<std::string>& sentences, const generation::BeamOptions& options) {
+  if (sentences.empty()) return {};
+  generation::BeamOptions bounded = options;
+  bounded.max_new_tokens = std::min(options.max_new_tokens, model_->config().max_len - 1);
+  std::vector<std::vector<std::pair<std::string, double>>> out;
+  for (const auto& hypotheses : beam_search(*model_, encode_sources(sentences), bounded)) {
+    out.emplace_back();
+    for (const generation::Hypothesis& h : hypotheses) out.back().emplace_back(decode_target(h.tokens), h.score);
+  }
+  return out;
+}
+
+void Translator::save(const std::filesystem::path& path, const optim::TrainingState& training,
+                      const SafetensorsMetadata& extra) const {
+  SafetensorsMetadata metadata = extra;
+  metadata[kFormatKey] = kFormat;
+  metadata["translation.config"] = model_->config().to_json();
+  metadata["translation.src_vocab"] = src_vocab_.to_json();
+  metadata["translation.tgt_vocab"] = tgt_vocab_.to_json();
+  metadata["translation.tokenizer"] = tokenizer_json(tokenizer_.options());
+  optim::TrainingState state = training;
+  state.model = model_.get();
+  optim::save_training_state(path, state, metadata);
+}
+
+Translator Translator::load(const std::filesystem::path& path) {
+  nn::TensorFile file = nn::load_tensors(path);
+  auto format = file.metadata.find(kFormatKey);
+  MF_CHECK(format != file.metadata.end() && format->second == kFormat,
+           "'{}' is not a miniflow translation checkpoint (metadata '{}' is missing or not '{}')", path.string(),
+           kFormatKey, kFormat);
+  std::string origin = path.string();
+  Translator translator(
+      TransformerConfig::from_json(entry(file.metadata, "translation.config", path)),
+      Vocab::from_json(entry(file.metadata, "translation.src_vocab", path), origin + " (source vocabulary)"),
+      Vocab::from_json(entry(file.metadata, "translation.tgt_vocab", path), origin + " (target vocabulary)"),
+      tokenizer_from_json(entry(file.metadata, "translation.tokenizer", path), path));
+  nn::StateDict weights;
+  for (nn::NamedTensor& t : file.tensors)
+    if (t.name.starts_with("model.")) weights.push_back({t.name.substr(6), t.tensor});
+  try {
+    translator.model_->load_state_dict(weights);
+  } catch (const Error& error) {
+    fail("checkpoint '{}' does not fit its own config: {}", path.string(), error.what());
+  }
+  translator.model_->eval();
+  return translator;
+}
+
+}  // namespace mf::models

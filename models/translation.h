@@ -1,0 +1,74 @@
+// A translation model with everything needed to use it — the Transformer, both vocabularies and the
+// tokenizer settings — and the checkpoint format that train_transformer writes and translate reads.
+//
+// Sequences: source = tokens + <eos>; decoder input = <sos> + tokens; decoder target = tokens + <eos>;
+// batches are padded with <pad> (id 0), which every mask and the loss ignore.
+#pragma once
+
+#include "models/generation.h"
+#include "models/tokenizer.h"
+#include "models/transformer.h"
+#include "models/vocab.h"
+#include "optim/training_state.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mf::models {
+
+/// One padded batch of pairs, ready for Transformer::forward and Transformer::loss.
+struct TranslationBatch {
+  Tensor src;      // [B, S] int64: source ids + <eos>, padded
+  Tensor tgt_in;   // [B, T] int64: <sos> + target ids, padded
+  Tensor tgt_out;  // [B, T] int64: target ids + <eos>, padded
+  int64_t target_tokens = 0;  // non-padding entries of tgt_out (the loss's denominator)
+};
+
+/// Pads id sequences into a batch (the examples at `indices` of `sources` / `targets`, already encoded
+/// without specials).
+TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>& sources,
+                                        const std::vector<std::vector<int64_t>>& targets,
+                                        std::span<const int64_t> indices, Device device = Device::cpu());
+
+class Translator {
+ public:
+  /// A fresh (untrained) model for the given vocabularies; shared embeddings need src and tgt to be
+  /// the same vocabulary.
+  Translator(const TransformerConfig& config, Vocab src_vocab, Vocab tgt_vocab, TokenizerOptions tokenizer);
+
+  /// Tokenizes and encodes sentences into a padded source batch [B, S] (+ <eos>), truncated to the
+  /// model's max_len.
+  Tensor encode_sources(const std::vector<std::string>& sentences) const;
+  /// Target ids back to text (up to <eos>).
+  std::string decode_target(std::span<const int64_t> ids) const;
+
+  /// Greedy translations of `sentences` (batched, key/value cache).
+  std::vector<std::string> translate_greedy(const std::vector<std::string>& sentences, int64_t max_new_tokens);
+  /// Beam search: per sentence the n-best translations with their scores, best first.
+  std::vector<std::vector<std::pair<std::string, double>>> translate_beam(const std::vector<std::string>& sentences,
+                                                                          const generation::BeamOptions& options);
+
+  /// Saves the model (and, when given, the optimizer, schedulers and generator of a training run) with
+  /// the config, vocabularies, tokenizer settings and the caller's metadata, atomically.
+  void save(const std::filesystem::path& path, const optim::TrainingState& training = {},
+            const SafetensorsMetadata& extra = {}) const;
+  /// Rebuilds a Translator from a checkpoint written by save(): the model comes back on the CPU in
+  /// eval() mode. Errors name the file and what is wrong (not a translation checkpoint, corrupt data,
+  /// a config that does not match the tensors).
+  static Translator load(const std::filesystem::path& path);
+
+  Transformer& model() { return *model_; }
+  const std::shared_ptr<Transformer>& model_ptr() const { return model_; }
+  const Vocab& src_vocab() const { return src_vocab_; }
+  const Vocab& tgt_vocab() const { return tgt_vocab_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  std::shared_ptr<Transformer> model_;
+  Vocab src_vocab_, tgt_vocab_;
+  Tokenizer tokenizer_;
+};
+
+}  // namespace mf::models

@@ -1,0 +1,74 @@
+// Translator: batches, the checkpoint round trip, and the errors for checkpoints that do not fit.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+
+#include <filesystem>
+
+using namespace mf;
+
+namespace {
+
+models::Translator toy_translator() {
+  manual_seed(3);
+  Corpus corpus = make_corpus({{"ich mochte ein bier", "i want a beer"},
+                                               {"ich mochte ein cola", "i want a coke"}});
+  TokenCounts src_counts, tgt_counts;
+  count_tokens(corpus.sources, src_counts);
+  count_tokens(corpus.targets, tgt_counts);
+  Vocab src = Vocab::build(src_counts), tgt = Vocab::build(tgt_counts);
+  models::TransformerConfig config{.src_vocab = src.size(), .tgt_vocab = tgt.size(), .d_model = 16, .heads = 2,
+                                   .encoder_layers = 1, .decoder_layers = 1, .d_ff = 32, .dropout = 0.0,
+                                   .max_len = 12, .shared_embeddings = false};
+  return models::Translator(config, src, tgt, {});
+}
+
+std::filesystem::path temp_file(const char* name) { return std::filesystem::temp_directory_path() / name; }
+
+}  // namespace
+
+TEST_CASE("a batch is source + <eos>, <sos> + target, target + <eos>, padded with 0") {
+  std::vector<std::vector<int64_t>> sources{{5, 6, 7}, {8}}, targets{{9}, {10, 11}};
+  std::vector<int64_t> order{1, 0};
+  models::TranslationBatch batch = models::make_translation_batch(sources, targets, order);
+  CHECK(batch.src.to_vector<int64_t>() == std::vector<int64_t>{8, 2, 0, 0, 5, 6, 7, 2});
+  CHECK(batch.tgt_in.to_vector<int64_t>() == std::vector<int64_t>{1, 10, 11, 1, 9, 0});
+  CHECK(batch.tgt_out.to_vector<int64_t>() == std::vector<int64_t>{10, 11, 2, 9, 2, 0});
+  CHECK(batch.target_tokens == 5);
+}
+
+TEST_CASE("a saved translator translates exactly as before after loading") {
+  models::Translator translator = toy_translator();
+  translator.model().eval();
+  std::vector<std::string> sentences{"ich mochte ein bier", "Ich mochte ein COLA !", "unbekannt"};
+  std::vector<std::string> before = translator.translate_greedy(sentences, 6);
+  auto beams_before = translator.translate_beam(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
+  std::filesystem::path path = temp_file("miniflow_test_translator.safetensors");
+  translator.save(path, {}, {{"epoch", "1"}});
+  models::Translator loaded = models::Translator::load(path);
+  std::filesystem::remove(path);
+  CHECK(loaded.translate_greedy(sentences, 6) == before);
+  auto beams_after = loaded.translate_beam(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
+  REQUIRE(beams_after.size() == beams_before.size());
+  for (size_t s = 0; s < beams_after.size(); ++s) CHECK(beams_after[s] == beams_before[s]);
+  CHECK(loaded.src_vocab() == translator.src_vocab());
+  CHECK(loaded.model().config().to_json() == translator.model().config().to_json());
+}
+
+TEST_CASE("checkpoints that are not translators, or do not fit their config, are refused by name") {
+  std::filesystem::path path = temp_file("miniflow_test_translator_bad.safetensors");
+  nn::save_tensors(path, {{"x", zeros({2})}});
+  CHECK_THROWS_WITH_AS(models::Translator::load(path), doctest::Contains("is not a miniflow translation checkpoint"),
+                       Error);
+  models::Translator translator = toy_translator();
+  translator.save(path);
+  nn::TensorFile file = nn::load_tensors(path);
+  models::TransformerConfig other = models::TransformerConfig::from_json(file.metadata.at("translation.config"));
+  other.d_ff = 64;  // a config from another run, with the same vocabularies
+  file.metadata["translation.config"] = other.to_json();
+  nn::save_tensors(path, file.tensors, file.metadata);
+  CHECK_THROWS_WITH_AS(models::Translator::load(path), doctest::Contains("does not fit its own config"), Error);
+  CHECK_THROWS_WITH_AS(models::Translator::load(path),
+                       doctest::Contains("mismatched: encoder.layers.0.ffn.linear1.weight"), Error);
+  std::filesystem::remove(path);
+}
