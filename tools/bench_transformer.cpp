@@ -121,12 +121,15 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, doub
   if (decode) {
     model.eval();
     mf::Tensor sources = mf::randint(3, c.vocab, {32, c.length}, mf::Device::cpu(), &data);
-    // An EOS id the random model never favours would still stop sentences early; count what is made.
     auto start = Clock::now();
     mf::generation::GreedyResult greedy = mf::models::greedy_decode(model, sources, {.max_new_tokens = 32});
     double greedy_s = seconds_since(start);
-    int64_t greedy_tokens = 0;
-    for (int64_t v : greedy.tokens.to_vector<int64_t>()) greedy_tokens += v != 0 && v != 1;
+    int64_t greedy_tokens = 0;  // generated positions up to and including each row's EOS
+    for (int64_t b = 0; b < greedy.tokens.size(0); ++b)
+      for (int64_t t = 1; t < greedy.tokens.size(1); ++t) {
+        ++greedy_tokens;
+        if (greedy.tokens.at<int64_t>({b, t}) == mf::Vocab::kEos) break;
+      }
     start = Clock::now();
     auto beams = mf::models::beam_search(model, sources, {.beam_size = 4, .max_new_tokens = 32});
     double beam_s = seconds_since(start);
