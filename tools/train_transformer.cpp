@@ -27,13 +27,13 @@ constexpr int kToyRepeats = 800;
 struct Flags {
   std::string train_src, train_tgt, valid_src, valid_tgt;
   std::string checkpoint = "transformer.safetensors", plot, device = "cpu";
-  int64_t epochs = 15, d_model = 256, heads = 8, layers = 3, encoder_layers = 0, decoder_layers = 0, d_ff = 512;
+  int64_t epochs = 10, d_model = 256, heads = 8, layers = 3, encoder_layers = 0, decoder_layers = 0, d_ff = 512;
   int64_t max_len = 100, min_freq = 2, max_vocab = 0, log_every = 50, bleu_sentences = 0;
   int64_t max_steps = 0;
   double dropout = 0.1;
   bool no_lowercase = false, resume = false;
   int threads = mf::get_num_threads();
-  mf::tools::OptimSettings optim{.seed = 1, .max_tokens = 2500, .warmup = 1000, .lr_factor = 1.0,
+  mf::tools::OptimSettings optim{.seed = 1, .max_tokens = 1500, .warmup = 800, .lr_factor = 1.0,
                                  .label_smoothing = 0.1, .clip = 1.0};
 };
 
@@ -158,7 +158,7 @@ int run(int argc, char** argv) {
   mf::tools::ArgParser args(
       "train_transformer",
       "Trains an encoder-decoder Transformer. Without --train-src/--train-tgt it learns a built-in toy corpus\n"
-      "(8 pairs, small model, ~10 s) and checks its greedy and beam translations; the toy run uses its own\n"
+      "(8 pairs, small model, a few seconds) and checks its greedy and beam translations; the toy run uses its own\n"
       "defaults for the model and schedule flags you do not give, and saves a checkpoint/plot only when asked.\n"
       "Empty lines are skipped (counted in the log); longer sentences are truncated to --max-len - 1 tokens.\n"
       "--resume continues exactly where --checkpoint stopped (same batches, same random stream): give the same\n"
