@@ -30,6 +30,8 @@ echo "  (toy run took $(( $(date +%s) - start )) s)"
 expect 0 "--help" 'usage: train_transformer' "$tool" --help
 expect 2 "unknown flag" "unknown option '--no-such-flag'" "$tool" --no-such-flag
 expect 2 "malformed number" "not a valid number" "$tool" --epochs two
+expect 2 "unknown device" "--device: unknown device 'tpu'" "$tool" --device tpu
+expect 2 "batch budget below --max-len" "below --max-len" "$tool" --max-tokens 8 --max-len 16
 expect 2 "--train-src without --train-tgt" "go together" "$tool" --train-src x.de
 
 # A tiny corpus: numbers spelled out in two "languages", with one empty and one overlong line.

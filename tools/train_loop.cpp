@@ -65,6 +65,12 @@ std::string progress_json(const Progress& p, const OptimSettings& settings) {
       .dump();
 }
 
+/// "label_smoothing" -> "label-smoothing".
+std::string flag_name(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return key;
+}
+
 /// Reads the progress saved in `path`, refusing one written with other optimisation settings.
 Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesystem::path& path,
                         const OptimSettings& settings) {
@@ -77,8 +83,7 @@ Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesyst
     for (auto& [key, value] : given.items())
       MF_CHECK(saved.at(key) == value,
                "checkpoint '{}' was trained with --{} {}, but this run has {}; resume with the same settings",
-               path.string(), [&] { std::string k = key; std::replace(k.begin(), k.end(), '_', '-'); return k; }(),
-               saved.at(key).dump(), value.dump());
+               path.string(), flag_name(key), saved.at(key).dump(), value.dump());
     Progress p;
     p.epoch = j.at("epoch").get<int64_t>();
     p.batch = j.at("batch").get<int64_t>();

@@ -80,6 +80,9 @@ void check_flags(const Flags& f) {
       f.max_steps < 0)
     throw UsageError("--encoder-layers, --decoder-layers, --max-vocab, --bleu-sentences and --max-steps cannot be "
                      "negative");
+  if (f.optim.max_tokens < f.max_len)
+    throw UsageError(fmt::format("--max-tokens {} is below --max-len {}: the longest pair would not fit a batch",
+                                 f.optim.max_tokens, f.max_len));
   if (f.d_model % f.heads != 0) throw UsageError(fmt::format("--d-model {} is not a multiple of --heads {}", f.d_model, f.heads));
   if (!(f.dropout >= 0 && f.dropout < 1)) throw UsageError("--dropout must be in [0, 1)");
   if (!(f.optim.label_smoothing >= 0 && f.optim.label_smoothing < 1)) throw UsageError("--label-smoothing must be in [0, 1)");
@@ -198,6 +201,13 @@ int run(int argc, char** argv) {
   const bool toy = f.train_src.empty() && f.train_tgt.empty();
   if (toy) apply_toy_defaults(f, argc, argv);
   check_flags(f);
+  mf::Device device = [&] {
+    try {
+      return mf::Device::parse(f.device);
+    } catch (const mf::Error& error) {
+      throw UsageError(fmt::format("--device: {}", error.what()));
+    }
+  }();
   if (f.plot.empty() && !f.checkpoint.empty())
     f.plot = std::filesystem::path(f.checkpoint).replace_extension(".svg").string();
   mf::set_num_threads(f.threads);
@@ -225,7 +235,6 @@ int run(int argc, char** argv) {
   mf::models::Translator translator(config, src_vocab, tgt_vocab, {.lowercase = !f.no_lowercase});
   if (f.resume) check_checkpoint_fits(mf::models::Translator::load(f.checkpoint), translator, f.checkpoint);
 
-  mf::Device device = mf::Device::parse(f.device);
   if (device.is_cuda()) {
     translator.model().to(device);  // a build without CUDA reports that here
     mf::fail("train_transformer: training on CUDA is not supported by this tool yet");
