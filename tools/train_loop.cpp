@@ -154,7 +154,10 @@ class ProgressLine {
  public:
   explicit ProgressLine(int64_t log_every) : tty_(isatty(fileno(stdout)) != 0), log_every_(log_every) {}
   void update(int64_t step, const std::string& text) {
+    auto now = std::chrono::steady_clock::now();
     if (tty_) {
+      if (drawn_ && now - last_draw_ < std::chrono::milliseconds(100)) return;  // ~10 redraws a second
+      last_draw_ = now;
       fmt::print("\r\033[K{}", text);
       std::fflush(stdout);
       drawn_ = true;
@@ -172,6 +175,7 @@ class ProgressLine {
  private:
   bool tty_, drawn_ = false;
   int64_t log_every_;
+  std::chrono::steady_clock::time_point last_draw_;
 };
 
 }  // namespace
