@@ -26,7 +26,11 @@ using json = nlohmann::json;
 constexpr const char* kProgressKey = "train_transformer.progress";
 
 volatile std::sig_atomic_t g_interrupted = 0;
-extern "C" void on_sigint(int) { g_interrupted = 1; }
+/// The first Ctrl-C asks the loop to save and stop; a second one kills as usual.
+extern "C" void on_sigint(int) {
+  g_interrupted = 1;
+  std::signal(SIGINT, SIG_DFL);
+}
 
 /// One finished epoch's numbers (NaN where there was no validation set).
 struct EpochRecord {
@@ -246,7 +250,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   bool stopped = false;  // by Ctrl-C or --max-steps, with the checkpoint saved
   auto should_stop = [&] { return g_interrupted || (options.max_steps > 0 && steps_this_run >= options.max_steps); };
 
-  for (; progress.epoch < options.epochs && !stopped; ++progress.epoch, progress.batch = 0) {
+  while (progress.epoch < options.epochs && !stopped) {
     std::vector<Batch> batches = make_batches(train.sources, train.targets, {.max_tokens = settings.max_tokens},
                                               static_cast<uint64_t>(settings.seed + progress.epoch));
     const auto n_batches = static_cast<int64_t>(batches.size());
@@ -309,12 +313,10 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
                                std::exp(record.valid_loss), record.bleu);
       fmt::print("{}\n", summary);
     }
-    stopped = should_stop() && progress.epoch + 1 < options.epochs;
-    // The checkpoint names the next epoch; the loop's ++epoch happens after it.
     ++progress.epoch;
     progress.batch = 0;
     save();
-    --progress.epoch;
+    stopped = should_stop() && progress.epoch < options.epochs;
   }
   line.finish();
   if (stopped) {
