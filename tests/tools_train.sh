@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# train_transformer's command-line contract: the toy run learns all 8 pairs, a tiny real-corpus run
+# writes a checkpoint and a chart and resumes from it, and bad input exits non-zero with a message
+# that names the problem (never a crash).
+set -u
+tool="$1"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passed=0
+fail() { echo "FAIL: $1"; [ -f "$work/out" ] && cat "$work/out"; failures=$((failures + 1)); }
+ok() { echo "ok: $1"; passed=$((passed + 1)); }
+# expect STATUS DESCRIPTION PATTERN COMMAND...: exit status STATUS and PATTERN (grep -E) in the output.
+expect() {
+  local expected=$1 what=$2 pattern=$3; shift 3
+  "$@" >"$work/out" 2>&1
+  local status=$?
+  if [ "$status" -ne "$expected" ]; then
+    fail "$what: exit status $status, expected $expected"
+  elif [ -n "$pattern" ] && ! grep -Eq -- "$pattern" "$work/out"; then
+    fail "$what: output lacks /$pattern/"
+  else
+    ok "$what"
+  fi
+}
+
+start=$(date +%s)
+expect 0 "toy corpus: 8/8 correct" '^8/8 correct$' "$tool" --threads 2
+echo "  (toy run took $(( $(date +%s) - start )) s)"
+expect 0 "--help" 'usage: train_transformer' "$tool" --help
+expect 2 "unknown flag" "unknown option '--no-such-flag'" "$tool" --no-such-flag
+expect 2 "malformed number" "not a valid number" "$tool" --epochs two
+expect 2 "unknown device" "--device: unknown device 'tpu'" "$tool" --device tpu
+expect 2 "batch budget below --max-len" "below --max-len" "$tool" --max-tokens 8 --max-len 16
+expect 2 "--train-src without --train-tgt" "go together" "$tool" --train-src x.de
+
+# A tiny corpus: numbers spelled out in two "languages", with one empty and one overlong line.
+words_a=(null eins zwei drei vier fuenf sechs sieben acht neun)
+words_b=(zero one two three four five six seven eight nine)
+for i in $(seq 0 39); do
+  a=$((i % 10)); b=$(((i * 7) % 10))
+  echo "${words_a[$a]} ${words_a[$b]} und ${words_a[$((9 - a))]}" >>"$work/train.src"
+  echo "${words_b[$a]} ${words_b[$b]} and ${words_b[$((9 - a))]}" >>"$work/train.tgt"
+done
+echo "" >>"$work/train.src"; echo "" >>"$work/train.tgt"
+echo "eins zwei drei vier fuenf sechs sieben acht neun eins zwei drei vier" >>"$work/train.src"
+echo "one two three four five six seven eight nine one two three four" >>"$work/train.tgt"
+head -n 8 "$work/train.src" >"$work/valid.src"; head -n 8 "$work/train.tgt" >"$work/valid.tgt"
+tiny=(--train-src "$work/train.src" --train-tgt "$work/train.tgt" --valid-src "$work/valid.src"
+      --valid-tgt "$work/valid.tgt" --d-model 16 --heads 2 --layers 1 --d-ff 32 --max-len 10 --min-freq 1
+      --max-tokens 64 --warmup 10 --log-every 2 --threads 2 --checkpoint "$work/ckpt.safetensors")
+
+expect 0 "tiny corpus, 1 epoch" 'epoch 1: train loss [0-9.]+, valid loss [0-9.]+, perplexity [0-9.]+, BLEU' \
+  "$tool" "${tiny[@]}" --epochs 1
+grep -q "1 pairs skipped for an empty line" "$work/out" && ok "empty line skipped and counted" || fail "empty line count"
+grep -q "1 sources and 1 targets truncated to 9 tokens" "$work/out" && ok "overlong line truncated and counted" \
+  || fail "truncation count"
+[ -s "$work/ckpt.safetensors" ] && ok "checkpoint written" || fail "no checkpoint"
+grep -q "<svg" "$work/ckpt.svg" 2>/dev/null && ok "SVG chart written" || fail "no SVG chart at $work/ckpt.svg"
+
+expect 0 "--resume to epoch 2" 'resuming from .*epoch 2, 0 batches done' "$tool" "${tiny[@]}" --epochs 2 --resume
+grep -q "^epoch 2: train loss" "$work/out" && ok "resumed run trains epoch 2" || fail "no epoch 2 after resume"
+expect 1 "--resume with another model" "d_model = 16, but the flags and data give 32" \
+  "$tool" "${tiny[@]}" --d-model 32 --epochs 3 --resume
+expect 1 "--resume with another schedule" "trained with --warmup 10" "$tool" "${tiny[@]}" --warmup 20 --epochs 3 --resume
+expect 1 "--resume with other data (vocabulary)" "other vocabularies" \
+  "$tool" "${tiny[@]}" --train-src "$work/valid.src" --train-tgt "$work/valid.tgt" --epochs 3 --resume
+
+# --max-steps stops mid-epoch with a checkpoint; resuming it ends exactly where an unbroken run does.
+expect 0 "--max-steps 6 (mid-epoch 2)" "stopped after --max-steps" \
+  "$tool" "${tiny[@]}" --epochs 3 --max-steps 6 --checkpoint "$work/part.safetensors"
+expect 0 "--resume mid-epoch" "resuming from .*: epoch 2, [1-9][0-9]* batches done, step 6" \
+  "$tool" "${tiny[@]}" --epochs 3 --checkpoint "$work/part.safetensors" --resume
+"$tool" "${tiny[@]}" --epochs 3 --checkpoint "$work/full.safetensors" >/dev/null 2>&1
+cmp -s "$work/part.safetensors" "$work/full.safetensors" && ok "resumed mid-epoch = unbroken run, bit for bit" \
+  || fail "the mid-epoch resumed checkpoint differs from the unbroken run's"
+
+# Ctrl-C: the current step finishes, the checkpoint is saved, exit 130; --resume then ends with a
+# checkpoint byte-identical to an uninterrupted run's (same batches, same random stream, same curves).
+long=("${tiny[@]}" --epochs 300 --log-every 1)
+"$tool" "${long[@]}" --checkpoint "$work/int.safetensors" >"$work/out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do sleep 0.05; grep -q "step" "$work/out" && break; done
+kill -INT "$pid"; wait "$pid"; status=$?
+if [ "$status" -eq 130 ] && grep -q "interrupted: checkpoint saved to '$work/int.safetensors'" "$work/out"; then
+  ok "Ctrl-C saves and exits 130"
+else
+  fail "Ctrl-C: exit status $status"
+fi
+expect 0 "--resume after Ctrl-C" 'resuming from' "$tool" "${long[@]}" --checkpoint "$work/int.safetensors" --resume
+grep "resuming from" "$work/out"
+expect 0 "the same run without interruption" '^epoch 300:' "$tool" "${long[@]}" --checkpoint "$work/ref.safetensors"
+cmp -s "$work/int.safetensors" "$work/ref.safetensors" && ok "interrupted + resumed = uninterrupted, bit for bit" \
+  || fail "the resumed checkpoint differs from the uninterrupted run's"
+
+head -n 30 "$work/train.tgt" >"$work/short.tgt"
+expect 1 "line counts differ" "has 42 lines but .* has 30; .* ends after line 30" "$tool" --train-src "$work/train.src" --train-tgt "$work/short.tgt"
+expect 1 "missing file" "$work/missing.de" "$tool" --train-src "$work/missing.de" --train-tgt "$work/train.tgt"
+head -c 2000 "$work/ckpt.safetensors" >"$work/corrupt.safetensors"
+expect 1 "corrupt checkpoint" "corrupt.safetensors" "$tool" "${tiny[@]}" --checkpoint "$work/corrupt.safetensors" --resume
+expect 1 "--device cuda" "CUDA" "$tool" "${tiny[@]}" --device cuda
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]

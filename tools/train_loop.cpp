@@ -1,0 +1,339 @@
+#include "tools/train_loop.h"
+
+#include "core/graph.h"
+#include "models/batching.h"
+#include "models/bleu.h"
+#include "ops/ops.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/scheduler.h"
+#include "tools/svg.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+
+namespace mf::tools {
+namespace {
+
+using json = nlohmann::json;
+constexpr const char* kProgressKey = "train_transformer.progress";
+
+volatile std::sig_atomic_t g_interrupted = 0;
+/// The first Ctrl-C asks the loop to save and stop; a second one kills as usual.
+extern "C" void on_sigint(int) {
+  g_interrupted = 1;
+  std::signal(SIGINT, SIG_DFL);
+}
+
+/// One finished epoch's numbers (NaN where there was no validation set).
+struct EpochRecord {
+  double train_loss = NAN, valid_loss = NAN, bleu = NAN;
+};
+
+/// Where a run stands: the next batch to train and what the curves hold so far. Saved as JSON in
+/// every checkpoint.
+struct Progress {
+  int64_t epoch = 0;   // 0-based epoch in progress
+  int64_t batch = 0;   // batches of that epoch already trained
+  double loss_sum = 0; // token-weighted training loss of those batches
+  int64_t loss_tokens = 0;
+  double curve_sum = 0; // the same since the last point of train_curve
+  int64_t curve_tokens = 0;
+  std::vector<std::pair<double, double>> train_curve;  // (fractional epoch, mean loss since the last point)
+  std::vector<EpochRecord> epochs;
+};
+
+json settings_json(const OptimSettings& s) {
+  return {{"seed", s.seed}, {"max_tokens", s.max_tokens}, {"warmup", s.warmup}, {"lr_factor", s.lr_factor},
+          {"label_smoothing", s.label_smoothing}, {"clip", s.clip}};
+}
+
+/// JSON has no NaN: missing numbers are stored as null.
+json number_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+double null_as_nan(const json& v) { return v.is_null() ? NAN : v.get<double>(); }
+
+std::string progress_json(const Progress& p, const OptimSettings& settings) {
+  json epochs = json::array();
+  for (const EpochRecord& e : p.epochs)
+    epochs.push_back({number_or_null(e.train_loss), number_or_null(e.valid_loss), number_or_null(e.bleu)});
+  return json{{"epoch", p.epoch}, {"batch", p.batch}, {"loss_sum", p.loss_sum}, {"loss_tokens", p.loss_tokens},
+              {"curve_sum", p.curve_sum}, {"curve_tokens", p.curve_tokens},
+              {"train_curve", p.train_curve}, {"epochs", epochs}, {"settings", settings_json(settings)}}
+      .dump();
+}
+
+/// "label_smoothing" -> "label-smoothing".
+std::string flag_name(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return key;
+}
+
+/// Reads the progress saved in `path`, refusing one written with other optimisation settings.
+Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesystem::path& path,
+                        const OptimSettings& settings) {
+  auto it = metadata.find(kProgressKey);
+  MF_CHECK(it != metadata.end(), "checkpoint '{}' was not written by train_transformer (no '{}' entry)",
+           path.string(), kProgressKey);
+  try {
+    json j = json::parse(it->second);
+    json saved = j.at("settings"), given = settings_json(settings);
+    for (auto& [key, value] : given.items())
+      MF_CHECK(saved.at(key) == value,
+               "checkpoint '{}' was trained with --{} {}, but this run has {}; resume with the same settings",
+               path.string(), flag_name(key), saved.at(key).dump(), value.dump());
+    Progress p;
+    p.epoch = j.at("epoch").get<int64_t>();
+    p.batch = j.at("batch").get<int64_t>();
+    p.loss_sum = j.at("loss_sum").get<double>();
+    p.loss_tokens = j.at("loss_tokens").get<int64_t>();
+    p.curve_sum = j.at("curve_sum").get<double>();
+    p.curve_tokens = j.at("curve_tokens").get<int64_t>();
+    p.train_curve = j.at("train_curve").get<std::vector<std::pair<double, double>>>();
+    for (const json& e : j.at("epochs"))
+      p.epochs.push_back({null_as_nan(e.at(0)), null_as_nan(e.at(1)), null_as_nan(e.at(2))});
+    return p;
+  } catch (const json::exception& error) {
+    fail("checkpoint '{}' has corrupt training progress: {}", path.string(), error.what());
+  }
+}
+
+int64_t batch_tokens(const ParallelData& data, const Batch& batch) {
+  int64_t tokens = 0;
+  for (int64_t i : batch) tokens += static_cast<int64_t>(data.sources[i].size() + data.targets[i].size()) + 2;
+  return tokens;
+}
+
+std::string format_duration(double seconds) {
+  auto s = static_cast<int64_t>(std::max(0.0, seconds));
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+/// Validation loss without label smoothing (so that exp(loss) is the perplexity).
+double validation_loss(models::Translator& translator, const ParallelData& data, int64_t max_tokens) {
+  models::Transformer& model = translator.model();
+  NoGradGuard no_grad;
+  double sum = 0;
+  int64_t tokens = 0;
+  for (const Batch& batch : make_batches(data.sources, data.targets, {.max_tokens = max_tokens}, 0)) {
+    models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batch);
+    Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, 0.0);
+    sum += loss.item<double>() * static_cast<double>(b.target_tokens);
+    tokens += b.target_tokens;
+  }
+  return sum / static_cast<double>(tokens);
+}
+
+/// The loss chart above the BLEU chart, in one SVG.
+std::string training_chart(const Progress& p) {
+  Series train{"train loss", {}, {}}, valid{"valid loss", {}, {}}, epoch_train{"train loss (epoch)", {}, {}};
+  Series bleu{"valid BLEU", {}, {}};
+  for (auto [x, y] : p.train_curve) {
+    train.x.push_back(x);
+    train.y.push_back(y);
+  }
+  for (size_t e = 0; e < p.epochs.size(); ++e) {
+    double x = static_cast<double>(e + 1);
+    epoch_train.x.push_back(x);
+    epoch_train.y.push_back(p.epochs[e].train_loss);
+    valid.x.push_back(x);
+    valid.y.push_back(p.epochs[e].valid_loss);
+    bleu.x.push_back(x);
+    bleu.y.push_back(p.epochs[e].bleu);
+  }
+  std::string top = line_chart_svg("Loss", "epoch", {train, epoch_train, valid});
+  std::string bottom = line_chart_svg("Validation BLEU (greedy)", "epoch", {bleu});
+  bottom.replace(bottom.find("<svg "), 5, "<svg y=\"420\" ");
+  return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"840\">\n" + top + bottom + "</svg>\n";
+}
+
+/// Redraws one progress line on a terminal, or prints it every `log_every` steps otherwise.
+class ProgressLine {
+ public:
+  explicit ProgressLine(int64_t log_every) : tty_(isatty(fileno(stdout)) != 0), log_every_(log_every) {}
+  void update(int64_t step, const std::string& text) {
+    auto now = std::chrono::steady_clock::now();
+    if (tty_) {
+      if (drawn_ && now - last_draw_ < std::chrono::milliseconds(100)) return;  // ~10 redraws a second
+      last_draw_ = now;
+      fmt::print("\r\033[K{}", text);
+      std::fflush(stdout);
+      drawn_ = true;
+    } else if (step % log_every_ == 0) {
+      fmt::print("{}\n", text);
+      std::fflush(stdout);
+    }
+  }
+  /// Ends a redrawn line before other output.
+  void finish() {
+    if (drawn_) fmt::print("\n");
+    drawn_ = false;
+  }
+
+ private:
+  bool tty_, drawn_ = false;
+  int64_t log_every_;
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+}  // namespace
+
+ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,
+                           const std::vector<std::vector<std::string>>& targets) {
+  ParallelData data;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    data.sources.push_back(translator.src_vocab().encode(sources[i]));
+    data.targets.push_back(translator.tgt_vocab().encode(targets[i]));
+  }
+  data.references = targets;
+  return data;
+}
+
+double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit) {
+  constexpr size_t kChunk = 64;
+  size_t count = limit > 0 ? std::min(static_cast<size_t>(limit), data.sources.size()) : data.sources.size();
+  models::Transformer& model = translator.model();
+  std::vector<std::vector<std::string>> hypotheses, references(data.references.begin(),
+                                                               data.references.begin() + static_cast<ptrdiff_t>(count));
+  for (size_t first = 0; first < count; first += kChunk) {
+    std::vector<int64_t> rows;
+    size_t longest = 0;
+    for (size_t i = first; i < std::min(count, first + kChunk); ++i) {
+      rows.push_back(static_cast<int64_t>(i));
+      longest = std::max(longest, data.sources[i].size());
+    }
+    models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows);
+    int64_t max_new = std::min<int64_t>(model.config().max_len, static_cast<int64_t>(longest * 3 / 2 + 10));
+    generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = max_new});
+    int64_t width = result.tokens.size(1);
+    std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
+    for (size_t r = 0; r < rows.size(); ++r)
+      hypotheses.push_back(translator.tgt_vocab().decode(
+          std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width))));
+  }
+  return corpus_bleu(hypotheses, references).score;
+}
+
+int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
+                     const LoopOptions& options) {
+  const OptimSettings& settings = options.optim;
+  models::Transformer& model = translator.model();
+  std::vector<Tensor> params = model.parameters();
+  optim::Adam adam(params, {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
+  optim::NoamLR schedule(adam, model.config().d_model, settings.warmup, settings.lr_factor);
+  optim::TrainingState state{.model = &model, .optimizer = &adam, .scheduler = &schedule,
+                             .generator = &default_generator()};
+
+  Progress progress;
+  if (options.resume) {
+    progress = parse_progress(optim::load_training_state(options.checkpoint, state), options.checkpoint, settings);
+    fmt::print("resuming from '{}': epoch {}, {} batches done, step {}\n", options.checkpoint.string(),
+               progress.epoch + 1, progress.batch, schedule.last_epoch());
+  }
+  auto save = [&] {
+    if (options.checkpoint.empty()) return;
+    translator.save(options.checkpoint, state, {{kProgressKey, progress_json(progress, settings)}});
+  };
+
+  g_interrupted = 0;
+  auto previous_handler = std::signal(SIGINT, on_sigint);
+  ProgressLine line(options.log_every);
+  const bool validate = !valid.sources.empty();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t steps_this_run = 0, tokens_this_run = 0;
+  bool stopped = false;  // by Ctrl-C or --max-steps, with the checkpoint saved
+  auto should_stop = [&] { return g_interrupted || (options.max_steps > 0 && steps_this_run >= options.max_steps); };
+
+  while (progress.epoch < options.epochs && !stopped) {
+    std::vector<Batch> batches = make_batches(train.sources, train.targets, {.max_tokens = settings.max_tokens},
+                                              static_cast<uint64_t>(settings.seed + progress.epoch));
+    const auto n_batches = static_cast<int64_t>(batches.size());
+    model.train();
+    for (; progress.batch < n_batches; ++progress.batch) {
+      models::TranslationBatch b = models::make_translation_batch(train.sources, train.targets,
+                                                                  batches[static_cast<size_t>(progress.batch)]);
+      Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
+      loss.backward();
+      if (settings.clip > 0) optim::clip_grad_norm_(params, settings.clip);
+      double lr = schedule.get_last_lr()[0];
+      adam.step();
+      schedule.step();
+      adam.zero_grad();
+
+      double value = loss.item<double>() * static_cast<double>(b.target_tokens);
+      progress.loss_sum += value;
+      progress.loss_tokens += b.target_tokens;
+      progress.curve_sum += value;
+      progress.curve_tokens += b.target_tokens;
+      ++steps_this_run;
+      tokens_this_run += batch_tokens(train, batches[static_cast<size_t>(progress.batch)]);
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double remaining_steps = static_cast<double>(n_batches - progress.batch - 1 +
+                                                   (options.epochs - progress.epoch - 1) * n_batches);
+      line.update(steps_this_run,
+                  fmt::format("epoch {}/{} step {}/{} loss {:.3f} {:.0f} tok/s lr {:.2e} ETA {}", progress.epoch + 1,
+                              options.epochs, progress.batch + 1, n_batches, loss.item<double>(),
+                              static_cast<double>(tokens_this_run) / elapsed, lr,
+                              format_duration(elapsed / static_cast<double>(steps_this_run) * remaining_steps)));
+      if (schedule.last_epoch() % options.log_every == 0 || progress.batch + 1 == n_batches) {
+        progress.train_curve.emplace_back(static_cast<double>(progress.epoch) +
+                                              static_cast<double>(progress.batch + 1) / static_cast<double>(n_batches),
+                                          progress.curve_sum / static_cast<double>(progress.curve_tokens));
+        progress.curve_sum = 0;
+        progress.curve_tokens = 0;
+      }
+      if (should_stop() && progress.batch + 1 < n_batches) {
+        ++progress.batch;  // the checkpoint resumes after this step
+        stopped = true;
+        break;
+      }
+    }
+    if (stopped) break;
+
+    EpochRecord record{progress.loss_sum / static_cast<double>(std::max<int64_t>(1, progress.loss_tokens)), NAN, NAN};
+    line.finish();
+    if (validate) {
+      model.eval();
+      record.valid_loss = validation_loss(translator, valid, settings.max_tokens);
+      record.bleu = greedy_bleu(translator, valid, options.bleu_sentences);
+    }
+    progress.epochs.push_back(record);
+    progress.loss_sum = 0;
+    progress.loss_tokens = 0;
+    if (!options.quiet_epochs) {
+      std::string summary = fmt::format("epoch {}: train loss {:.3f}", progress.epoch + 1, record.train_loss);
+      if (validate)
+        summary += fmt::format(", valid loss {:.3f}, perplexity {:.2f}, BLEU {:.2f}", record.valid_loss,
+                               std::exp(record.valid_loss), record.bleu);
+      fmt::print("{}\n", summary);
+    }
+    ++progress.epoch;
+    progress.batch = 0;
+    save();
+    stopped = should_stop() && progress.epoch < options.epochs;
+  }
+  line.finish();
+  if (stopped) {
+    if (progress.batch > 0) save();  // mid-epoch; an epoch end was saved above
+    const char* why = g_interrupted ? "interrupted" : "stopped after --max-steps";
+    if (options.checkpoint.empty())
+      fmt::print("{}; no checkpoint was asked for (--checkpoint), nothing saved\n", why);
+    else
+      fmt::print("{}: checkpoint saved to '{}' (continue with --resume)\n", why, options.checkpoint.string());
+  }
+  const int status = stopped && g_interrupted ? 130 : 0;
+  std::signal(SIGINT, previous_handler);
+  if (!options.plot.empty()) {
+    write_text_file_atomic(options.plot, training_chart(progress));
+    fmt::print("training curves written to '{}'\n", options.plot.string());
+  }
+  return status;
+}
+
+}  // namespace mf::tools
