@@ -4,6 +4,11 @@
 //                                     translations of all of them are right, then saves it to PATH
 //                                     (exit 1 if it does not get there)
 //   make_toy_checkpoint --plain PATH  writes a valid safetensors file that is not a translation model
+//   make_toy_checkpoint --other-config PATH
+//   make_toy_checkpoint --other-vocab PATH
+//                                     write a translation checkpoint whose config (d_ff doubled) or
+//                                     source vocabulary (one token more) does not fit its tensors, as
+//                                     when the files of two runs get mixed up
 #include "miniflow.h"
 
 #include <fmt/format.h>
@@ -29,15 +34,23 @@ mf::Vocab build_vocab(const std::vector<std::vector<std::string>>& sentences) {
   return mf::Vocab::build(counts);
 }
 
-/// Full-batch Adam until every greedy translation matches its target (checked every 25 steps).
-int train(const std::string& path) {
-  mf::manual_seed(7);
-  mf::Corpus corpus = mf::make_corpus(kPairs);
+/// An untrained translator for the toy pairs: 2 + 2 layers, d_model 32, max_len 16.
+mf::models::Translator toy_translator(const mf::Corpus& corpus) {
   mf::Vocab src = build_vocab(corpus.sources), tgt = build_vocab(corpus.targets);
   mf::models::TransformerConfig config{.src_vocab = src.size(), .tgt_vocab = tgt.size(), .d_model = 32, .heads = 4,
                                        .encoder_layers = 2, .decoder_layers = 2, .d_ff = 64, .dropout = 0.0,
                                        .max_len = 16, .shared_embeddings = false};
-  mf::models::Translator translator(config, src, tgt, {});
+  return mf::models::Translator(config, src, tgt, {});
+}
+
+/// Full-batch Adam until every greedy translation matches its target and the loss is below 0.02
+/// (a margin, so beam search and batching cannot tip a near tie), checked every 25 steps.
+int train(const std::string& path) {
+  mf::manual_seed(7);
+  mf::Corpus corpus = mf::make_corpus(kPairs);
+  mf::models::Translator translator = toy_translator(corpus);
+  const mf::Vocab& src = translator.src_vocab();
+  const mf::Vocab& tgt = translator.tgt_vocab();
   std::vector<std::vector<int64_t>> src_ids, tgt_ids;
   std::vector<int64_t> all;
   std::vector<std::string> sources, targets;
@@ -57,7 +70,7 @@ int train(const std::string& path) {
     loss.backward();
     adam.step();
     adam.zero_grad();
-    if (step % 25 != 0) continue;
+    if (step % 25 != 0 || loss.item<double>() > 0.02) continue;
     model.eval();
     if (translator.translate_greedy(sources, 10) == targets) {
       translator.save(path);
@@ -70,6 +83,25 @@ int train(const std::string& path) {
   return 1;
 }
 
+/// A toy checkpoint whose metadata no longer fits its tensors: d_ff doubled, or a source vocabulary
+/// with one more token (and the config's src_vocab to match it).
+void write_mismatched(const std::string& path, bool other_vocab) {
+  mf::Corpus corpus = mf::make_corpus(kPairs);
+  toy_translator(corpus).save(path);
+  mf::nn::TensorFile file = mf::nn::load_tensors(path);
+  auto config = mf::models::TransformerConfig::from_json(file.metadata.at("translation.config"));
+  if (other_vocab) {
+    corpus.sources.push_back({"zusätzlich"});
+    mf::Vocab bigger = build_vocab(corpus.sources);
+    config.src_vocab = bigger.size();
+    file.metadata["translation.src_vocab"] = bigger.to_json();
+  } else {
+    config.d_ff *= 2;
+  }
+  file.metadata["translation.config"] = config.to_json();
+  mf::nn::save_tensors(path, file.tensors, file.metadata);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,8 +110,12 @@ int main(int argc, char** argv) {
       mf::nn::save_tensors(argv[2], {{"weight", mf::zeros({2, 2})}});
       return 0;
     }
+    if (argc == 3 && (std::strcmp(argv[1], "--other-config") == 0 || std::strcmp(argv[1], "--other-vocab") == 0)) {
+      write_mismatched(argv[2], std::strcmp(argv[1], "--other-vocab") == 0);
+      return 0;
+    }
     if (argc == 2) return train(argv[1]);
-    fmt::print(stderr, "usage: make_toy_checkpoint PATH | make_toy_checkpoint --plain PATH\n");
+    fmt::print(stderr, "usage: make_toy_checkpoint [--plain | --other-config | --other-vocab] PATH\n");
     return 2;
   } catch (const std::exception& error) {
     fmt::print(stderr, "make_toy_checkpoint: {}\n", error.what());

@@ -39,6 +39,8 @@ if ! "$maker" "$ckpt"; then
   exit 1
 fi
 "$maker" --plain "$dir/plain.safetensors"
+"$maker" --other-config "$dir/other_config.safetensors"
+"$maker" --other-vocab "$dir/other_vocab.safetensors"
 
 printf '%s\n' "ich mochte ein bier" "ich mochte ein cola" "hello world" "i love you" "the cat is black" \
   "good morning" "this is a book" "what is your name" >"$dir/src.txt"
@@ -61,6 +63,10 @@ printf 'hello world\n\nI love you\n   \r\n' | "$translate" --checkpoint "$ckpt" 
 printf 'hola mundo\n\nte amo\n\n' >"$dir/empty_expected.txt"
 same_file "empty lines stay empty and in place (input lowercased by the model's tokenizer)" \
   "$dir/empty_expected.txt" "$dir/empty.txt"
+# Invalid UTF-8 becomes U+FFFD inside its word (an unknown word), never an error.
+printf 'hello \xff\xfe world\n' >"$dir/invalid_utf8.txt"
+expect "invalid UTF-8 in the input is translated, not refused" 0 "" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/invalid_utf8.txt"
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --threads 1 >"$dir/one_thread.txt"
 same_file "--threads 1 translates the same" "$dir/greedy.txt" "$dir/one_thread.txt"
 
@@ -157,6 +163,14 @@ printf 'this is not a checkpoint at all' >"$dir/garbage.safetensors"
 expect "garbage checkpoint" 1 "$dir/garbage.safetensors" "$translate" --checkpoint "$dir/garbage.safetensors"
 expect "a checkpoint that is not a translation model" 1 "is not a miniflow translation checkpoint" \
   "$translate" --checkpoint "$dir/plain.safetensors"
+expect "a checkpoint whose config does not fit its tensors" 1 \
+  "mismatched: encoder.layers.0.ffn.linear1.weight: checkpoint has [64, 32] float32, model has [128, 32] float32" \
+  "$translate" --checkpoint "$dir/other_config.safetensors"
+grep -qF "$dir/other_config.safetensors" "$dir/stderr" && pass "... and names the file" || fail "the file is not named"
+expect "a checkpoint whose vocabulary does not fit its tensors" 1 \
+  "mismatched: src_embed.weight: checkpoint has [26, 32] float32, model has [27, 32] float32" \
+  "$translate" --checkpoint "$dir/other_vocab.safetensors"
+grep -qF "$dir/other_vocab.safetensors" "$dir/stderr" && pass "... and names the file" || fail "the file is not named"
 expect "missing input file" 1 "cannot open input file '$dir/none.txt'" \
   "$translate" --checkpoint "$ckpt" --input "$dir/none.txt"
 head -n 7 "$dir/ref.txt" >"$dir/ref7.txt"

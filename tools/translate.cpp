@@ -58,14 +58,18 @@ using Hypotheses = std::vector<std::pair<std::string, double>>;
 
 /// Parses the command line; returns false after --help. Throws UsageError for bad usage.
 bool parse_options(int argc, char** argv, Options& o) {
-  mf::tools::ArgParser args("translate",
-                            "Translates text line by line (stdin or --input) with a translation checkpoint, writing "
-                            "one translation per line (stdout or --output).");
+  mf::tools::ArgParser args(
+      "translate",
+      "Translates UTF-8 text line by line (stdin or --input) with a translation checkpoint, writing one\n"
+      "translation per input line (stdout or --output), tokenized as the model produces it. Empty lines\n"
+      "give empty lines. With --nbest K > 1 each input line gives K lines \"score<TAB>translation\", best\n"
+      "first (score: length-penalized log-probability). --reference prints corpus BLEU (tokenized,\n"
+      "lowercased) to stderr. Exit status: 0 ok, 2 bad usage, 1 any other error.");
   args.add("checkpoint", &o.checkpoint, "translation checkpoint (.safetensors), required");
   args.add("input", &o.input, "file to translate, one sentence per line (default: stdin)");
   args.add("output", &o.output, "file to write, atomically (default: stdout)");
   args.add("beam", &o.beam, "beam width; 1 = greedy decoding");
-  args.add("nbest", &o.nbest, "translations per sentence (needs --beam >= K); K > 1 prints \"score<TAB>text\" lines");
+  args.add("nbest", &o.nbest, "translations K per sentence (needs --beam >= K); K > 1 prints \"score<TAB>text\" lines");
   args.add("length-penalty", &o.length_penalty, "beam search's length penalty alpha (GNMT)");
   args.add("max-len", &o.max_len, "most tokens generated per sentence (capped by the model's max length)");
   args.add("batch-size", &o.batch_size, "sentences translated together");
