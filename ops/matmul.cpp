@@ -1,8 +1,12 @@
 // Matrix multiplication on OpenBLAS: one cblas_?gemm per batch element, transposed views passed as
 // transpose flags (no copies), and a batch folded into one GEMM when the right operand is shared.
+// OpenBLAS runs single-threaded inside miniflow's one pool: batches split by element, single
+// products by blocks of rows or columns.
 #include "ops/families.h"
 #include "ops/ops.h"
 #include "ops/reference.h"
+
+#include "core/parallel.h"
 
 #include <cblas.h>
 
@@ -48,6 +52,36 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t 
     cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
 }
 
+// OpenBLAS runs single-threaded and miniflow's own pool splits the work: OpenBLAS's idle threads spin
+// (sched_yield) between calls and would fight the pool's threads for the cores.
+const bool kBlasSingleThreaded = (openblas_set_num_threads(1), true);
+
+/// Below this many multiply-adds a product stays on one thread.
+constexpr double kParallelGemmWork = 1 << 18;
+
+/// One GEMM split over the pool: by rows of C when there are enough of them, else by columns. Each
+/// thread runs single-threaded BLAS on its block.
+template <typename T>
+void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
+                   const T* b, int64_t ldb, T* c, int64_t ldc) {
+  int64_t threads = intra_op_threads();
+  if (threads == 1 || static_cast<double>(n) * m * k < kParallelGemmWork) {
+    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  if (n >= m || n >= 16 * threads) {
+    parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
+      const T* rows = a + (ta == CblasNoTrans ? lo * lda : lo);  // row lo of op(A)
+      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc);
+    });
+  } else {
+    parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
+      const T* columns = b + (tb == CblasNoTrans ? lo : lo * ldb);  // column lo of op(B)
+      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc);
+    });
+  }
+}
+
 void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
   Tensor a = in[0], b = in[1];
   Tensor& c = out[0];  // [..., N, M], contiguous
@@ -69,22 +103,26 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     const T* pb = static_cast<const T*>(b.raw_data());
     T* pc = c.data_ptr<T>();
     if (b_shared && a.is_contiguous()) {  // the batch folds into the rows of one GEMM
-      gemm<T>(CblasNoTrans, lb.trans, c.numel() / m, m, k, pa, k, pb, lb.ld, pc, m);
+      parallel_gemm<T>(CblasNoTrans, lb.trans, c.numel() / m, m, k, pa, k, pb, lb.ld, pc, m);
       return;
     }
-    Shape index(batch.size(), 0);
-    for (int64_t i = 0, count = shape_numel(batch); i < count; ++i) {
+    int64_t count = shape_numel(batch);
+    auto product = [&](int64_t i, auto&& run) {
       int64_t offset_a = 0, offset_b = 0;
-      for (size_t d = 0; d < batch.size(); ++d) {
-        offset_a += index[d] * a_batch[d];
-        offset_b += index[d] * b_batch[d];
+      for (int64_t d = static_cast<int64_t>(batch.size()) - 1, rest = i; d >= 0; --d) {
+        offset_a += rest % batch[d] * a_batch[d];
+        offset_b += rest % batch[d] * b_batch[d];
+        rest /= batch[d];
       }
-      gemm<T>(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m);
-      for (size_t d = batch.size(); d-- > 0;) {
-        if (++index[d] < batch[d]) break;
-        index[d] = 0;
-      }
+      run(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m);
+    };
+    if (count < intra_op_threads()) {  // few products: split each one
+      for (int64_t i = 0; i < count; ++i) product(i, parallel_gemm<T>);
+      return;
     }
+    parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {  // many products: one thread each
+      for (int64_t i = lo; i < hi; ++i) product(i, gemm<T>);
+    });
   });
 }
 

@@ -1,0 +1,186 @@
+// Training-step and decoding benchmark of the Transformer on the three configs. Prints the
+// median step time split into forward / backward / optimizer, tokens/s, achieved GFLOP/s against a
+// large float32 GEMM measured in the same run, peak RSS, and greedy / beam-4 decoding throughput.
+#include "miniflow.h"
+#include "tools/cli.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchConfig {
+  const char* name;
+  int64_t d_model, layers, heads, d_ff, vocab, batch, length;
+};
+
+constexpr BenchConfig kConfigs[] = {
+    {"seed", 512, 6, 8, 2048, 32, 6, 20},
+    {"small", 256, 3, 4, 1024, 8000, 32, 32},
+    {"base", 512, 6, 8, 2048, 16000, 16, 64},
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
+}
+
+/// Multiply-adds of one forward pass, times 2 for FLOPs: every Linear, the attention products, and
+/// the tied output projection (backward is counted as twice the forward, the usual convention).
+double forward_flops(const BenchConfig& c) {
+  double B = static_cast<double>(c.batch), L = static_cast<double>(c.length), C = static_cast<double>(c.d_model);
+  double F = static_cast<double>(c.d_ff), V = static_cast<double>(c.vocab), N = static_cast<double>(c.layers);
+  double tokens = B * L;
+  double attention_products = 2 * B * L * L * C;  // Q K^T and P V over all heads
+  double encoder_layer = tokens * (4 * C * C + 2 * C * F) + attention_products;
+  double decoder_layer = tokens * (8 * C * C + 2 * C * F) + 2 * attention_products;
+  return 2 * (N * (encoder_layer + decoder_layer) + tokens * C * V);
+}
+
+/// Float32 GEMM rate of this machine through miniflow's matmul (one cblas_sgemm per call).
+double sgemm_gflops() {
+  const int64_t n = 2048;
+  mf::NoGradGuard no_grad;
+  mf::Tensor a = mf::randn({n, n}), b = mf::randn({n, n});
+  mf::matmul(a, b);  // warm-up
+  std::vector<double> times;
+  for (int i = 0; i < 5; ++i) {
+    auto start = Clock::now();
+    mf::matmul(a, b);
+    times.push_back(seconds_since(start));
+  }
+  return 2.0 * n * n * n / median(times) / 1e9;
+}
+
+struct StepTimes {
+  double forward = 0, backward = 0, optimizer = 0;
+  double total() const { return forward + backward + optimizer; }
+};
+
+std::map<std::string, double> bench_config(const BenchConfig& c, int steps, double sgemm, bool decode) {
+  mf::manual_seed(0);
+  mf::models::TransformerConfig config{.src_vocab = c.vocab, .tgt_vocab = c.vocab, .d_model = c.d_model,
+                                       .heads = c.heads, .encoder_layers = c.layers, .decoder_layers = c.layers,
+                                       .d_ff = c.d_ff, .dropout = 0.1, .max_len = std::max<int64_t>(c.length, 64) + 1};
+  mf::models::Transformer model(config);
+  mf::optim::Adam adam(model.parameters(), {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
+  mf::Generator data(1);
+  // Random ids in [1, V): no padding, so every position does full work.
+  mf::Tensor src = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data);
+  mf::Tensor tgt_in = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data);
+  mf::Tensor tgt_out = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data);
+
+  std::vector<StepTimes> times;
+  for (int step = 0; step < steps + 2; ++step) {  // two warm-up steps fill the allocator's cache
+    StepTimes t;
+    auto start = Clock::now();
+    mf::Tensor loss = mf::cross_entropy(model.forward(src, tgt_in).reshape({-1, c.vocab}), tgt_out.reshape({-1}), 0);
+    t.forward = seconds_since(start);
+    start = Clock::now();
+    loss.backward();
+    t.backward = seconds_since(start);
+    start = Clock::now();
+    adam.step();
+    adam.zero_grad();
+    t.optimizer = seconds_since(start);
+    if (step >= 2) times.push_back(t);
+  }
+  auto pick = [&](double StepTimes::*field) {
+    std::vector<double> v;
+    for (const StepTimes& t : times) v.push_back(t.*field);
+    return median(v);
+  };
+  std::vector<double> totals;
+  for (const StepTimes& t : times) totals.push_back(t.total());
+  double step_s = median(totals);
+  double tokens = static_cast<double>(c.batch * c.length) * 2;  // source + target tokens
+  double gflops = 3 * forward_flops(c) / step_s / 1e9;
+  std::map<std::string, double> out{
+      {"ms_per_step", step_s * 1e3},     {"forward_ms", pick(&StepTimes::forward) * 1e3},
+      {"backward_ms", pick(&StepTimes::backward) * 1e3}, {"optimizer_ms", pick(&StepTimes::optimizer) * 1e3},
+      {"tokens_per_s", tokens / step_s}, {"gflops", gflops},
+      {"sgemm_gflops", sgemm},           {"gflops_vs_sgemm", gflops / sgemm},
+      {"peak_rss_mb", peak_rss_mb()}};
+  if (decode) {
+    model.eval();
+    mf::Tensor sources = mf::randint(3, c.vocab, {32, c.length}, mf::Device::cpu(), &data);
+    auto start = Clock::now();
+    mf::generation::GreedyResult greedy = mf::models::greedy_decode(model, sources, {.max_new_tokens = 32});
+    double greedy_s = seconds_since(start);
+    int64_t greedy_tokens = 0;  // generated positions up to and including each row's EOS
+    for (int64_t b = 0; b < greedy.tokens.size(0); ++b)
+      for (int64_t t = 1; t < greedy.tokens.size(1); ++t) {
+        ++greedy_tokens;
+        if (greedy.tokens.at<int64_t>({b, t}) == mf::Vocab::kEos) break;
+      }
+    start = Clock::now();
+    auto beams = mf::models::beam_search(model, sources, {.beam_size = 4, .max_new_tokens = 32});
+    double beam_s = seconds_since(start);
+    int64_t beam_tokens = 0;
+    for (const auto& list : beams) beam_tokens += static_cast<int64_t>(list[0].tokens.size());
+    out["greedy_tokens_per_s"] = static_cast<double>(greedy_tokens) / greedy_s;
+    out["beam4_tokens_per_s"] = static_cast<double>(beam_tokens) / beam_s;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mf::tools::run_tool("bench_transformer", [&] {
+    std::string only;
+    int threads = mf::get_num_threads();
+    int64_t steps = 10;
+    bool json = false;
+    mf::tools::ArgParser args("bench_transformer",
+                              "Times Transformer training steps (configs seed, small, base) and decoding.");
+    args.add("config", &only, "run only this config (seed, small or base)");
+    args.add("threads", &threads, "intra-op threads (also OpenBLAS's)");
+    args.add("steps", &steps, "timed steps per config, after 2 warm-up steps");
+    args.add_switch("json", &json, "print one JSON object per config instead of a table");
+    if (!args.parse(argc, argv)) return 0;
+    if (steps < 1) throw mf::tools::UsageError("--steps must be at least 1");
+    bool known = only.empty();
+    for (const BenchConfig& c : kConfigs) known = known || only == c.name;
+    if (!known) throw mf::tools::UsageError(fmt::format("unknown config '{}' (seed, small or base)", only));
+    mf::set_num_threads(threads);
+
+    double sgemm = sgemm_gflops();
+    if (!json) fmt::print("threads {}, float32 GEMM 2048^3: {:.1f} GFLOP/s\n", threads, sgemm);
+    for (const BenchConfig& c : kConfigs) {
+      if (!only.empty() && only != c.name) continue;
+      auto result = bench_config(c, static_cast<int>(steps), sgemm, std::string(c.name) == "small");
+      if (json) {
+        std::string fields = fmt::format("\"config\": \"{}\", \"threads\": {}", c.name, threads);
+        for (const auto& [key, value] : result) fields += fmt::format(", \"{}\": {:.6g}", key, value);
+        fmt::print("{{{}}}\n", fields);
+        continue;
+      }
+      fmt::print("{:>5}: {:8.1f} ms/step (fwd {:.1f}, bwd {:.1f}, adam {:.1f})  {:8.0f} tok/s  {:6.1f} GFLOP/s "
+                 "({:.0f}% of GEMM)  peak RSS {:.0f} MB\n",
+                 c.name, result["ms_per_step"], result["forward_ms"], result["backward_ms"], result["optimizer_ms"],
+                 result["tokens_per_s"], result["gflops"], 100 * result["gflops_vs_sgemm"], result["peak_rss_mb"]);
+      if (result.count("greedy_tokens_per_s"))
+        fmt::print("       decoding 32 sentences: greedy {:.0f} tok/s, beam 4 {:.0f} tok/s\n",
+                   result["greedy_tokens_per_s"], result["beam4_tokens_per_s"]);
+    }
+    return 0;
+  });
+}
