@@ -19,8 +19,9 @@
 // tokenized and lowercased by miniflow's tokenizer, in sacrebleu's format:
 //   "BLEU = 34.56 67.1/42.0/28.3/19.5 (BP = 0.987 ratio = 0.987 hyp_len = 9876 ref_len = 10003)".
 // --attention-svg PATH draws the last decoder layer's cross-attention (mean over heads) for one input
-// line (--attention-sentence, 1-based): rows are the output tokens and <eos>, columns the source tokens
-// (as tokenized, "(unk)" marking words outside the vocabulary) and <eos>.
+// line (--attention-sentence, 1-based), translated again on its own with the same search: rows are the
+// output tokens and <eos>, columns the source tokens (as tokenized, "(unk)" marking words outside the
+// vocabulary) and <eos>.
 //
 // Exit status: 0 on success, 2 on bad usage (unknown or malformed flags, --nbest > --beam, ...), 1 on
 // any other error (missing or corrupt checkpoint, missing input, mismatched reference, --device cuda
