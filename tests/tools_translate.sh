@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# tools/translate end to end: a toy model memorises eight pairs (tests/make_toy_checkpoint.cpp), then
+# its translations (greedy, beam, n-best), BLEU, the attention heatmap, stdin/--input/--output and
+# every bad-input case are checked against the documented output and exit statuses.
+# Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT
+set -u
+translate="$1"
+maker="$2"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+passed=0
+failures=0
+pass() { echo "ok: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+
+# expect WHAT STATUS PATTERN command...: the command exits with STATUS and, when PATTERN is not empty,
+# its stderr contains PATTERN (a fixed string). Leaves stdout in $dir/stdout and stderr in $dir/stderr.
+expect() {
+  local what=$1 expected=$2 pattern=$3; shift 3
+  "$@" >"$dir/stdout" 2>"$dir/stderr" </dev/null
+  local status=$?
+  if [ "$status" -ne "$expected" ]; then
+    fail "$what: exit status $status, expected $expected"; cat "$dir/stderr"
+  elif [ -n "$pattern" ] && ! grep -qF -- "$pattern" "$dir/stderr"; then
+    fail "$what: stderr does not mention '$pattern'"; cat "$dir/stderr"
+  else
+    pass "$what"
+  fi
+}
+# same_file WHAT EXPECTED ACTUAL
+same_file() {
+  if cmp -s "$2" "$3"; then pass "$1"; else fail "$1"; diff "$2" "$3"; fi
+}
+
+ckpt="$dir/toy.safetensors"
+if ! "$maker" "$ckpt"; then
+  fail "the toy model did not train"
+  echo "$passed passed, $failures failed"
+  exit 1
+fi
+"$maker" --plain "$dir/plain.safetensors"
+"$maker" --other-config "$dir/other_config.safetensors"
+"$maker" --other-vocab "$dir/other_vocab.safetensors"
+
+printf '%s\n' "ich mochte ein bier" "ich mochte ein cola" "hello world" "i love you" "the cat is black" \
+  "good morning" "this is a book" "what is your name" >"$dir/src.txt"
+printf '%s\n' "i want a beer" "i want a coke" "hola mundo" "te amo" "el gato es negro" "buenos dias" \
+  "este es un libro" "como te llamas" >"$dir/ref.txt"
+
+# ---- translations ------------------------------------------------------------------------------
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" >"$dir/greedy.txt"
+same_file "greedy translations of the training sources" "$dir/ref.txt" "$dir/greedy.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --batch-size 3 >"$dir/beam.txt"
+same_file "beam 4 translations (batches of 3)" "$dir/ref.txt" "$dir/beam.txt"
+"$translate" --checkpoint "$ckpt" <"$dir/src.txt" >"$dir/stdin.txt"
+same_file "stdin gives what --input gives" "$dir/greedy.txt" "$dir/stdin.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --output "$dir/out.txt" >"$dir/stdout.txt"
+same_file "--output writes what stdout shows" "$dir/beam.txt" "$dir/out.txt"
+if [ -s "$dir/stdout.txt" ]; then fail "--output still printed to stdout"; else pass "--output leaves stdout empty"; fi
+
+# Empty and whitespace-only lines give empty output lines, in place.
+printf 'hello world\n\nI love you\n   \r\n' | "$translate" --checkpoint "$ckpt" >"$dir/empty.txt"
+printf 'hola mundo\n\nte amo\n\n' >"$dir/empty_expected.txt"
+same_file "empty lines stay empty and in place (input lowercased by the model's tokenizer)" \
+  "$dir/empty_expected.txt" "$dir/empty.txt"
+# Invalid UTF-8 becomes U+FFFD inside its word (an unknown word), never an error.
+printf 'hello \xff\xfe world\n' >"$dir/invalid_utf8.txt"
+expect "invalid UTF-8 in the input is translated, not refused" 0 "" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/invalid_utf8.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --threads 1 >"$dir/one_thread.txt"
+same_file "--threads 1 translates the same" "$dir/greedy.txt" "$dir/one_thread.txt"
+
+# The toy model's max_len is 16: sources keep 15 tokens (+ <eos>); a 20-word line is cut and counted.
+echo "hello world hello world hello world hello world hello world hello world hello world hello world \
+hello world hello world" >"$dir/long.txt"
+expect "an overlong sentence is truncated and counted" 0 "1 sentence(s) longer than the model's 15 tokens were truncated" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/long.txt"
+if [ "$(wc -l <"$dir/stdout")" -eq 1 ]; then pass "the overlong sentence still gets its line"; else
+  fail "the overlong sentence's output"; fi
+
+# ---- n-best ------------------------------------------------------------------------------------
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --nbest 3 >"$dir/nbest.txt"
+if awk -F'\t' -v sentences=8 -v k=3 '
+    NF != 2 || $1 !~ /^-?[0-9]+\.[0-9]+$/ { print "malformed line " NR ": " $0; bad = 1 }
+    (NR - 1) % k != 0 && $1 + 0 > previous + 0 { print "line " NR " scores above the line before it"; bad = 1 }
+    { previous = $1 }
+    END { if (NR != sentences * k) { print NR " lines, expected " sentences * k; bad = 1 }; exit bad }' "$dir/nbest.txt"
+then
+  pass "--nbest 3 prints 3 'score<TAB>translation' lines per sentence, best first"
+else
+  fail "--nbest 3 output"; cat "$dir/nbest.txt"
+fi
+awk -F'\t' 'NR % 3 == 1 { print $2 }' "$dir/nbest.txt" >"$dir/nbest_best.txt"
+same_file "the first of the n-best is the beam translation" "$dir/beam.txt" "$dir/nbest_best.txt"
+if [ "$(awk -F'\t' '{ print int((NR - 1) / 3) "\t" $2 }' "$dir/nbest.txt" | sort | uniq -d | wc -l)" -eq 0 ]; then
+  pass "n-best hypotheses of a sentence differ"
+else
+  fail "a sentence's n-best list repeats a hypothesis"
+fi
+
+# ---- BLEU --------------------------------------------------------------------------------------
+expect "--reference prints BLEU = 100 for memorised pairs" 0 "BLEU = 100.00 100.0/100.0/100.0/100.0 (BP = 1.000" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/ref.txt"
+# Swapping two references: "i want a coke" vs "i want a beer" and back keeps 6 of 8 unigrams per pair.
+sed -e '1s/beer/coke/' -e '2s/coke/beer/' "$dir/ref.txt" >"$dir/ref_swapped.txt"
+expect "--reference with two wrong words gives BLEU below 100" 0 "BLEU = " \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/ref_swapped.txt"
+if grep -q "BLEU = 100" "$dir/stderr"; then fail "BLEU ignored the wrong words"; else pass "BLEU saw the wrong words"; fi
+
+# ---- attention heatmap -------------------------------------------------------------------------
+svg="$dir/attention.svg"
+expect "--attention-svg writes the heatmap" 0 "" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --attention-svg "$svg" --attention-sentence 2
+if command -v python3 >/dev/null; then
+  if python3 -c 'import xml.dom.minidom,sys; xml.dom.minidom.parse(sys.argv[1])' "$svg"; then
+    pass "the heatmap is well-formed XML"
+  else
+    fail "the heatmap is not well-formed XML"
+  fi
+else
+  echo "SKIPPED: python3 is missing, the heatmap's XML is not parsed"
+fi
+for token in '>ich<' '>mochte<' '>ein<' '>cola<' '>&lt;eos&gt;<' '<svg'; do
+  if grep -qF -- "$token" "$svg"; then pass "the heatmap shows $token"; else fail "the heatmap lacks $token"; fi
+done
+# Rows are the output tokens + <eos> (row labels are the right-anchored texts), each a distribution
+# over the 4 source tokens + <eos>: 5 cells summing to 1 (a mean over heads; a sum would give 4). The
+# cells' <title> holds the value with 3 decimals, so a row may be off by 5 * 0.0005.
+rows=$(sed -n 's/.*text-anchor="end">\([^<]*\)<.*/\1/p' "$svg" | tr '\n' ' ')
+if [ "$rows" = "i want a coke &lt;eos&gt; " ]; then pass "heatmap rows are the output tokens and <eos>"; else
+  fail "heatmap rows are '$rows'"; fi
+if awk '/text-anchor="end"/ { row++ } match($0, /<title>[0-9.]+<\/title>/) {
+      cells[row]++; sum[row] += substr($0, RSTART + 7, RLENGTH - 15) }
+    END { for (r = 1; r <= row; r++) if (cells[r] != 5 || sum[r] < 0.997 || sum[r] > 1.003) {
+            print "row " r ": " cells[r] " cells summing to " sum[r]; bad = 1 }
+          exit bad || row != 5 }' "$svg"; then
+  pass "each heatmap row has one cell per source token + <eos>, summing to 1"
+else
+  fail "heatmap cells"
+fi
+echo "ich mochte ein wasser" >"$dir/unknown.txt"
+expect "--attention-svg on a sentence with an unknown word" 0 "" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/unknown.txt" --attention-svg "$svg"
+if grep -qF '>wasser (unk)<' "$svg"; then pass "unknown source words are marked (unk)"; else
+  fail "the unknown word is not marked"; fi
+
+# ---- bad input ---------------------------------------------------------------------------------
+expect "--help" 0 "" "$translate" --help
+expect "no --checkpoint" 2 "--checkpoint is required" "$translate"
+expect "unknown flag" 2 "unknown option '--no-such-flag'" "$translate" --checkpoint "$ckpt" --no-such-flag
+expect "malformed number" 2 "--beam: 'four' is not a valid number" "$translate" --checkpoint "$ckpt" --beam four
+expect "flag without its value" 2 "--beam needs a value" "$translate" --checkpoint "$ckpt" --beam
+expect "--beam 0" 2 "--beam must be at least 1" "$translate" --checkpoint "$ckpt" --beam 0
+expect "--nbest above --beam" 2 "--nbest 3 needs a beam at least as wide, but --beam is 2" \
+  "$translate" --checkpoint "$ckpt" --beam 2 --nbest 3
+expect "unknown device" 2 "--device must be cpu or cuda, not 'tpu'" "$translate" --checkpoint "$ckpt" --device tpu
+expect "--device cuda in a build without CUDA" 1 "--device cuda: this miniflow was built without CUDA" \
+  "$translate" --checkpoint "$ckpt" --device cuda
+expect "missing checkpoint" 1 "$dir/none.safetensors" "$translate" --checkpoint "$dir/none.safetensors"
+head -c 200 "$ckpt" >"$dir/truncated.safetensors"
+expect "truncated checkpoint" 1 "$dir/truncated.safetensors" "$translate" --checkpoint "$dir/truncated.safetensors"
+printf 'this is not a checkpoint at all' >"$dir/garbage.safetensors"
+expect "garbage checkpoint" 1 "$dir/garbage.safetensors" "$translate" --checkpoint "$dir/garbage.safetensors"
+expect "a checkpoint that is not a translation model" 1 "is not a miniflow translation checkpoint" \
+  "$translate" --checkpoint "$dir/plain.safetensors"
+expect "a checkpoint whose config does not fit its tensors" 1 \
+  "mismatched: encoder.layers.0.ffn.linear1.weight: checkpoint has [64, 32] float32, model has [128, 32] float32" \
+  "$translate" --checkpoint "$dir/other_config.safetensors"
+grep -qF "$dir/other_config.safetensors" "$dir/stderr" && pass "... and names the file" || fail "the file is not named"
+expect "a checkpoint whose vocabulary does not fit its tensors" 1 \
+  "mismatched: src_embed.weight: checkpoint has [26, 32] float32, model has [27, 32] float32" \
+  "$translate" --checkpoint "$dir/other_vocab.safetensors"
+grep -qF "$dir/other_vocab.safetensors" "$dir/stderr" && pass "... and names the file" || fail "the file is not named"
+expect "missing input file" 1 "cannot open input file '$dir/none.txt'" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/none.txt"
+head -n 7 "$dir/ref.txt" >"$dir/ref7.txt"
+expect "reference with fewer lines" 1 "reference file '$dir/ref7.txt' has 7 lines but the input ('$dir/src.txt') has 8" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/ref7.txt"
+expect "missing reference file" 1 "cannot open reference file '$dir/none.txt'" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/none.txt"
+expect "--attention-sentence past the input" 1 "--attention-sentence 9: the input ('$dir/src.txt') has only 8 lines" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --attention-svg "$svg.2" --attention-sentence 9
+expect "--output in a missing directory" 1 "$dir/no/such/dir/out.txt" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --output "$dir/no/such/dir/out.txt"
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]

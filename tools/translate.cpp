@@ -1,0 +1,288 @@
+// tools/translate: translates text line by line with a checkpoint written by train_transformer (or by
+// models::Translator::save).
+//
+//   translate --checkpoint model.safetensors < input.de > output.en
+//   translate --checkpoint model.safetensors --input test.de --reference test.en --beam 4
+//
+// Input: UTF-8 text, one sentence per line (a trailing '\r' is dropped), from stdin or --input; all of
+// it is read before translating, then translated --batch-size sentences at a time in input order.
+// Output, one line per input line, in input order:
+//   --nbest 1 (default)  the best translation, tokenized as the model produces it ("i want a beer .");
+//   --nbest K > 1        K lines per input line, best first: "score<TAB>translation", score being the
+//                        hypothesis's length-penalized log-probability with 4 decimals (higher is better);
+//                        fewer than K only if the search found fewer (a target vocabulary smaller than K).
+// A line without tokens (empty or only whitespace) gives an empty output line (with --nbest K, K
+// lines "0.0000<TAB>"), so output and input stay line-aligned. Sentences longer than the model's
+// max_len - 1 tokens are truncated, and their count is reported on stderr.
+//
+// --reference FILE prints corpus BLEU-4 of the best translations against FILE's lines to stderr, both
+// tokenized and lowercased by miniflow's tokenizer, in sacrebleu's format:
+//   "BLEU = 34.56 67.1/42.0/28.3/19.5 (BP = 0.987 ratio = 0.987 hyp_len = 9876 ref_len = 10003)".
+// --attention-svg PATH draws the last decoder layer's cross-attention (mean over heads) for one input
+// line (--attention-sentence, 1-based), translated again on its own with the same search: rows are the
+// output tokens and <eos>, columns the source tokens (as tokenized, "(unk)" marking words outside the
+// vocabulary) and <eos>.
+//
+// Exit status: 0 on success, 2 on bad usage (unknown or malformed flags, --nbest > --beam, ...), 1 on
+// any other error (missing or corrupt checkpoint, missing input, mismatched reference, --device cuda
+// in a build without CUDA).
+#include "miniflow.h"
+#include "tools/cli.h"
+#include "tools/svg.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace models = mf::models;
+using mf::tools::UsageError;
+
+struct Options {
+  std::string checkpoint, input, output, reference, device = "cpu", attention_svg;
+  int64_t beam = 1, nbest = 1, max_len = 100, batch_size = 64, attention_sentence = 1;
+  double length_penalty = 0.6;
+  int threads = mf::get_num_threads();
+};
+
+/// One translation of a sentence and its score (NaN for greedy decoding, which prints no scores).
+using Hypotheses = std::vector<std::pair<std::string, double>>;
+
+/// Parses the command line; returns false after --help. Throws UsageError for bad usage.
+bool parse_options(int argc, char** argv, Options& o) {
+  mf::tools::ArgParser args(
+      "translate",
+      "Translates UTF-8 text line by line (stdin or --input) with a translation checkpoint, writing one\n"
+      "translation per input line (stdout or --output), tokenized as the model produces it. Empty lines\n"
+      "give empty lines. With --nbest K > 1 each input line gives K lines \"score<TAB>translation\", best\n"
+      "first (score: length-penalized log-probability). --reference prints corpus BLEU (tokenized,\n"
+      "lowercased) to stderr. Exit status: 0 ok, 2 bad usage, 1 any other error.");
+  args.add("checkpoint", &o.checkpoint, "translation checkpoint (.safetensors), required");
+  args.add("input", &o.input, "file to translate, one sentence per line (default: stdin)");
+  args.add("output", &o.output, "file to write, atomically (default: stdout)");
+  args.add("beam", &o.beam, "beam width; 1 = greedy decoding");
+  args.add("nbest", &o.nbest, "translations K per sentence (needs --beam >= K); K > 1 prints \"score<TAB>text\" lines");
+  args.add("length-penalty", &o.length_penalty, "beam search's length penalty alpha (GNMT)");
+  args.add("max-len", &o.max_len, "most tokens generated per sentence (capped by the model's max length)");
+  args.add("batch-size", &o.batch_size, "sentences translated together");
+  args.add("reference", &o.reference, "reference translations, one per input line: print corpus BLEU to stderr");
+  args.add("attention-svg", &o.attention_svg, "write the cross-attention heatmap of one sentence to this SVG file");
+  args.add("attention-sentence", &o.attention_sentence, "the input line (1-based) --attention-svg draws");
+  args.add("threads", &o.threads, "intra-op threads");
+  args.add("device", &o.device, "cpu or cuda");
+  if (!args.parse(argc, argv)) return false;
+  if (o.checkpoint.empty()) throw UsageError("--checkpoint is required");
+  if (o.beam < 1) throw UsageError(fmt::format("--beam must be at least 1, not {}", o.beam));
+  if (o.nbest < 1) throw UsageError(fmt::format("--nbest must be at least 1, not {}", o.nbest));
+  if (o.nbest > o.beam)
+    throw UsageError(fmt::format("--nbest {} needs a beam at least as wide, but --beam is {}", o.nbest, o.beam));
+  if (!std::isfinite(o.length_penalty)) throw UsageError("--length-penalty must be a finite number");
+  if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
+  if (o.batch_size < 1) throw UsageError(fmt::format("--batch-size must be at least 1, not {}", o.batch_size));
+  if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
+  if (o.attention_sentence < 1)
+    throw UsageError(fmt::format("--attention-sentence is a 1-based line number, not {}", o.attention_sentence));
+  return true;
+}
+
+/// Only the CPU runs translation today; "cuda" is refused with an error (exit 1), anything else is
+/// bad usage.
+void check_device(const std::string& name) {
+  mf::Device device;
+  try {
+    device = mf::Device::parse(name);
+  } catch (const mf::Error&) {
+    throw UsageError(fmt::format("--device must be cpu or cuda, not '{}'", name));
+  }
+  if (device.is_cuda()) {
+    if (!mf::cuda::is_built()) mf::fail("--device {}: this miniflow was built without CUDA", name);
+    mf::fail("--device {}: translate runs on the CPU only for now", name);
+  }
+}
+
+/// The lines of `stream`, without their '\n' or a trailing '\r'.
+std::vector<std::string> read_lines(std::istream& stream) {
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(stream, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+/// The lines of the file `path` (`what` names it in errors: "input file").
+std::vector<std::string> read_lines(const std::string& path, const char* what) {
+  if (std::filesystem::is_directory(path)) mf::fail("{} '{}' is a directory", what, path);
+  std::ifstream file(path, std::ios::binary);
+  if (!file) mf::fail("cannot open {} '{}': {}", what, path, std::strerror(errno));
+  std::vector<std::string> lines = read_lines(file);
+  if (file.bad()) mf::fail("cannot read {} '{}': {}", what, path, std::strerror(errno));
+  return lines;
+}
+
+/// Translates every line, `batch_size` non-empty lines at a time, keeping input order; lines without
+/// tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per requested translation.
+std::vector<Hypotheses> translate_lines(models::Translator& translator, const std::vector<std::string>& lines,
+                                        const std::vector<int64_t>& token_counts, const Options& o) {
+  std::vector<Hypotheses> results(lines.size(), Hypotheses(static_cast<size_t>(o.nbest), {"", 0.0}));
+  std::vector<size_t> pending;
+  auto flush = [&] {
+    std::vector<std::string> batch;
+    for (size_t i : pending) batch.push_back(lines[i]);
+    if (o.beam == 1) {
+      std::vector<std::string> out = translator.translate_greedy(batch, o.max_len);
+      for (size_t k = 0; k < pending.size(); ++k) results[pending[k]] = {{out[k], std::nan("")}};
+    } else {
+      auto out = translator.translate_beam(
+          batch, {.beam_size = o.beam, .max_new_tokens = o.max_len, .length_penalty = o.length_penalty, .nbest = o.nbest});
+      for (size_t k = 0; k < pending.size(); ++k) results[pending[k]] = std::move(out[k]);
+    }
+    pending.clear();
+  };
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (token_counts[i] == 0) continue;
+    pending.push_back(i);
+    if (static_cast<int64_t>(pending.size()) == o.batch_size) flush();
+  }
+  if (!pending.empty()) flush();
+  return results;
+}
+
+/// The output text: one line per sentence, or "score<TAB>translation" lines with --nbest K > 1.
+std::string format_output(const std::vector<Hypotheses>& results, int64_t nbest) {
+  std::string text;
+  for (const Hypotheses& hypotheses : results) {
+    if (nbest == 1) {
+      text += hypotheses.front().first + "\n";
+      continue;
+    }
+    for (const auto& [translation, score] : hypotheses) text += fmt::format("{:.4f}\t{}\n", score, translation);
+  }
+  return text;
+}
+
+/// Corpus BLEU of the best translations against the reference lines, both tokenized and lowercased.
+mf::BleuScore score_bleu(const std::vector<Hypotheses>& results, const std::vector<std::string>& references) {
+  mf::Tokenizer tokenizer({.lowercase = true, .split_punctuation = true});
+  std::vector<std::vector<std::string>> hyp_tokens, ref_tokens;
+  for (size_t i = 0; i < results.size(); ++i) {
+    hyp_tokens.push_back(tokenizer.tokenize(results[i].front().first));
+    ref_tokens.push_back(tokenizer.tokenize(references[i]));
+  }
+  return mf::corpus_bleu(hyp_tokens, ref_tokens);
+}
+
+/// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
+/// tool decodes: greedy, or the best beam.
+std::vector<int64_t> decode_ids(models::Translator& translator, const mf::Tensor& src, const Options& o) {
+  int64_t budget = std::min(o.max_len, translator.model().config().max_len - 1);
+  if (o.beam > 1) {
+    auto beams = models::beam_search(translator.model(), src,
+                                     {.beam_size = o.beam, .max_new_tokens = budget, .length_penalty = o.length_penalty});
+    return beams.at(0).at(0).tokens;
+  }
+  std::vector<int64_t> row = models::greedy_decode(translator.model(), src, {.max_new_tokens = budget})
+                                 .tokens.select(0, 0)
+                                 .to_vector<int64_t>();
+  std::vector<int64_t> ids(row.begin() + 1, row.end());  // drop <sos>
+  auto eos = std::find(ids.begin(), ids.end(), mf::Vocab::kEos);
+  if (eos != ids.end()) ids.erase(eos + 1, ids.end());  // padding after <eos>
+  return ids;
+}
+
+/// The cross-attention heatmap of one sentence: translate it, rerun the model on (source, <sos> +
+/// translation) with attention recording on, and average the last decoder layer's cross-attention
+/// [1, H, T, S] over heads.
+std::string attention_svg(models::Translator& translator, const std::string& sentence, const Options& o) {
+  mf::NoGradGuard no_grad;
+  mf::Tensor src = translator.encode_sources({sentence});  // [1, S]: tokens + <eos>
+  std::vector<int64_t> ids = decode_ids(translator, src, o);
+  std::vector<int64_t> tgt_in{mf::Vocab::kSos};
+  tgt_in.insert(tgt_in.end(), ids.begin(), ids.end() - 1);  // row t predicts ids[t]
+  models::Transformer& model = translator.model();
+  model.set_record_attention(true);
+  model.forward(src, mf::from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}));
+  std::string name = fmt::format("decoder.{}.cross_attn", model.config().decoder_layers - 1);
+  mf::Tensor attention;
+  for (const auto& [layer, weights] : model.attention_weights())
+    if (layer == name) attention = weights;
+  model.set_record_attention(false);
+  MF_CHECK(attention.defined(), "translate: the model recorded no attention named '{}'", name);
+  mf::Tensor mean = attention.select(0, 0).mean({0}).to(mf::DType::Float64);  // [T, S]
+  int64_t rows = mean.size(0), columns = mean.size(1);
+  std::vector<double> flat = mean.contiguous().to_vector<double>();
+
+  std::vector<std::string> column_labels;
+  for (const std::string& word : translator.tokenizer().tokenize(sentence)) {
+    if (static_cast<int64_t>(column_labels.size()) == columns - 1) break;  // truncated like the source
+    column_labels.push_back(translator.src_vocab().contains(word) ? word : word + " (unk)");
+  }
+  column_labels.emplace_back("<eos>");
+  std::vector<std::string> row_labels;
+  for (int64_t id : ids) row_labels.push_back(translator.tgt_vocab().token(id));
+  std::vector<std::vector<double>> values;
+  for (int64_t r = 0; r < rows; ++r) values.emplace_back(flat.begin() + r * columns, flat.begin() + (r + 1) * columns);
+  std::string title = fmt::format("cross-attention, decoder layer {} (mean of {} heads): {}", model.config().decoder_layers,
+                                  attention.size(1), sentence);
+  return mf::tools::heatmap_svg(title, row_labels, column_labels, values);
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  if (!parse_options(argc, argv, o)) return 0;
+  check_device(o.device);
+  mf::set_num_threads(o.threads);
+
+  models::Translator translator = models::Translator::load(o.checkpoint);
+  std::string input_name = o.input.empty() ? "stdin" : "'" + o.input + "'";
+  std::vector<std::string> lines = o.input.empty() ? read_lines(std::cin) : read_lines(o.input, "input file");
+  std::vector<std::string> references;
+  if (!o.reference.empty()) {
+    references = read_lines(o.reference, "reference file");
+    if (references.size() != lines.size())
+      mf::fail("reference file '{}' has {} lines but the input ({}) has {}", o.reference, references.size(),
+               input_name, lines.size());
+  }
+  std::vector<int64_t> token_counts;
+  for (const std::string& line : lines)
+    token_counts.push_back(static_cast<int64_t>(translator.tokenizer().tokenize(line).size()));
+  if (!o.attention_svg.empty()) {
+    if (o.attention_sentence > static_cast<int64_t>(lines.size()))
+      mf::fail("--attention-sentence {}: the input ({}) has only {} lines", o.attention_sentence, input_name,
+               lines.size());
+    if (token_counts[o.attention_sentence - 1] == 0)
+      mf::fail("--attention-sentence {}: that line of the input ({}) is empty", o.attention_sentence, input_name);
+  }
+
+  int64_t limit = translator.model().config().max_len - 1;
+  int64_t truncated = std::count_if(token_counts.begin(), token_counts.end(), [&](int64_t n) { return n > limit; });
+  if (truncated > 0)
+    fmt::print(stderr, "translate: {} sentence(s) longer than the model's {} tokens were truncated\n", truncated, limit);
+
+  std::vector<Hypotheses> results = translate_lines(translator, lines, token_counts, o);
+  std::string text = format_output(results, o.nbest);
+  if (o.output.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    if (std::fflush(stdout) != 0) mf::fail("cannot write the translations to stdout: {}", std::strerror(errno));
+  } else {
+    mf::tools::write_text_file_atomic(o.output, text);
+  }
+  if (!o.reference.empty()) fmt::print(stderr, "{}\n", score_bleu(results, references).str());
+  if (!o.attention_svg.empty())
+    mf::tools::write_text_file_atomic(o.attention_svg,
+                                      attention_svg(translator, lines[o.attention_sentence - 1], o));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return mf::tools::run_tool("translate", [&] { return run(argc, argv); }); }
