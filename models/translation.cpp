@@ -132,21 +132,21 @@ Translator Translator::load(const std::filesystem::path& path) {
            "'{}' is not a miniflow translation checkpoint (metadata '{}' is missing or not '{}')", path.string(),
            kFormatKey, kFormat);
   std::string origin = path.string();
-  Translator translator(
-      TransformerConfig::from_json(entry(file.metadata, "translation.config", path)),
-      Vocab::from_json(entry(file.metadata, "translation.src_vocab", path), origin + " (source vocabulary)"),
-      Vocab::from_json(entry(file.metadata, "translation.tgt_vocab", path), origin + " (target vocabulary)"),
-      tokenizer_from_json(entry(file.metadata, "translation.tokenizer", path), path));
+  Vocab src = Vocab::from_json(entry(file.metadata, "translation.src_vocab", path), origin + " (source vocabulary)");
+  Vocab tgt = Vocab::from_json(entry(file.metadata, "translation.tgt_vocab", path), origin + " (target vocabulary)");
+  TokenizerOptions tokenizer = tokenizer_from_json(entry(file.metadata, "translation.tokenizer", path), path);
   nn::StateDict weights;
   for (nn::NamedTensor& t : file.tensors)
     if (t.name.starts_with("model.")) weights.push_back({t.name.substr(6), t.tensor});
   try {
+    Translator translator(TransformerConfig::from_json(entry(file.metadata, "translation.config", path)), std::move(src),
+                          std::move(tgt), tokenizer);
     translator.model_->load_state_dict(weights);
+    translator.model_->eval();
+    return translator;
   } catch (const Error& error) {
     fail("checkpoint '{}' does not fit its own config: {}", path.string(), error.what());
   }
-  translator.model_->eval();
-  return translator;
 }
 
 }  // namespace mf::models
