@@ -1,0 +1,12 @@
+// One registration function per CUDA op family (one .cu file each); runtime.cpp's
+// register_cuda_kernels calls them all. Each sets the CUDA slot of the ops it implements.
+#pragma once
+
+#include "ops/op.h"
+
+namespace mf::cuda {
+
+void register_elementwise(Registry& registry);  // cuda/elementwise.cu
+void register_fill(Registry& registry);         // cuda/fill.cu
+
+}  // namespace mf::cuda
