@@ -8,5 +8,8 @@ namespace mf::cuda {
 
 void register_elementwise(Registry& registry);  // cuda/elementwise.cu
 void register_fill(Registry& registry);         // cuda/fill.cu
+void register_reduce(Registry& registry);       // cuda/reduce.cu
+void register_matmul(Registry& registry);       // cuda/matmul.cu
+void register_softmax(Registry& registry);      // cuda/softmax.cu
 
 }  // namespace mf::cuda

@@ -221,6 +221,9 @@ void register_cuda_kernels(Registry& registry) {
   registry.set_kernel(OpId::to_device, DeviceType::CUDA, cuda::to_device);
   cuda::register_elementwise(registry);
   cuda::register_fill(registry);
+  cuda::register_reduce(registry);
+  cuda::register_matmul(registry);
+  cuda::register_softmax(registry);
 }
 
 }  // namespace mf
