@@ -100,8 +100,7 @@ void fold_layout(int device, const T* data, int64_t outer, int64_t n, int64_t in
   if (outer * inner == 0) return;
   cudaStream_t s = stream(device);
   if (inner == 1) {
-    unsigned blocks = static_cast<unsigned>(outer < 65535 * 8 ? outer : 65535 * 8);
-    fold_rows_kernel<T><<<blocks, kThreads, 0, s>>>(data, outer, n, row);
+    fold_rows_kernel<T><<<blocks_for_rows(outer), kThreads, 0, s>>>(data, outer, n, row);
   } else {
     fold_columns_kernel<T><<<blocks_for(outer * inner), kThreads, 0, s>>>(data, outer, n, inner, row);
   }

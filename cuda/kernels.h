@@ -11,5 +11,7 @@ void register_fill(Registry& registry);         // cuda/fill.cu
 void register_reduce(Registry& registry);       // cuda/reduce.cu
 void register_matmul(Registry& registry);       // cuda/matmul.cu
 void register_softmax(Registry& registry);      // cuda/softmax.cu
+void register_nn(Registry& registry);           // cuda/nn.cu
+void register_loss(Registry& registry);         // cuda/cross_entropy.cu
 
 }  // namespace mf::cuda

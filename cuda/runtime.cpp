@@ -224,6 +224,8 @@ void register_cuda_kernels(Registry& registry) {
   cuda::register_reduce(registry);
   cuda::register_matmul(registry);
   cuda::register_softmax(registry);
+  cuda::register_nn(registry);
+  cuda::register_loss(registry);
 }
 
 }  // namespace mf

@@ -34,6 +34,11 @@ inline unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
 }
 
+/// Blocks for kernels that give each of `rows` rows one block (capped: the loop covers the rest).
+inline unsigned blocks_for_rows(int64_t rows) {
+  return static_cast<unsigned>(rows < 1 ? 1 : (rows > 65535 * 8 ? 65535 * 8 : rows));
+}
+
 /// Copies `src` into `dst` (same shape and dtype) across any pair of devices; returns once the data is
 /// readable by the host when `dst` is on the CPU.
 void copy_across(const Tensor& src, Tensor& dst);
