@@ -13,9 +13,6 @@ namespace {
 
 // ---- functors that are plumbing rather than math ---------------------------------------------------
 
-struct Identity {
-  template <typename T> __device__ T operator()(T x) const { return x; }
-};
 template <typename To>
 struct CastTo {
   template <typename From> __device__ To operator()(From x) const { return static_cast<To>(x); }

@@ -4,7 +4,7 @@
 // neighbouring threads read neighbouring addresses.
 #pragma once
 
-#include "cuda/runtime.h"
+#include "cuda/loops.cuh"
 
 #include <cstdint>
 
@@ -23,10 +23,6 @@ struct Extreme {
     return (Greater ? b > a : b < a) ? b : a;
   }
 };
-struct Identity {
-  template <typename T> __device__ T operator()(T x) const { return x; }
-};
-
 /// n values p[0], p[stride], ... folded by the whole block; every thread gets the result. All threads
 /// of the block must call it (it synchronises).
 template <typename T>

@@ -13,5 +13,6 @@ void register_matmul(Registry& registry);       // cuda/matmul.cu
 void register_softmax(Registry& registry);      // cuda/softmax.cu
 void register_nn(Registry& registry);           // cuda/nn.cu
 void register_loss(Registry& registry);         // cuda/cross_entropy.cu
+void register_index(Registry& registry);        // cuda/index.cu
 
 }  // namespace mf::cuda

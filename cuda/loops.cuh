@@ -14,6 +14,11 @@
 
 namespace mf::cuda {
 
+/// The functor of plain copies (x -> x).
+struct Identity {
+  template <typename T> __device__ T operator()(T x) const { return x; }
+};
+
 /// Dims a planned loop may keep after merging (more raises an error naming the shape).
 inline constexpr int kMaxDims = 10;
 

@@ -226,6 +226,7 @@ void register_cuda_kernels(Registry& registry) {
   cuda::register_softmax(registry);
   cuda::register_nn(registry);
   cuda::register_loss(registry);
+  cuda::register_index(registry);
 }
 
 }  // namespace mf
