@@ -47,6 +47,9 @@ struct BlockFold {
     return result;
   }
 
+  /// True for the one thread that writes the fold's results.
+  __device__ bool leader() const { return threadIdx.x == 0; }
+
   /// Calls f(r * stride) for every r in [0, n), the rows split across the block's threads.
   template <typename F>
   __device__ void each(F f) const {
@@ -66,6 +69,8 @@ struct ThreadFold {
     for (int64_t r = 0; r < n; ++r) acc = combine(acc, f(p[r * stride]));
     return acc;
   }
+
+  __device__ bool leader() const { return true; }
 
   /// Calls f(r * stride) for every r in [0, n), in order.
   template <typename F>

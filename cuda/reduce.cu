@@ -1,6 +1,7 @@
-// CUDA kernels of sum, mean, var, amax and amin over any set of dims. The input is laid out as
-// [outer, n, inner] by the same reduce_layout as the CPU kernels (a view, or a copy with the reduced
-// dims moved last), then each output element folds its n values (cuda/fold.cuh).
+// CUDA kernels of sum, mean, var, amax and amin over any set of dims, and of max_dim, min_dim and
+// argmax along one. The input is laid out as [outer, n, inner] by the same reduce_layout as the CPU
+// kernels (a view, or a copy with the reduced dims moved last), then each output element folds its
+// n values (cuda/fold.cuh).
 #include "cuda/fold.cuh"
 #include "cuda/kernels.h"
 #include "ops/reduce_util.h"
@@ -54,6 +55,34 @@ struct ReduceRow {
   }
 };
 
+/// The first index holding the extreme along the dim (NaN counting as the extreme), and for max_dim /
+/// min_dim the extreme itself. The leader thread finds the index by a scan in order.
+template <bool Greater, typename T>
+struct ArgExtremeRow {
+  T* values;         // [outer * inner], null for argmax
+  int64_t* indices;  // [outer * inner]
+  template <typename Fold>
+  __device__ void operator()(const Fold& fold, int64_t, int64_t k) const {
+    T best = ExtremeOp<Greater>::template run<T>(fold, fold.n, 0);
+    if (!fold.leader()) return;
+    auto holds = [best](T v) { return v == best || (best != best && v != v); };
+    int64_t r = 0;
+    while (!holds(fold.p[r * fold.stride])) ++r;
+    indices[k] = r;
+    if (values) values[k] = best;
+  }
+};
+
+template <bool Greater>
+void arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, attrs.keepdim));
+  visit_dtype(in[0].dtype(), [&]<typename T>() {
+    const T* data = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
+    ArgExtremeRow<Greater, T> row{out.size() == 2 ? out[0].data_ptr<T>() : nullptr, out.back().data_ptr<int64_t>()};
+    fold_layout<T>(in[0].device().index, data, layout.outer, layout.n, layout.inner, row);
+  });
+}
+
 /// out = Op over each output element's values. Arithmetic ops skip bool (sum reads bool as int64).
 template <typename Op, bool kArithmetic = true>
 void reduce(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
@@ -75,6 +104,9 @@ void register_reduce(Registry& r) {
   r.set_kernel(OpId::var, DeviceType::CUDA, reduce<VarOp>);
   r.set_kernel(OpId::amax, DeviceType::CUDA, reduce<ExtremeOp<true>, false>);
   r.set_kernel(OpId::amin, DeviceType::CUDA, reduce<ExtremeOp<false>, false>);
+  r.set_kernel(OpId::max_dim, DeviceType::CUDA, arg_extreme<true>);
+  r.set_kernel(OpId::min_dim, DeviceType::CUDA, arg_extreme<false>);
+  r.set_kernel(OpId::argmax, DeviceType::CUDA, arg_extreme<true>);
 }
 
 }  // namespace mf::cuda
