@@ -202,7 +202,8 @@ void copy_across(const Tensor& src, Tensor& dst) {
   cudaStream_t s = stream(device);
   size_t nbytes = static_cast<size_t>(from.numel()) * from.element_size();
   MF_CUDA_CHECK(cudaMemcpyAsync(to.raw_data(), from.raw_data(), nbytes, cudaMemcpyDefault, s));
-  if (to.device().is_cpu() || from.device().is_cpu()) MF_CUDA_CHECK(cudaStreamSynchronize(s));
+  // The host may read (or free) its side at once, and another GPU's stream does not wait on this one.
+  if (from.device() != to.device()) MF_CUDA_CHECK(cudaStreamSynchronize(s));
   if (!to.is_same(dst)) {
     std::vector<Tensor> out{dst};
     registry()[OpId::copy].kernels[static_cast<size_t>(dst.device().type)]({to}, out, {});
