@@ -1,0 +1,94 @@
+// matmul on cuBLAS: a [..., N, K] @ b [..., K, M] -> out [..., N, M], batch dims broadcast, as one
+// strided-batched GEMM. cuBLAS is column-major, so the row-major product is computed as
+// out^T = b^T a^T (operands swapped); a transposed view is passed as a transpose flag, a broadcast
+// batch as batch stride 0, and only layouts neither covers are copied first.
+#include "cuda/kernels.h"
+#include "cuda/runtime.h"
+
+#include <climits>
+#include <optional>
+#include <span>
+
+namespace mf::cuda {
+namespace {
+
+/// One operand as cuBLAS reads it: a flag, a leading dimension and a stride between batch matrices.
+struct Operand {
+  Tensor t;  // keeps a copy alive when one was needed
+  cublasOperation_t op;
+  int64_t ld, batch_stride;
+};
+
+/// The stride that steps through t's batch dims as one flat dim (0 when they are all broadcast),
+/// or nothing when no single stride does.
+std::optional<int64_t> flat_batch_stride(const Tensor& t) {
+  std::optional<int64_t> stride;
+  int64_t expected = 0;  // the stride the next dim out must have
+  for (int64_t d = t.dim() - 3; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (!stride) stride = t.stride(d);
+    else if (t.stride(d) != expected) return std::nullopt;
+    expected = t.stride(d) * t.size(d);
+  }
+  return stride.value_or(0);
+}
+
+/// t read as the matrices of a GEMM with the given batch shape (t already broadcast to it).
+Operand operand(const Tensor& t) {
+  int64_t rows = t.size(-2), cols = t.size(-1), row_stride = t.stride(-2), col_stride = t.stride(-1);
+  if (std::optional<int64_t> batch = flat_batch_stride(t)) {
+    // Row-major with leading dim ld is column-major transposed: no flag. A column-major view needs one.
+    if (col_stride == 1 || cols == 1) return {t, CUBLAS_OP_N, std::max({row_stride, cols, int64_t{1}}), *batch};
+    if (row_stride == 1 || rows == 1) return {t, CUBLAS_OP_T, std::max({col_stride, rows, int64_t{1}}), *batch};
+  }
+  Tensor dense = t.contiguous();
+  return {dense, CUBLAS_OP_N, std::max<int64_t>(cols, 1), rows * cols};
+}
+
+int to_int(int64_t value, const char* what) {
+  MF_CHECK(value <= INT_MAX, "cuBLAS takes 32-bit sizes, but {} is {}", what, value);
+  return static_cast<int>(value);
+}
+
+template <typename T>
+void gemm(cublasHandle_t handle, const Operand& a, const Operand& b, T* c, int64_t n, int64_t m, int64_t k,
+          int64_t batch) {
+  const T one = 1, zero = 0;
+  const T* pa = static_cast<const T*>(a.t.raw_data());
+  const T* pb = static_cast<const T*>(b.t.raw_data());
+  // Column-major: C^T [M, N] = op(B^T) [M, K] * op(A^T) [K, N].
+  int im = to_int(m, "M"), in = to_int(n, "N"), ik = to_int(k, "K"), ib = to_int(batch, "the batch");
+  int lda = to_int(a.ld, "lda"), ldb = to_int(b.ld, "ldb");
+  if constexpr (std::is_same_v<T, float>)
+    MF_CUBLAS_CHECK(cublasSgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, pb, ldb, b.batch_stride, pa, lda,
+                                              a.batch_stride, &zero, c, im, m * n, ib));
+  else
+    MF_CUBLAS_CHECK(cublasDgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, pb, ldb, b.batch_stride, pa, lda,
+                                              a.batch_stride, &zero, c, im, m * n, ib));
+}
+
+void matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  Tensor& c = out[0];  // [..., N, M], contiguous
+  int64_t n = c.size(-2), m = c.size(-1), k = in[0].size(-1);
+  int device = c.device().index;
+  if (k == 0) {  // an empty sum: zeros (cuBLAS is not asked to multiply nothing)
+    MF_CUDA_CHECK(cudaMemsetAsync(c.raw_data(), 0, static_cast<size_t>(c.numel()) * c.element_size(), stream(device)));
+    return;
+  }
+  Shape batch(c.shape().begin(), c.shape().end() - 2);
+  auto expanded = [&](const Tensor& t, int64_t rows, int64_t cols) {
+    Shape shape = batch;
+    shape.push_back(rows);
+    shape.push_back(cols);
+    return t.expand(shape);
+  };
+  Operand a = operand(expanded(in[0], n, k)), b = operand(expanded(in[1], k, m));
+  cublasHandle_t handle = cublas(device);
+  visit_floating(c.dtype(), [&]<typename T>() { gemm<T>(handle, a, b, c.data_ptr<T>(), n, m, k, shape_numel(batch)); });
+}
+
+}  // namespace
+
+void register_matmul(Registry& r) { r.set_kernel(OpId::matmul, DeviceType::CUDA, matmul); }
+
+}  // namespace mf::cuda
