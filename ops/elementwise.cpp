@@ -293,11 +293,7 @@ std::vector<OutputSpec> infer_clamp(const std::vector<Tensor>& in, const Attrs& 
 void cpu_clamp(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      using limits = std::numeric_limits<T>;
-      T lowest = limits::has_infinity ? -limits::infinity() : limits::lowest();
-      T highest = limits::has_infinity ? limits::infinity() : limits::max();
-      math::Clamp<T> fn{attrs.min ? static_cast<T>(*attrs.min) : lowest,
-                        attrs.max ? static_cast<T>(*attrs.max) : highest};
+      auto fn = math::Clamp<T>::from(attrs.min, attrs.max);
       cpu::map<T, T>(out[0], {&in[0]}, fn);
     }
   });

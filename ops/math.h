@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <cstdint>
 #include <type_traits>
 
@@ -150,6 +152,13 @@ struct Clamp {
   MF_HOST_DEVICE T operator()(T x) const {
     x = x < lo ? lo : x;
     return x > hi ? hi : x;
+  }
+  /// Bounds from clamp's optional attrs; a missing one is the type's own extreme.
+  static Clamp from(const std::optional<double>& min, const std::optional<double>& max) {
+    using limits = std::numeric_limits<T>;
+    T lowest = limits::has_infinity ? -limits::infinity() : limits::lowest();
+    T highest = limits::has_infinity ? limits::infinity() : limits::max();
+    return {min ? static_cast<T>(*min) : lowest, max ? static_cast<T>(*max) : highest};
   }
 };
 
