@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 namespace mf {
 
@@ -26,6 +27,19 @@ struct Philox {
     return {c0, c1, c2, c3};
   }
 };
+
+/// Writes the words of Philox blocks (key, 0, counter + i) for i in [0, blocks) to out[4 * i + j]:
+/// the same words as Philox::block, 16 or 8 blocks at a time where the CPU has AVX-512 or AVX2.
+void philox_fill(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out);
+
+namespace detail {
+struct PhiloxFillVariant {
+  const char* isa;
+  void (*fill)(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out);
+};
+/// The implementations this CPU can run, fastest first (philox_fill uses the first); for tests.
+std::vector<PhiloxFillVariant> philox_fill_variants();
+}  // namespace detail
 
 /// Uniform in [0, 1) with 24 random bits (float) or 53 (double).
 constexpr float uniform_float(uint32_t bits) { return static_cast<float>(bits >> 8) * 0x1.0p-24f; }

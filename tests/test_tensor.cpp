@@ -400,6 +400,28 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
   static_assert(Philox::block(0, 0, 0)[0] == 0x6627e8d5);  // usable at compile time
 }
 
+TEST_CASE("philox_fill gives Philox::block's words on every ISA variant") {
+  // Block counts around the vector widths (8 and 16) and a counter range that carries into the
+  // high 32-bit word of the counter mid-vector.
+  for (const auto& variant : detail::philox_fill_variants()) {
+    CAPTURE(variant.isa);
+    for (uint64_t counter : {uint64_t{0}, uint64_t{0xFFFFFFF9}, ~uint64_t{0} - 40})
+      for (int64_t blocks : {0, 1, 7, 8, 15, 16, 17, 33, 50}) {
+        CAPTURE(counter);
+        CAPTURE(blocks);
+        std::vector<uint32_t> words(static_cast<size_t>(4 * blocks) + 1, 0xDEADBEEF);
+        variant.fill(0x299f31d0'a4093822, counter, blocks, words.data());
+        bool same = true;
+        for (int64_t i = 0; i < blocks; ++i) {
+          auto expected = Philox::block(0x299f31d0'a4093822, 0, counter + static_cast<uint64_t>(i));
+          for (int j = 0; j < 4; ++j) same = same && words[static_cast<size_t>(4 * i + j)] == expected[static_cast<size_t>(j)];
+        }
+        CHECK(same);
+        CHECK(words.back() == 0xDEADBEEF);  // nothing written past the last block
+      }
+  }
+}
+
 TEST_CASE("uniform conversions stay in [0, 1)") {
   CHECK(uniform_float(0) == 0.0f);
   CHECK(uniform_float(0xffffffff) < 1.0f);
