@@ -42,11 +42,11 @@ std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const
   return {{{in[0].size(0)}, in[0].dtype()}};
 }
 
-/// log(sum_c exp(row_c)), shifted by the row's max so that exp cannot overflow.
-template <typename T>
-double log_sum_exp(const T* row, int64_t C) {
-  T top = cpu::row_extreme<true>(row, C);
-  double total = pack_sum<T>(C, [=]<typename V>(int64_t c) { return exp_of(load<V>(row + c) - top); });
+/// log(sum_c exp(row_c)), shifted by the row's max so that exp cannot overflow; W-byte vectors.
+template <int W, typename T>
+MF_INLINE double log_sum_exp(const T* row, int64_t C) {
+  T top = cpu::row_extreme<true, W>(row, C);
+  double total = pack_sum<T, W>(C, [=]<typename V>(int64_t c) { return exp_of(load<V>(row + c) - top); });
   return static_cast<double>(top) + std::log(total);
 }
 
@@ -59,19 +59,21 @@ void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, 
     const int64_t* t = target.data_ptr<int64_t>();  // [N]
     T* loss = out[0].data_ptr<T>();                   // [N]
     parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        if (t[n] == attrs.ignore_index) {
-          loss[n] = T{0};
-          continue;
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+        for (int64_t n = begin; n < end; ++n) {
+          if (t[n] == attrs.ignore_index) {
+            loss[n] = T{0};
+            continue;
+          }
+          const T* row = x + n * C;
+          double lse = log_sum_exp<W>(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
+          if (e != 0) {
+            double logits_sum = pack_sum<T, W>(C, [=]<typename V>(int64_t c) { return load<V>(row + c); });
+            value += e * (lse - logits_sum / static_cast<double>(C));
+          }
+          loss[n] = static_cast<T>(value);
         }
-        const T* row = x + n * C;
-        double lse = log_sum_exp(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
-        if (e != 0) {
-          double logits_sum = pack_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c); });
-          value += e * (lse - logits_sum / static_cast<double>(C));
-        }
-        loss[n] = static_cast<T>(value);
-      }
+      });
     });
   });
 }
@@ -145,17 +147,19 @@ void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tenso
     const int64_t* t = target.data_ptr<int64_t>();  // [N]
     T* dx = out[0].data_ptr<T>();                    // [N, C]
     parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        T* drow = dx + n * C;
-        if (t[n] == attrs.ignore_index) {
-          std::fill(drow, drow + C, T{0});
-          continue;
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+        for (int64_t n = begin; n < end; ++n) {
+          T* drow = dx + n * C;
+          if (t[n] == attrs.ignore_index) {
+            std::fill(drow, drow + C, T{0});
+            continue;
+          }
+          const T* row = x + n * C;
+          auto lse = static_cast<T>(log_sum_exp<W>(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
+          pack_map<W>(drow, C, [=]<typename V>(int64_t c) { return g * (exp_of(load<V>(row + c) - lse) - share); });
+          drow[t[n]] -= g * static_cast<T>(1 - e);
         }
-        const T* row = x + n * C;
-        auto lse = static_cast<T>(log_sum_exp(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
-        pack_map(drow, C, [=]<typename V>(int64_t c) { return g * (exp_of(load<V>(row + c) - lse) - share); });
-        drow[t[n]] -= g * static_cast<T>(1 - e);
-      }
+      });
     });
   });
 }

@@ -122,22 +122,21 @@ MF_INLINE V exp_poly(V x) {
   return x != x ? x : y;
 }
 
-// Float rows go through packs of four (a GCC/Clang vector: one SSE/NEON register). Left to itself the
-// compiler keeps these loops scalar: it may not reorder a float sum, and under the default
-// -ftrapping-math it does not turn comparisons into selects. Float64 rows (the tests' precise path)
-// use packs of one. Loop bodies are lambdas []<typename V>(int64_t c) that load what they need at
-// column c as V: a pack, or one value in the row's tail.
+// Float rows go through packs of W bytes (a GCC/Clang vector: W = 16 is one SSE/NEON register; wider
+// W run under with_widest_isa). Left to itself the compiler keeps these loops scalar: it may not
+// reorder a float sum, and under the default -ftrapping-math it does not turn comparisons into
+// selects. Float64 rows (the tests' precise path) use packs of one. Loop bodies are lambdas
+// []<typename V>(int64_t c) that load what they need at column c as V: a pack, or one value in the
+// row's tail.
 
-using f32x4 = float __attribute__((vector_size(16)));
-using i32x4 = int32_t __attribute__((vector_size(16)));
-template <typename T>
-using Pack = std::conditional_t<std::is_same_v<T, float>, f32x4, T>;
-template <typename T>
-constexpr int64_t kPackWidth = sizeof(Pack<T>) / sizeof(T);
+template <typename T, int W = kBaselineWidth>
+using Pack = std::conditional_t<std::is_same_v<T, float>, typename Simd<float, W>::V, T>;
+template <typename T, int W = kBaselineWidth>
+constexpr int64_t kPackWidth = sizeof(Pack<T, W>) / sizeof(T);
 
 /// The pack (or value) V stored at data.
 template <typename V, typename T>
-V load(const T* data) {
+MF_INLINE V load(const T* data) {
   V v;
   std::memcpy(&v, data, sizeof(V));
   return v;
@@ -145,26 +144,26 @@ V load(const T* data) {
 
 /// Folds a pack's lanes into one value with fn (a pack of one is its own value).
 template <typename T, typename P, typename Fn>
-T fold(P pack, Fn fn) {
+MF_INLINE T fold(P pack, Fn fn) {
   if constexpr (std::is_same_v<P, T>) {
     return pack;
   } else {
     T total = pack[0];
-    for (int64_t j = 1; j < kPackWidth<T>; ++j) total = fn(total, pack[j]);
+    for (size_t j = 1; j < sizeof(P) / sizeof(T); ++j) total = fn(total, pack[j]);
     return total;
   }
 }
 
 /// sum_c f<V>(c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
-template <typename T, typename F>
-double pack_sum(int64_t C, F f) {
-  constexpr int64_t kWidth = kPackWidth<T>, kBlock = 256;
+template <typename T, int W = kBaselineWidth, typename F>
+MF_INLINE double pack_sum(int64_t C, F f) {
+  constexpr int64_t kWidth = kPackWidth<T, W>, kBlock = 256;
   int64_t packed = C - C % kWidth;
   double result = 0;
   for (int64_t start = 0; start < packed; start += kBlock) {
-    Pack<T> total{};
+    Pack<T, W> total{};
     for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kWidth)
-      total += f.template operator()<Pack<T>>(c);
+      total += f.template operator()<Pack<T, W>>(c);
     result += fold<T>(total, [](T a, T b) { return a + b; });
   }
   for (int64_t c = packed; c < C; ++c) result += f.template operator()<T>(c);
@@ -172,20 +171,63 @@ double pack_sum(int64_t C, F f) {
 }
 
 /// out_c = f<V>(c) for c < C.
-template <typename T, typename F>
-void pack_map(T* out, int64_t C, F f) {
+template <int W = kBaselineWidth, typename T, typename F>
+MF_INLINE void pack_map(T* out, int64_t C, F f) {
   int64_t c = 0;
-  for (; c + kPackWidth<T> <= C; c += kPackWidth<T>) {
-    Pack<T> v = f.template operator()<Pack<T>>(c);
+  for (; c + kPackWidth<T, W> <= C; c += kPackWidth<T, W>) {
+    Pack<T, W> v = f.template operator()<Pack<T, W>>(c);
     std::memcpy(out + c, &v, sizeof(v));
   }
   for (; c < C; ++c) out[c] = f.template operator()<T>(c);
 }
 
 /// e^x for the pack types: the polynomial for float and float packs, std::exp for double.
-inline float exp_of(float x) { return exp_poly<float, int32_t>(x); }
-inline f32x4 exp_of(f32x4 x) { return exp_poly<f32x4, i32x4>(x); }
-inline double exp_of(double x) { return std::exp(x); }
+template <typename V>
+MF_INLINE V exp_of(V x) {
+  if constexpr (std::is_same_v<V, double>)
+    return std::exp(x);
+  else if constexpr (std::is_same_v<V, float>)
+    return exp_poly<float, int32_t>(x);
+  else
+    return exp_poly<V, typename Simd<float, sizeof(V)>::Mask>(x);
+}
+
+/// Marks a lambda always-inline, so that with_widest_isa's ISA-specific callers compile its body.
+#define MF_LAMBDA_INLINE __attribute__((always_inline))
+
+#if defined(__x86_64__) && defined(__GNUC__)
+template <typename Body>
+[[gnu::target("avx512f")]] void run_avx512(Body& body) {
+  body.template operator()<64>();
+}
+template <typename Body>
+[[gnu::target("avx2,fma")]] void run_avx2(Body& body) {
+  body.template operator()<32>();
+}
+
+/// The widest vector width in bytes this CPU runs: 64 (AVX-512), 32 (AVX2 + FMA) or 16.
+inline int widest_vector_bytes() {
+  static const int bytes = __builtin_cpu_supports("avx512f")                                   ? 64
+                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 32
+                                                                                               : 16;
+  return bytes;
+}
+#endif
+
+/// Runs body.template operator()<W>() with W the widest vector width in bytes this CPU runs,
+/// compiled for that instruction set (runtime dispatch: release builds stay portable). body must be
+/// declared `[&]<int W>() MF_LAMBDA_INLINE { ... }` and call only MF_INLINE code in its hot loops.
+template <typename Body>
+void with_widest_isa(Body&& body) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  switch (widest_vector_bytes()) {
+    case 64: return run_avx512(body);
+    case 32: return run_avx2(body);
+    default: break;
+  }
+#endif
+  body.template operator()<kBaselineWidth>();
+}
 
 }  // namespace cpu
 }  // namespace mf
