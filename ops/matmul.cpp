@@ -59,8 +59,9 @@ const bool kBlasSingleThreaded = (openblas_set_num_threads(1), true);
 /// Below this many multiply-adds a product stays on one thread.
 constexpr double kParallelGemmWork = 1 << 18;
 
-/// One GEMM split over the pool: by rows of C when there are enough of them, else by columns. Each
-/// thread runs single-threaded BLAS on its block.
+/// One GEMM split over the pool, each thread running single-threaded BLAS on its block of C. Every
+/// thread packs all of the operand it shares, so the split runs along the longer side of C: by rows
+/// (sharing B, k x m) when n >= m, else by columns (sharing A, n x k).
 template <typename T>
 void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
                    const T* b, int64_t ldb, T* c, int64_t ldc) {
@@ -69,7 +70,7 @@ void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m,
     gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc);
     return;
   }
-  if (n >= m || n >= 16 * threads) {
+  if (n >= m) {
     parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* rows = a + (ta == CblasNoTrans ? lo * lda : lo);  // row lo of op(A)
       gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc);

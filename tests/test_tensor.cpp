@@ -480,3 +480,27 @@ TEST_CASE("dtype errors name the op, the dtypes and the call site") {
       "matmul: expects two float32 or two float64 operands, got int64 and int64 at test_tensor.cpp:{}", line);
   CHECK_THROWS_WITH_AS(multiply(), expected.c_str(), mf::Error);
 }
+
+TEST_CASE("a matmul split across threads by rows or by columns equals the naive product") {
+  // Large enough (> 2^18 multiply-adds) for the pool to split each GEMM: n >= m splits the rows of C,
+  // n < m its columns. Operands also come as transposed views, which reach BLAS as transpose flags.
+  int previous = mf::intra_op_threads();
+  mf::set_intra_op_threads(2);
+  for (auto [n, k, m] : {std::array<int64_t, 3>{301, 70, 130}, std::array<int64_t, 3>{130, 70, 301}})
+    for (bool transposed : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(transposed);
+      mf::Tensor a = transposed ? mf::randn({k, n}).t() : mf::randn({n, k});
+      mf::Tensor b = transposed ? mf::randn({m, k}).t() : mf::randn({k, m});
+      mf::Tensor c = mf::matmul(a, b);
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          double expected = 0;
+          for (int64_t p = 0; p < k; ++p) expected += double{a.at<float>({i, p})} * double{b.at<float>({p, j})};
+          worst = std::max(worst, std::abs(double{c.at<float>({i, j})} - expected));
+        }
+      CHECK(worst < 1e-4);
+    }
+  mf::set_intra_op_threads(previous);
+}
