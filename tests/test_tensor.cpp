@@ -492,13 +492,14 @@ TEST_CASE("a matmul split across threads by rows or by columns equals the naive 
       CAPTURE(transposed);
       mf::Tensor a = transposed ? mf::randn({k, n}).t() : mf::randn({n, k});
       mf::Tensor b = transposed ? mf::randn({m, k}).t() : mf::randn({k, m});
-      mf::Tensor c = mf::matmul(a, b);
+      std::vector<float> c = mf::matmul(a, b).to_vector<float>();
+      std::vector<float> as = a.contiguous().to_vector<float>(), bs = b.contiguous().to_vector<float>();
       double worst = 0;
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < m; ++j) {
           double expected = 0;
-          for (int64_t p = 0; p < k; ++p) expected += double{a.at<float>({i, p})} * double{b.at<float>({p, j})};
-          worst = std::max(worst, std::abs(double{c.at<float>({i, j})} - expected));
+          for (int64_t p = 0; p < k; ++p) expected += double{as[i * k + p]} * double{bs[p * m + j]};
+          worst = std::max(worst, std::abs(double{c[i * m + j]} - expected));
         }
       CHECK(worst < 1e-4);
     }
