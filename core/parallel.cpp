@@ -3,8 +3,11 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -14,6 +17,11 @@ namespace {
 
 thread_local bool inside_parallel_region = false;
 
+// Workers spin for a short while after each task before they sleep: the ops of a model step come
+// microseconds apart, and a condition-variable wake-up costs more than many small kernels. Chunks are
+// claimed, not assigned, so the caller takes every chunk no worker has woken up for; it never waits
+// on a sleeping thread. A claim is a compare-and-swap on one word holding (run id, next chunk), so a
+// late worker can never take a chunk of a run that has already moved on.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) { start(threads); }
@@ -26,37 +34,58 @@ class ThreadPool {
     start(threads);
   }
 
-  // Runs task(i) for i in [0, count): the caller takes i = 0, workers the rest.
+  // Runs task(i) for each i in [0, count) once, on the caller and whichever workers are awake.
   void run(int count, const std::function<void(int)>& task) {
-    std::unique_lock lock(mutex_);
-    task_ = &task;
-    pending_ = count - 1;
-    next_ = 1;
-    count_ = count;
-    ++generation_;
-    lock.unlock();
-    wake_.notify_all();
-    std::exception_ptr error = run_guarded(task, 0);
-    lock.lock();
-    done_.wait(lock, [&] { return pending_ == 0; });
-    task_ = nullptr;
-    if (!error) error = worker_error_;
-    worker_error_ = nullptr;
-    lock.unlock();
+    task_.store(&task, std::memory_order_relaxed);
+    count_.store(count, std::memory_order_relaxed);
+    finished_.store(0, std::memory_order_relaxed);
+    uint64_t run = (claims_.load(std::memory_order_relaxed) >> 32) + 1;
+    claims_.store(run << 32, std::memory_order_seq_cst);  // publishes task_ and count_
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard lock(mutex_);  // a worker between its check and its wait holds the mutex
+      wake_.notify_all();
+    }
+    run_claimed(run);
+    for (int spins = 0; finished_.load(std::memory_order_acquire) < count; ++spins) pause(spins);
+    std::exception_ptr error;
+    {
+      std::lock_guard lock(mutex_);
+      std::swap(error, error_);
+    }
     if (error) std::rethrow_exception(error);
   }
 
  private:
-  static std::exception_ptr run_guarded(const std::function<void(int)>& task, int index) {
-    inside_parallel_region = true;
-    std::exception_ptr error;
-    try {
-      task(index);
-    } catch (...) {
-      error = std::current_exception();
+  static constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
+
+  static uint64_t run_of(uint64_t claims) { return claims >> 32; }
+
+  // Backs off politely: a CPU pause, and a yield now and then in case the machine is oversubscribed.
+  static void pause(int spins) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if (spins % 1024 == 1023) std::this_thread::yield();
+  }
+
+  // Claims and runs chunks of run `run` until none is left.
+  void run_claimed(uint64_t run) {
+    uint64_t claims = claims_.load(std::memory_order_acquire);
+    while (run_of(claims) == run) {
+      auto index = static_cast<int>(claims & 0xFFFFFFFF);
+      if (index >= count_.load(std::memory_order_relaxed)) return;
+      if (!claims_.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel)) continue;
+      inside_parallel_region = true;
+      try {
+        (*task_.load(std::memory_order_relaxed))(index);
+      } catch (...) {
+        std::lock_guard lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+      inside_parallel_region = false;
+      finished_.fetch_add(1, std::memory_order_acq_rel);
+      claims = claims_.load(std::memory_order_acquire);
     }
-    inside_parallel_region = false;
-    return error;
   }
 
   void start(int threads) {
@@ -75,30 +104,37 @@ class ThreadPool {
   }
 
   void work() {
-    uint64_t seen = 0;
-    std::unique_lock lock(mutex_);
+    uint64_t seen = run_of(claims_.load(std::memory_order_acquire));
     while (true) {
-      wake_.wait(lock, [&] { return quit_ || (generation_ != seen && next_ < count_); });
-      if (quit_) return;
-      int index = next_++;
-      if (next_ >= count_) seen = generation_;
-      const auto* task = task_;
-      lock.unlock();
-      std::exception_ptr error = run_guarded(*task, index);
-      lock.lock();
-      if (error && !worker_error_) worker_error_ = error;
-      if (--pending_ == 0) done_.notify_one();
+      auto fresh = [&] { return run_of(claims_.load(std::memory_order_seq_cst)) != seen; };
+      auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+      for (int spins = 0; !fresh() && !quit_.load(std::memory_order_relaxed); ++spins) {
+        pause(spins);
+        if (spins % 64 == 63 && std::chrono::steady_clock::now() > spin_until) break;
+      }
+      if (!fresh()) {
+        std::unique_lock lock(mutex_);
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        wake_.wait(lock, [&] { return quit_.load(std::memory_order_relaxed) || fresh(); });
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      }
+      if (quit_.load(std::memory_order_relaxed)) return;
+      seen = run_of(claims_.load(std::memory_order_acquire));
+      run_claimed(seen);
     }
   }
 
-  std::mutex mutex_;
-  std::condition_variable wake_, done_;
+  std::mutex mutex_;  // guards error_ and the sleep / wake-up handshake
+  std::condition_variable wake_;
   std::vector<std::thread> workers_;
-  const std::function<void(int)>* task_ = nullptr;
-  int next_ = 0, count_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
-  bool quit_ = false;
-  std::exception_ptr worker_error_;
+  // The current run's task and chunk count, published by the store to claims_ that starts the run.
+  std::atomic<const std::function<void(int)>*> task_{nullptr};
+  std::atomic<int> count_{0};
+  std::atomic<uint64_t> claims_{0};  // (run id << 32) | next unclaimed chunk
+  std::atomic<int> finished_{0};     // chunks of the current run that have run
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> quit_{false};
+  std::exception_ptr error_;
 };
 
 ThreadPool& pool() {

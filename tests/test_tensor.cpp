@@ -371,6 +371,29 @@ TEST_CASE("parallel_for chunking is deterministic") {
   CHECK(inner_calls == 4);
 }
 
+TEST_CASE("parallel_for runs every chunk once across many back-to-back runs") {
+  // Runs of different sizes follow each other with no pause, so workers still finishing (or still
+  // spinning from) one run meet the next: a chunk claimed twice or skipped shows up in the count.
+  ThreadCountGuard guard;
+  for (int threads : {2, 4}) {
+    set_num_threads(threads);
+    int64_t wrong_runs = 0;
+    for (int run = 0; run < 5000; ++run) {
+      int64_t end = 1 + run % 7;
+      std::atomic<int64_t> covered = 0;
+      std::atomic<uint64_t> seen = 0;
+      std::atomic<bool> twice = false;
+      parallel_for(0, end, 1, [&](int64_t lo, int64_t hi) {
+        covered += hi - lo;
+        for (int64_t i = lo; i < hi; ++i)
+          if (seen.fetch_or(uint64_t{1} << i) & (uint64_t{1} << i)) twice = true;
+      });
+      wrong_runs += covered != end || twice;
+    }
+    CHECK(wrong_runs == 0);
+  }
+}
+
 TEST_CASE("parallel_for propagates exceptions and stays usable") {
   ThreadCountGuard guard;
   set_num_threads(4);
