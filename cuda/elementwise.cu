@@ -125,6 +125,7 @@ void register_elementwise(Registry& r) {
   set(OpId::gelu, unary_float<math::Gelu>);
   set(OpId::tanh, unary_float<math::Tanh>);
   set(OpId::sigmoid, unary_float<math::Sigmoid>);
+  set(OpId::relu_backward, binary_float<math::ReluBackward>);
   set(OpId::gelu_backward, binary_float<math::GeluBackward>);
   set(OpId::clamp, clamp);
   set(OpId::eq, compare<math::Eq>);

@@ -233,10 +233,14 @@ std::vector<Tensor> rsqrt_backward(const GradContext& ctx) {
   const Tensor& out = ctx.outputs[0];
   return {mul(ctx.grads[0], out * out * out * -0.5)};
 }
-// Gradient where the output is positive (PyTorch's threshold_backward on the result).
+// Gradient where the output is positive, in one pass (PyTorch's threshold_backward on the result).
 std::vector<Tensor> relu_backward(const GradContext& ctx) {
-  const Tensor& out = ctx.outputs[0];
-  return {masked_fill(ctx.grads[0], le(out, scalar_like(0, out)), 0)};
+  return {call1(OpId::relu_backward, {ctx.grads[0], ctx.outputs[0]}, {}, ctx.site)};
+}
+// relu_backward is linear in grad and piecewise constant in out.
+std::vector<Tensor> relu_backward_backward(const GradContext& ctx) {
+  Tensor dgrad = ctx.needs_grad[0] ? call1(OpId::relu_backward, {ctx.grads[0], ctx.inputs[1]}, {}, ctx.site) : Tensor();
+  return {dgrad, ctx.needs_grad[1] ? zeros_like(ctx.inputs[1]) : Tensor()};
 }
 // d tanh/dx = 1 - tanh^2
 std::vector<Tensor> tanh_backward(const GradContext& ctx) {
@@ -275,6 +279,10 @@ double ref_relu(double x) { return x > 0 ? x : 0; }
 double ref_tanh(double x) { return std::tanh(x); }
 double ref_sigmoid(double x) { return 0.5 * (1 + std::tanh(x / 2)); }
 double ref_gelu(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
+
+std::vector<Tensor> reference_relu_backward(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, in[0].dtype(), [](std::span<const double> v) { return v[1] > 0 ? v[0] : 0.0; })};
+}
 
 std::vector<Tensor> reference_gelu_backward(const std::vector<Tensor>& in, const Attrs&) {
   return {reference::map(in, in[0].dtype(), [](std::span<const double> v) {
@@ -577,6 +585,10 @@ void register_elementwise_ops(Registry& r) {
         reference_formula<ref_tanh>);
   unary(OpId::sigmoid, "sigmoid", infer_unary_float, cpu_unary_float<math::Sigmoid>, sigmoid_backward, true, wide,
         reference_formula<ref_sigmoid>);
+  r.define(OpId::relu_backward, {.name = "relu_backward", .infer = infer_binary_float,
+                                 .kernels = {cpu_binary_float<math::ReluBackward>},
+                                 .backward = relu_backward_backward, .samples = [] { return binary_samples(-2, 2); },
+                                 .reference = reference_relu_backward});
   r.define(OpId::gelu_backward, {.name = "gelu_backward", .infer = infer_binary_float,
                                  .kernels = {cpu_binary_float<math::GeluBackward>},
                                  .backward = gelu_backward_backward, .samples = [] { return binary_samples(-3, 3); },

@@ -103,6 +103,12 @@ struct Gelu {
   }
 };
 
+/// relu's gradient from its output (PyTorch's threshold_backward(grad, out, 0)): grad where out > 0.
+struct ReluBackward {
+  template <typename T>
+  MF_HOST_DEVICE T operator()(T grad, T out) const { return out <= T(0) ? T(0) : grad; }
+};
+
 /// grad * d gelu / dx, with d gelu / dx = Phi(x) + x * phi(x) and phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
 struct GeluBackward {
   template <typename T>

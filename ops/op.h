@@ -25,7 +25,7 @@ namespace mf {
 #define MF_OPS(X)                                                                                  \
   /* elementwise, broadcasting */                                                                  \
   X(add) X(sub) X(mul) X(div) X(pow) X(pow_scalar) X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt)   \
-  X(relu) X(gelu) X(gelu_backward) X(tanh) X(sigmoid) X(clamp)                                     \
+  X(relu) X(relu_backward) X(gelu) X(gelu_backward) X(tanh) X(sigmoid) X(clamp)                    \
   X(eq) X(ne) X(lt) X(le) X(gt) X(ge) X(logical_not) X(logical_and) X(logical_or)                   \
   X(where) X(masked_fill) X(cast) X(copy) X(to_device)                                             \
   /* in-place fills */                                                                             \
