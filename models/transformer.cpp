@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <numeric>
 
 namespace mf::models {
 
@@ -140,6 +141,24 @@ Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) {
   return residual(h, *norm2, *dropout, pre_norm_, [&](const Tensor& in) { return ffn->forward(in); });
 }
 
+void LayerCache::append(const Tensor& k, const Tensor& v) {
+  int64_t added = k.size(2);
+  if (!self_k.defined() || length + added > self_k.size(2)) {
+    int64_t capacity = std::max<int64_t>({16, 2 * length, length + added});
+    auto grown = [&](const Tensor& old, const Tensor& fresh) {
+      Tensor buffer = Tensor::empty({fresh.size(0), fresh.size(1), capacity, fresh.size(3)}, fresh.dtype(),
+                                    fresh.device());  // [N, H, capacity, D]
+      if (length > 0) buffer.narrow(2, 0, length).copy_(old.narrow(2, 0, length));
+      return buffer;
+    };
+    self_k = grown(self_k, k);
+    self_v = grown(self_v, v);
+  }
+  self_k.narrow(2, length, added).copy_(k);
+  self_v.narrow(2, length, added).copy_(v);
+  length += added;
+}
+
 DecoderLayer::DecoderLayer(const TransformerConfig& config) : Module("DecoderLayer"), pre_norm_(config.pre_norm) {
   self_attn = register_module("self_attn", make_attention(config));
   cross_attn = register_module("cross_attn", make_attention(config));
@@ -159,10 +178,9 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
       return a.output;
     }
     auto [k, v] = self_attn->project_key_value(in, in);  // [N, H, t_new, D]
-    cache->self_k = cache->self_k.defined() ? cat({cache->self_k, k}, 2) : k;
-    cache->self_v = cache->self_v.defined() ? cat({cache->self_v, v}, 2) : v;
+    cache->append(k, v);
     nn::AttentionOutput a =
-        self_attn->attend(self_attn->project_query(in), cache->self_k, cache->self_v, self_mask, record_attention);
+        self_attn->attend(self_attn->project_query(in), cache->keys(), cache->values(), self_mask, record_attention);
     self_attention = a.weights;
     return a.output;
   });
@@ -323,6 +341,8 @@ TransformerDecoder::TransformerDecoder(Transformer& model, const Tensor& src) : 
   memory_ = model.encode(src);                                           // [B, S, C]
   src_mask_ = padding_mask(src, model.config().pad_id, memory_.dtype());  // [B, 1, 1, S]
   caches_.resize(model.decoder->layers.size());
+  source_of_row_.resize(static_cast<size_t>(src.size(0)));
+  std::iota(source_of_row_.begin(), source_of_row_.end(), int64_t{0});
 }
 
 Tensor TransformerDecoder::step(const Tensor& tokens) {
@@ -342,13 +362,27 @@ void TransformerDecoder::select_rows(const Tensor& index) {
   auto pick = [&](Tensor& t) {
     if (t.defined()) t = index_select(t, 0, rows);
   };
-  pick(memory_);
-  pick(src_mask_);
+  // Beam search reorders rows among the beams of one sentence; those rows share their source, so
+  // the encoder output and cross-attention keys/values stay as they are unless the sources change.
+  std::vector<int64_t> sources;
+  for (int64_t row : index.to_vector<int64_t>()) {
+    MF_CHECK(row >= 0 && row < static_cast<int64_t>(source_of_row_.size()),
+             "TransformerDecoder::select_rows: row {} is out of range for {} rows", row, source_of_row_.size());
+    sources.push_back(source_of_row_[static_cast<size_t>(row)]);
+  }
+  bool same_sources = sources == source_of_row_;
+  source_of_row_ = std::move(sources);
+  if (!same_sources) {
+    pick(memory_);
+    pick(src_mask_);
+  }
   for (LayerCache& cache : caches_) {
     pick(cache.self_k);
     pick(cache.self_v);
-    pick(cache.cross_k);
-    pick(cache.cross_v);
+    if (!same_sources) {
+      pick(cache.cross_k);
+      pick(cache.cross_v);
+    }
   }
 }
 

@@ -81,10 +81,19 @@ class EncoderLayer : public nn::Module {
   bool pre_norm_;
 };
 
-/// One decoder layer's key/value cache for incremental decoding.
+/// One decoder layer's key/value cache for incremental decoding. The self-attention keys and values
+/// live in buffers with room to spare (capacity doubles when full), so a step writes only its own
+/// positions instead of copying the whole prefix.
 struct LayerCache {
-  Tensor self_k, self_v;    // [N, H, t, D], grown by one position per step
+  Tensor self_k, self_v;    // [N, H, capacity, D]; positions [0, length) are filled
+  int64_t length = 0;
   Tensor cross_k, cross_v;  // [N, H, S, D], computed once from the encoder output
+
+  /// Appends k, v [N, H, t_new, D] at position `length`.
+  void append(const Tensor& k, const Tensor& v);
+  /// The filled positions, [N, H, length, D] views.
+  Tensor keys() const { return self_k.narrow(2, 0, length); }
+  Tensor values() const { return self_v.narrow(2, 0, length); }
 };
 
 class DecoderLayer : public nn::Module {
@@ -182,6 +191,7 @@ class TransformerDecoder : public generation::IncrementalDecoder {
   Tensor memory_;      // [N, S, C]
   Tensor src_mask_;    // [N, 1, 1, S]
   std::vector<LayerCache> caches_;
+  std::vector<int64_t> source_of_row_;  // which source sentence each row decodes
   int64_t position_ = 0;
 };
 
