@@ -50,6 +50,9 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
   std::vector<Tensor> grad_inputs;
   try {
     grad_inputs = node.apply(grad_outputs);
+    // Consumed: dropping them now frees memory early, and a gradient that is a view of one (the
+    // transpose in linear's x @ W^T) then owns its storage alone and reaches a leaf without a copy.
+    grad_outputs.clear();
     MF_CHECK(grad_inputs.size() == node.next_edges.size(), "returned {} gradients for {} inputs", grad_inputs.size(),
              node.next_edges.size());
     for (size_t i = 0; i < grad_inputs.size(); ++i) {

@@ -128,16 +128,21 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
 }
 
 // dA = dC @ B^T, dB = A^T @ dC. When B is one matrix shared by a batch of A, dB is one GEMM over
-// the flattened batch instead of a batch of products summed afterwards.
+// the flattened batch instead of a batch of products summed afterwards. When that matrix is the
+// transposed view of a contiguous W (linear's x @ W^T), dB comes out as the transposed view of a
+// contiguous dW = dC^T @ A, so W's gradient reaches it contiguous, with no copy.
 std::vector<Tensor> matmul_backward(const GradContext& ctx) {
   const Tensor &a = ctx.inputs[0], &b = ctx.inputs[1], &dout = ctx.grads[0];
   Tensor da, db;
   if (ctx.needs_grad[0]) da = matmul(dout, b.transpose(-1, -2));
   if (ctx.needs_grad[1]) {
-    if (b.dim() == 2 && a.dim() > 2)
-      db = matmul(a.reshape({-1, a.size(-1)}).t(), dout.reshape({-1, dout.size(-1)}));
-    else
+    if (b.dim() == 2) {
+      Tensor rows = a.reshape({-1, a.size(-1)}), drows = dout.reshape({-1, dout.size(-1)});  // [N, k], [N, m]
+      bool transposed_matrix = !b.is_contiguous() && b.t().is_contiguous();
+      db = transposed_matrix ? matmul(drows.t(), rows).t() : matmul(rows.t(), drows);  // [k, m]
+    } else {
       db = matmul(a.transpose(-1, -2), dout);
+    }
   }
   return {da, db};
 }
