@@ -54,14 +54,13 @@ loadavg_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 rev=$(git rev-parse --short HEAD)
 git diff --quiet HEAD -- . ':!BENCHMARKS.md' || rev="$rev (with uncommitted changes)"
-compiler=$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1]))["host"]["cpp"]; print(c["id"], c["version"])' \
-  build/meson-info/intro-compilers.json 2>/dev/null || c++ --version | head -1)
+compiler=$(c++ --version | head -1)  # meson's default C++ compiler, the one build/ was configured with
 openblas=$(pkg-config --modversion openblas 2>/dev/null || echo unknown)
 torch_info=$("$venv/bin/python" -c '
 import re, sys, torch
 blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
 print(torch.__version__)
-print(blas.group(1) if blas else "unknown", "(oneDNN for matmul)" if torch.backends.mkldnn.is_available() else "")
+print(blas.group(1).upper() if blas else "unknown")
 print(sys.version.split()[0])')
 python3 - "$results/meta.json" <<EOF
 import json, sys
