@@ -2,7 +2,7 @@
 # Runs miniflow's bench_transformer and its PyTorch peer tools/bench_pytorch.py on the issue's
 # configs, each config in its own process, and writes BENCHMARKS.md (tools/write_benchmarks.py).
 # PyTorch comes from PyPI into .venv-bench (created on first use; the default wheel pulls the CUDA
-# runtime packages too, about 4 GB). Benchmarks, not tests: CI does not run this.
+# runtime packages too, about 5.4 GB). Benchmarks, not tests: CI does not run this.
 #
 #   bash tools/run_benchmarks.sh [--configs seed,small,base] [--steps N] [--output BENCHMARKS.md]
 set -euo pipefail
@@ -71,6 +71,9 @@ json.dump({"date": "$(date -u '+%Y-%m-%d %H:%M UTC')", "command": """$command_li
            "compiler": "$compiler", "openblas": "$openblas", "torch_version": info[0], "torch_blas": info[1].strip(),
            "python": info[2]}, open(sys.argv[1], "w"))
 EOF
+# Hand-written analysis (profiles, where the time goes) lives in tools/benchmark_notes.md, if present.
+notes=()
+if [[ -f tools/benchmark_notes.md ]]; then notes=(--notes tools/benchmark_notes.md); fi
 python3 tools/write_benchmarks.py --miniflow "$results/miniflow.jsonl" --pytorch "$results/pytorch.jsonl" \
-  --meta "$results/meta.json" --output "$output"
+  --meta "$results/meta.json" "${notes[@]}" --output "$output"
 echo "wrote $output" >&2

@@ -117,7 +117,7 @@ def targets(mf, pt):
     return "\n".join(table), misses
 
 
-def document(mf, pt, meta, raw):
+def document(mf, pt, meta, raw, notes):
     cores = int(meta.get("cores", 0)) or 1
     load = [float(x) for x in meta.get("loadavg_before", "0").split()[:1] + meta.get("loadavg_after", "0").split()[:1]]
     loaded = max(load) > 0.5 * cores
@@ -174,6 +174,8 @@ def document(mf, pt, meta, raw):
     ]
     if misses:
         out += ["### Missed targets: by how much, and where the time goes", ""] + misses + [""]
+    if notes:
+        out += ["## Analysis", "", notes.strip(), ""]
     out += ["## Raw results", "", "```", *raw, "```", ""]
     return "\n".join(out)
 
@@ -184,6 +186,8 @@ def main():
     parser.add_argument("--pytorch", required=True, help="JSON lines of bench_pytorch.py --json")
     parser.add_argument("--meta", required=True, help="JSON object: date, command, cpu, cores, loadavg_before, "
                         "loadavg_after, git_rev, compiler, openblas, torch_version, torch_blas, python")
+    parser.add_argument("--notes", help="Markdown written by hand (profiles, explanations), kept as the Analysis "
+                        "section so that regenerating the file does not lose it")
     parser.add_argument("--output", default="BENCHMARKS.md")
     args = parser.parse_args()
     with open(args.meta) as f:
@@ -192,7 +196,11 @@ def main():
     for label, path in (("miniflow", args.miniflow), ("pytorch", args.pytorch)):
         with open(path) as f:
             raw += [f"{label}: {line.strip()}" for line in f if line.strip()]
-    text = document(read_lines(args.miniflow), read_lines(args.pytorch), meta, raw)
+    notes = ""
+    if args.notes:
+        with open(args.notes) as f:
+            notes = f.read()
+    text = document(read_lines(args.miniflow), read_lines(args.pytorch), meta, raw, notes)
     with open(args.output, "w") as f:
         f.write(text)
 
