@@ -193,8 +193,8 @@ def peak_rss_mb():
 
 def tutorial_greedy(model, src, max_new_tokens):
     """Batched greedy decoding as the classic tutorials write it: every step runs the decoder over
-    the whole prefix [B, t] and keeps the last position's argmax; rows after EOS get PAD. Returns
-    the generated tokens counted as miniflow's bench counts them (up to and including each EOS)."""
+    the whole prefix [B, t] and keeps the last position's argmax; rows after EOS get PAD.
+    Returns [B, 1 + generated]: BOS, then the tokens."""
     memory = model.encode(src)
     ys = torch.full((src.shape[0], 1), BOS, dtype=torch.long)     # [B, 1]
     finished = torch.zeros(src.shape[0], dtype=torch.bool)
@@ -205,9 +205,12 @@ def tutorial_greedy(model, src, max_new_tokens):
         finished |= next_tokens == EOS
         if finished.all():
             break
-    generated = ys[:, 1:]
-    lengths = [(row == EOS).nonzero()[0].item() + 1 if (row == EOS).any() else len(row) for row in generated]
-    return sum(lengths)
+    return ys
+
+
+def generated_tokens(ys):
+    """Tokens after BOS up to and including each row's EOS, as miniflow's bench counts them."""
+    return sum((row == EOS).nonzero()[0].item() + 1 if (row == EOS).any() else len(row) for row in ys[:, 1:])
 
 
 def bench_config(name, steps, gemm, decode):
@@ -255,8 +258,9 @@ def bench_config(name, steps, gemm, decode):
         sources = torch.randint(3, vocab, (32, length))
         with torch.no_grad():
             start = time.perf_counter()
-            tokens = tutorial_greedy(model, sources, max_new_tokens=32)
-            out["greedy_tokens_per_s"] = tokens / (time.perf_counter() - start)
+            ys = tutorial_greedy(model, sources, max_new_tokens=32)
+            elapsed = time.perf_counter() - start
+        out["greedy_tokens_per_s"] = generated_tokens(ys) / elapsed
         out["peak_rss_mb"] = peak_rss_mb()
     return out
 
