@@ -5,6 +5,7 @@
 
 #include "core/parallel.h"
 #include "core/tensor.h"
+#include "ops/simd.h"
 
 #include <array>
 #include <cstdint>
@@ -97,7 +98,10 @@ void map(Tensor& out, const std::array<const Tensor*, sizeof...(In)>& inputs, Fn
       bool contiguous = strides[0] == sizeof(Out) && ((strides[I + 1] == sizeof(In)) && ...);
       if (contiguous) {
         std::tuple<const In*...> in{reinterpret_cast<const In*>(ptrs[I + 1])...};
-        for (int64_t i = 0; i < n; ++i) o[i] = fn(std::get<I>(in)[i]...);
+        // Compiled for the widest vectors the CPU has, where the compiler vectorises the loop.
+        with_widest_isa([&]<int>() MF_LAMBDA_INLINE {
+          for (int64_t i = 0; i < n; ++i) o[i] = fn(std::get<I>(in)[i]...);
+        });
       } else {
         for (int64_t i = 0; i < n; ++i)
           *reinterpret_cast<Out*>(ptrs[0] + i * strides[0]) =
