@@ -15,9 +15,16 @@
 namespace mf::autograd {
 namespace {
 
+/// True when nothing but `t` sees its memory, so it may be updated in place.
+bool owns_storage_alone(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous();
+}
+
 void accumulate(Tensor& slot, Tensor grad) {
   if (!slot.defined())
     slot = std::move(grad);
+  else if (owns_storage_alone(slot) && slot.shape() == grad.shape() && slot.dtype() == grad.dtype())
+    slot.add_(grad);
   else
     slot = add(slot, grad);
 }
@@ -29,8 +36,7 @@ void accumulate_into_leaf(TensorImpl& leaf, Tensor grad) {
     slot.add_(grad);
     return;
   }
-  bool unshared = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous();
-  slot = unshared ? std::move(grad) : grad.clone();
+  slot = owns_storage_alone(grad) ? std::move(grad) : grad.clone();
 }
 
 std::string describe(const Node& node) {
