@@ -111,13 +111,18 @@ struct CallDepth {
   throw Error(fmt::format("{}: {} at {}", op, error.what(), format_location(site)));
 }
 
+/// Whether anomaly mode checks this call: only the user's call (ops a kernel calls are part of it),
+/// and not inside backward rules (the engine checks the gradients they give).
+bool checks_anomaly() {
+  return autograd::is_anomaly_enabled() && call_depth == 1 && !autograd::BackwardScope::active();
+}
+
 /// Anomaly mode: throws at the first NaN or inf an op produces (see autograd::set_detect_anomaly).
-/// `sources` counts the op's inputs as they were before it ran. Only the user's call is checked (ops a
-/// kernel calls are part of it), not ops inside backward rules (the engine checks the gradients they
-/// give), nor an op told to write a non-finite value (masked_fill(-inf)).
+/// `sources` counts the op's inputs as they were before it ran. An op told to write a non-finite
+/// value (masked_fill(-inf)) is not blamed for it.
 void check_anomaly(const std::vector<Tensor>& outputs, const std::function<NonFiniteCount()>& sources,
                    const Attrs& attrs) {
-  if (call_depth > 1 || autograd::BackwardScope::active() || !std::isfinite(attrs.value)) return;
+  if (!std::isfinite(attrs.value)) return;
   std::string found = find_anomaly(outputs, sources, "output", "input");
   MF_CHECK(found.empty(), "{}", found);
 }
@@ -216,7 +221,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       if (!all_empty(outputs)) kernel(inputs, outputs, attrs);
       if (def.writes_input) inputs[0].storage()->bump_version();
       // Fills (writes_input) write what they are told; views above share their input's values.
-      else if (autograd::is_anomaly_enabled()) [[unlikely]]
+      else if (checks_anomaly()) [[unlikely]]
         check_anomaly(outputs, [&] { return count_nonfinite(inputs); }, attrs);
     }
   } catch (const Error& error) {
@@ -247,7 +252,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
     KernelFn kernel = kernel_for(def, device);
     // In anomaly mode the inputs are counted before the kernel overwrites self, often one of them.
     std::optional<NonFiniteCount> before;
-    if (autograd::is_anomaly_enabled()) [[unlikely]] before = count_nonfinite(inputs);
+    if (checks_anomaly()) [[unlikely]] before = count_nonfinite(inputs);
     if (self.numel() == 0) {
       // nothing to write
     } else if (specs[0].dtype == self.dtype()) {
