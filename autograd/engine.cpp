@@ -4,6 +4,7 @@
 #include "autograd/autograd.h"
 
 #include "core/graph.h"
+#include "ops/anomaly.h"
 #include "ops/ops.h"
 
 #include <fmt/ranges.h>
@@ -46,6 +47,18 @@ std::string describe(const Node& node) {
                      fmt::join(shapes, ", "));
 }
 
+/// Anomaly mode: throws when a node's backward turns NaN-free incoming gradients into NaN, or finite
+/// ones into inf, in a gradient it passes on (the caller adds the node's op and call site).
+void check_gradients(const Node& node, const std::vector<Tensor>& grad_inputs,
+                     const std::vector<Tensor>& grad_outputs) {
+  std::vector<Tensor> passed_on(grad_inputs.size());
+  for (size_t i = 0; i < grad_inputs.size(); ++i)
+    if (node.next_edges[i].is_valid()) passed_on[i] = grad_inputs[i];
+  std::string found = find_anomaly(passed_on, [&] { return count_nonfinite(grad_outputs); }, "the gradient for input",
+                                   "incoming gradient");
+  MF_CHECK(found.empty(), "{}", found);
+}
+
 /// Runs one node and routes its input gradients along its edges.
 void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
               std::unordered_map<Node*, std::vector<Tensor>>& pending,
@@ -67,6 +80,8 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
       if (g.shape() != node.input_shapes[i]) g = sum_to(g, node.input_shapes[i]);
       if (g.dtype() != node.input_dtypes[i]) g = g.to(node.input_dtypes[i]);
     }
+    if (is_anomaly_enabled()) [[unlikely]]
+      check_gradients(node, grad_inputs, grad_outputs);
   } catch (const Error& error) {
     throw Error(fmt::format("{}: {}", describe(node), error.what()));
   }
@@ -97,6 +112,7 @@ struct LaterFirst {
 void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
              const std::unordered_map<const TensorImpl*, size_t>* captured_leaves, std::vector<Tensor>* captured) {
   NoGradGuard no_grad;
+  BackwardScope in_backward;
   std::unordered_map<Node*, std::vector<Tensor>> pending;
   std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
   std::unordered_set<Node*> queued;

@@ -70,4 +70,42 @@ class NoGradGuard {
   bool previous_;
 };
 
+namespace autograd {
+
+/// Whether anomaly detection is on (off by default; torch.autograd.set_detect_anomaly). When on, every
+/// op checks its floating outputs and throws mf::Error naming the op and the user's line at the first
+/// NaN produced from NaN-free inputs, or inf from finite inputs (an op given a non-finite value to
+/// write, as masked_fill(-inf), is exempt); backward checks each node's gradients the same way and
+/// names the forward op and the line that created it. Slow (every result is scanned): for debugging.
+/// When off, an op pays one branch. The setting is global, as PyTorch's is.
+bool is_anomaly_enabled();
+void set_detect_anomaly(bool enabled);
+
+/// Turns anomaly detection on (or off) for its scope, restoring the previous setting
+/// (torch.autograd.detect_anomaly).
+class DetectAnomalyGuard {
+ public:
+  explicit DetectAnomalyGuard(bool enabled = true) : previous_(is_anomaly_enabled()) { set_detect_anomaly(enabled); }
+  ~DetectAnomalyGuard() { set_detect_anomaly(previous_); }
+  DetectAnomalyGuard(const DetectAnomalyGuard&) = delete;
+  DetectAnomalyGuard& operator=(const DetectAnomalyGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Marks this thread as running backward rules for its scope (the engine does this), so that
+/// anomaly detection checks each node's gradients instead of the ops inside its backward rule.
+class BackwardScope {
+ public:
+  BackwardScope();
+  ~BackwardScope();
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+  /// True inside a BackwardScope on this thread.
+  static bool active();
+};
+
+}  // namespace autograd
+
 }  // namespace mf

@@ -154,4 +154,16 @@ thread_local bool grad_mode = true;
 bool grad_mode_enabled() { return grad_mode; }
 void set_grad_mode(bool enabled) { grad_mode = enabled; }
 
+namespace autograd {
+namespace {
+std::atomic<bool> anomaly_mode{false};
+thread_local int backward_depth = 0;
+}  // namespace
+bool is_anomaly_enabled() { return anomaly_mode.load(std::memory_order_relaxed); }
+void set_detect_anomaly(bool enabled) { anomaly_mode.store(enabled, std::memory_order_relaxed); }
+BackwardScope::BackwardScope() { ++backward_depth; }
+BackwardScope::~BackwardScope() { --backward_depth; }
+bool BackwardScope::active() { return backward_depth > 0; }
+}  // namespace autograd
+
 }  // namespace mf

@@ -1,9 +1,12 @@
 // The registry and the dispatcher: validation, output allocation, kernel lookup and autograd recording.
 #include "core/graph.h"
+#include "ops/anomaly.h"
 #include "ops/families.h"
 #include "ops/op.h"
 
 #include <fmt/format.h>
+
+#include <cmath>
 
 namespace mf {
 
@@ -108,6 +111,22 @@ struct CallDepth {
   throw Error(fmt::format("{}: {} at {}", op, error.what(), format_location(site)));
 }
 
+/// Whether anomaly mode checks this call: only the user's call (ops a kernel calls are part of it),
+/// and not inside backward rules (the engine checks the gradients they give).
+bool checks_anomaly() {
+  return autograd::is_anomaly_enabled() && call_depth == 1 && !autograd::BackwardScope::active();
+}
+
+/// Anomaly mode: throws at the first NaN or inf an op produces (see autograd::set_detect_anomaly).
+/// `sources` counts the op's inputs as they were before it ran. An op told to write a non-finite
+/// value (masked_fill(-inf)) is not blamed for it.
+void check_anomaly(const std::vector<Tensor>& outputs, const std::function<NonFiniteCount()>& sources,
+                   const Attrs& attrs) {
+  if (!std::isfinite(attrs.value)) return;
+  std::string found = find_anomaly(outputs, sources, "output", "input");
+  MF_CHECK(found.empty(), "{}", found);
+}
+
 Device common_device(const OpDef& def, const std::vector<Tensor>& inputs, const Attrs& attrs) {
   Device device = attrs.device;
   bool found = false;
@@ -201,6 +220,9 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       // Nothing to compute for empty outputs (and the CPU loops cannot plan a zero-size dim).
       if (!all_empty(outputs)) kernel(inputs, outputs, attrs);
       if (def.writes_input) inputs[0].storage()->bump_version();
+      // Fills (writes_input) write what they are told; views above share their input's values.
+      else if (checks_anomaly()) [[unlikely]]
+        check_anomaly(outputs, [&] { return count_nonfinite(inputs); }, attrs);
     }
   } catch (const Error& error) {
     rethrow_with_context(def.name, error, site);
@@ -228,6 +250,9 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));
     KernelFn kernel = kernel_for(def, device);
+    // In anomaly mode the inputs are counted before the kernel overwrites self, often one of them.
+    std::optional<NonFiniteCount> before;
+    if (checks_anomaly()) [[unlikely]] before = count_nonfinite(inputs);
     if (self.numel() == 0) {
       // nothing to write
     } else if (specs[0].dtype == self.dtype()) {
@@ -240,6 +265,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
       kernel_for(registry()[OpId::cast], device)({outputs[0]}, casted, Attrs{.dtype = self.dtype()});
     }
     self.storage()->bump_version();
+    if (before) check_anomaly({self}, [&] { return *before; }, attrs);
   } catch (const Error& error) {
     rethrow_with_context(def.name, error, site);
   }

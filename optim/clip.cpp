@@ -33,10 +33,16 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   for (const Tensor& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
   double acc = 0;
-  for (const Tensor& g : grads) acc = accumulate_norm(g, norm_type, acc);
+  size_t first_nonfinite = grads.size();  // the gradient that made the norm non-finite, for the message
+  for (size_t i = 0; i < grads.size(); ++i) {
+    acc = accumulate_norm(grads[i], norm_type, acc);
+    if (first_nonfinite == grads.size() && !std::isfinite(acc)) first_nonfinite = i;
+  }
   double total = std::isinf(norm_type) ? acc : norm_type == 2 ? std::sqrt(acc) : std::pow(acc, 1 / norm_type);
   MF_CHECK(!error_if_nonfinite || std::isfinite(total),
-           "clip_grad_norm_: the total {}-norm of the gradients is {}", norm_type, total);
+           "clip_grad_norm_: the total {}-norm of the gradients is {} (from gradient {} of {}, shape {}), so it cannot "
+           "be clipped; pass error_if_nonfinite = false to scale by it anyway", norm_type, total, first_nonfinite,
+           grads.size(), shape_str(grads[first_nonfinite].shape()));
   double coef = max_norm / (total + 1e-6);
   if (!(coef >= 1))  // also when coef is NaN, which then spreads to the gradients as in PyTorch
     for (Tensor& g : grads) g.mul_(coef);

@@ -497,6 +497,25 @@ TEST_CASE("clip_grad_norm_ with a non-finite gradient behaves as PyTorch's error
   CHECK_THROWS_WITH_AS(optim::clip_grad_norm_(strict, 1.0, 2.0, true), doctest::Contains("is inf"), Error);
 }
 
+TEST_CASE("clip_grad_norm_ with error_if_nonfinite names the norm and the gradient that made it") {
+  const double inf = std::numeric_limits<double>::infinity();
+  // Gradient 0 is finite, gradient 1 holds NaN: the 2-norm sqrt(9 + 16 + NaN) is NaN.
+  std::vector<Tensor> ps = {param({0, 0}, {3, 4}), param({0, 0}, {1, std::nan("")})};
+  CHECK_THROWS_WITH_AS(optim::clip_grad_norm_(ps, 1.0, 2.0, true),
+                       "clip_grad_norm_: the total 2-norm of the gradients is nan (from gradient 1 of 2, shape [2]), "
+                       "so it cannot be clipped; pass error_if_nonfinite = false to scale by it anyway", Error);
+  CHECK(ps[0].grad().to_vector<double>() == std::vector<double>{3, 4});  // left alone when refused
+  // The max-norm of (-inf, 1) is inf; a finite set clips by max |g|: max(|-7|, 3, 5) = 7.
+  std::vector<Tensor> inf_ps = {param({0}, {5}), param({0, 0}, {-inf, 1})};
+  CHECK_THROWS_WITH_AS(optim::clip_grad_norm_(inf_ps, 1.0, optim::kInfNorm, true),
+                       doctest::Contains("the total inf-norm of the gradients is inf (from gradient 1 of 2"), Error);
+  std::vector<Tensor> finite = {param({0, 0}, {-7, 3}), param({0}, {5})};
+  CHECK(optim::clip_grad_norm_(finite, 3.5, optim::kInfNorm, true) == 7.0);
+  double c = 3.5 / (7 + 1e-6);
+  check_close(finite[0].grad(), f64({-7 * c, 3 * c}, {2}), 1e-15, 0);
+  check_close(finite[1].grad(), f64({5 * c}, {1}), 1e-15, 0);
+}
+
 TEST_CASE("clip_grad_value_ clamps every element") {
   std::vector<Tensor> ps = {param({0, 0, 0}, {-3, 0.5, 2}), param({0})};
   optim::clip_grad_value_(ps, 1.0);

@@ -93,6 +93,30 @@ expect 0 "the same run without interruption" '^epoch 300:' "$tool" "${long[@]}" 
 cmp -s "$work/int.safetensors" "$work/ref.safetensors" && ok "interrupted + resumed = uninterrupted, bit for bit" \
   || fail "the resumed checkpoint differs from the uninterrupted run's"
 
+# A diverging run stops at the first non-finite loss (exit 1) without saving over the last checkpoint.
+# --lr-factor 1e30 makes the first Adam step move every weight by ~1e28, so the next forward
+# overflows; with one batch per epoch (--max-tokens 500 holds all 41 pairs) epoch 1 ends, and saves,
+# first. No validation set: its loss and BLEU would be computed from the diverged weights.
+diverge=(--train-src "$work/train.src" --train-tgt "$work/train.tgt" --d-model 16 --heads 2 --layers 1 --d-ff 32
+         --max-len 10 --min-freq 1 --max-tokens 500 --warmup 10 --lr-factor 1e30 --threads 2
+         --checkpoint "$work/diverge.safetensors")
+expect 0 "--lr-factor 1e30: epoch 1 (one step) is saved" 'epoch 1: train loss' "$tool" "${diverge[@]}" --epochs 1
+cp "$work/diverge.safetensors" "$work/diverge.before"; cp "$work/diverge.svg" "$work/diverge.svg.before"
+expect 1 "a non-finite loss stops the run" \
+  "error: the training loss is (nan|inf) at step 2 \(epoch 2, batch 1/1\); stopped before updating the model, \
+'.*diverge.safetensors' still holds step 1\. .*--detect-anomaly" "$tool" "${diverge[@]}" --epochs 3 --resume
+cmp -s "$work/diverge.safetensors" "$work/diverge.before" && ok "the last checkpoint is left as it was" \
+  || fail "the checkpoint changed after the non-finite loss"
+cmp -s "$work/diverge.svg" "$work/diverge.svg.before" && ok "the chart is left as it was" \
+  || fail "the chart was rewritten after the non-finite loss"
+expect 1 "--detect-anomaly names the op and the line that first overflow" \
+  "error: [a-z_]+: anomaly detected: output 0 \(\[[0-9, ]+\], float32\) has [0-9]+ (inf|NaN) values? \
+.* at [a-z_]+\.cpp:[0-9]+$" "$tool" "${diverge[@]}" --epochs 3 --resume --detect-anomaly
+grep -q "resuming from .*: epoch 2, 0 batches done, step 1" "$work/out" && ok "the kept checkpoint loads and resumes" \
+  || fail "the kept checkpoint did not resume"
+cmp -s "$work/diverge.safetensors" "$work/diverge.before" && ok "--detect-anomaly leaves the checkpoint as it was" \
+  || fail "the checkpoint changed after --detect-anomaly stopped the run"
+
 head -n 30 "$work/train.tgt" >"$work/short.tgt"
 expect 1 "line counts differ" "has 42 lines but .* has 30; .* ends after line 30" "$tool" --train-src "$work/train.src" --train-tgt "$work/short.tgt"
 expect 1 "missing file" "$work/missing.de" "$tool" --train-src "$work/missing.de" --train-tgt "$work/train.tgt"

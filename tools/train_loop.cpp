@@ -32,6 +32,18 @@ extern "C" void on_sigint(int) {
   std::signal(SIGINT, SIG_DFL);
 }
 
+/// Installs on_sigint for its scope, restoring the previous handler however the loop ends.
+class SigintScope {
+ public:
+  SigintScope() : previous_(std::signal(SIGINT, on_sigint)) { g_interrupted = 0; }
+  ~SigintScope() { std::signal(SIGINT, previous_); }
+  SigintScope(const SigintScope&) = delete;
+  SigintScope& operator=(const SigintScope&) = delete;
+
+ private:
+  void (*previous_)(int);
+};
+
 /// One finished epoch's numbers (NaN where there was no validation set).
 struct EpochRecord {
   double train_loss = NAN, valid_loss = NAN, bleu = NAN;
@@ -236,13 +248,15 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     fmt::print("resuming from '{}': epoch {}, {} batches done, step {}\n", options.checkpoint.string(),
                progress.epoch + 1, progress.batch, schedule.last_epoch());
   }
+  // The step the checkpoint on disk holds (-1: none), for the message when training diverges.
+  int64_t saved_step = options.resume ? schedule.last_epoch() : -1;
   auto save = [&] {
     if (options.checkpoint.empty()) return;
     translator.save(options.checkpoint, state, {{kProgressKey, progress_json(progress, settings)}});
+    saved_step = schedule.last_epoch();
   };
 
-  g_interrupted = 0;
-  auto previous_handler = std::signal(SIGINT, on_sigint);
+  SigintScope sigint;
   ProgressLine line(options.log_every);
   const bool validate = !valid.sources.empty();
   const auto start = std::chrono::steady_clock::now();
@@ -259,14 +273,31 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       models::TranslationBatch b = models::make_translation_batch(train.sources, train.targets,
                                                                   batches[static_cast<size_t>(progress.batch)]);
       Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
+      const double loss_value = loss.item<double>();
+      // A non-finite loss or gradient would poison the parameters and the optimizer state for good:
+      // stop before the update, so the checkpoint on disk keeps the last state that was saved.
+      auto diverged = [&](const std::string& what) {
+        line.finish();
+        std::string kept = saved_step < 0 ? std::string("no checkpoint was saved")
+                                          : fmt::format("'{}' still holds step {}", options.checkpoint.string(),
+                                                        saved_step);
+        fail("{} at step {} (epoch {}, batch {}/{}); stopped before updating the model, {}. Lower the learning "
+             "rate (--lr-factor, --warmup), check --clip, or rerun with --detect-anomaly to name the op that "
+             "first makes a NaN or inf", what, schedule.last_epoch() + 1, progress.epoch + 1, progress.batch + 1,
+             n_batches, kept);
+      };
+      if (!std::isfinite(loss_value)) diverged(fmt::format("the training loss is {}", loss_value));
       loss.backward();
-      if (settings.clip > 0) optim::clip_grad_norm_(params, settings.clip);
+      if (settings.clip > 0) {
+        double norm = optim::clip_grad_norm_(params, settings.clip);
+        if (!std::isfinite(norm)) diverged(fmt::format("the gradient norm is {} (loss {:.3f})", norm, loss_value));
+      }
       double lr = schedule.get_last_lr()[0];
       adam.step();
       schedule.step();
       adam.zero_grad();
 
-      double value = loss.item<double>() * static_cast<double>(b.target_tokens);
+      double value = loss_value * static_cast<double>(b.target_tokens);
       progress.loss_sum += value;
       progress.loss_tokens += b.target_tokens;
       progress.curve_sum += value;
@@ -278,7 +309,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
                                                    (options.epochs - progress.epoch - 1) * n_batches);
       line.update(steps_this_run,
                   fmt::format("epoch {}/{} step {}/{} loss {:.3f} {:.0f} tok/s lr {:.2e} ETA {}", progress.epoch + 1,
-                              options.epochs, progress.batch + 1, n_batches, loss.item<double>(),
+                              options.epochs, progress.batch + 1, n_batches, loss_value,
                               static_cast<double>(tokens_this_run) / elapsed, lr,
                               format_duration(elapsed / static_cast<double>(steps_this_run) * remaining_steps)));
       if (schedule.last_epoch() % options.log_every == 0 || progress.batch + 1 == n_batches) {
@@ -328,7 +359,6 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       fmt::print("{}: checkpoint saved to '{}' (continue with --resume)\n", why, options.checkpoint.string());
   }
   const int status = stopped && g_interrupted ? 130 : 0;
-  std::signal(SIGINT, previous_handler);
   if (!options.plot.empty()) {
     write_text_file_atomic(options.plot, training_chart(progress));
     fmt::print("training curves written to '{}'\n", options.plot.string());

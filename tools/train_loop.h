@@ -48,7 +48,9 @@ struct LoopOptions {
 /// `options`, resuming from options.checkpoint when options.resume is set. Returns the exit status:
 /// 0 when all epochs ran or max_steps stopped the run, 130 after Ctrl-C (in both early stops the
 /// checkpoint then holds the finished steps). Throws
-/// mf::Error for a checkpoint that does not fit (other optimisation settings, corrupt progress data).
+/// mf::Error for a checkpoint that does not fit (other optimisation settings, corrupt progress data),
+/// and when a step's loss or gradient norm is not finite: it then stops before that step's update
+/// without saving, so the checkpoint on disk keeps the last state saved before it.
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
                      const LoopOptions& options);
 

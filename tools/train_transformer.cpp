@@ -31,7 +31,7 @@ struct Flags {
   int64_t max_len = 100, min_freq = 2, max_vocab = 0, log_every = 50, bleu_sentences = 0;
   int64_t max_steps = 0;
   double dropout = 0.1;
-  bool no_lowercase = false, resume = false;
+  bool no_lowercase = false, resume = false, detect_anomaly = false;
   int threads = mf::get_num_threads();
   mf::tools::OptimSettings optim{.seed = 1, .max_tokens = 1500, .warmup = 800, .lr_factor = 1.0,
                                  .label_smoothing = 0.1, .clip = 1.0};
@@ -197,6 +197,8 @@ int run(int argc, char** argv) {
   args.add("checkpoint", &f.checkpoint, "checkpoint written each epoch and on Ctrl-C");
   args.add("plot", &f.plot, "SVG chart of the loss and BLEU curves (default: the checkpoint's path with .svg)");
   args.add_switch("resume", &f.resume, "continue from --checkpoint");
+  args.add_switch("detect-anomaly", &f.detect_anomaly,
+                  "stop at the first op that makes a NaN or inf, naming it (slow: for debugging a diverging run)");
   if (!args.parse(argc, argv)) return 0;
   const bool toy = f.train_src.empty() && f.train_tgt.empty();
   if (toy) apply_toy_defaults(f, argc, argv);
@@ -211,6 +213,7 @@ int run(int argc, char** argv) {
   if (f.plot.empty() && !f.checkpoint.empty())
     f.plot = std::filesystem::path(f.checkpoint).replace_extension(".svg").string();
   mf::set_num_threads(f.threads);
+  mf::autograd::set_detect_anomaly(f.detect_anomaly);
   mf::manual_seed(static_cast<uint64_t>(f.optim.seed));
 
   mf::CorpusOptions corpus_options{.tokenizer = {.lowercase = !f.no_lowercase}, .max_length = f.max_len - 1,
