@@ -5,6 +5,7 @@
 #include "ops/families.h"
 #include "ops/ops.h"
 #include "ops/reference.h"
+#include "ops/skinny_gemm.h"
 
 #include "core/parallel.h"
 
@@ -104,7 +105,10 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     const T* pb = static_cast<const T*>(b.raw_data());
     T* pc = c.data_ptr<T>();
     if (b_shared && a.is_contiguous()) {  // the batch folds into the rows of one GEMM
-      parallel_gemm<T>(CblasNoTrans, lb.trans, c.numel() / m, m, k, pa, k, pb, lb.ld, pc, m);
+      int64_t rows = c.numel() / m;
+      if constexpr (std::is_same_v<T, float>)  // a linear layer over a few rows: W is not worth packing
+        if (lb.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, pa, k, pb, lb.ld, pc, m)) return;
+      parallel_gemm<T>(CblasNoTrans, lb.trans, rows, m, k, pa, k, pb, lb.ld, pc, m);
       return;
     }
     int64_t count = shape_numel(batch);

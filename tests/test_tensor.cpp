@@ -528,3 +528,31 @@ TEST_CASE("a matmul split across threads by rows or by columns equals the naive 
     }
   mf::set_intra_op_threads(previous);
 }
+
+TEST_CASE("a linear layer over few rows (the decoding path) equals the naive product") {
+  // x @ W^T with W [m, k] contiguous and at most 128 rows of x takes a kernel of its own on AVX-512
+  // CPUs (ops/skinny_gemm.cpp); rows beyond a 16-lane slice, W rows beyond a block of 8 and odd k
+  // all occur here, on 1 and 2 threads.
+  int previous = mf::intra_op_threads();
+  for (int threads : {1, 2})
+    for (auto [n, k, m] : {std::array<int64_t, 3>{1, 64, 300}, std::array<int64_t, 3>{17, 33, 19},
+                           std::array<int64_t, 3>{32, 256, 1000}, std::array<int64_t, 3>{128, 7, 8},
+                           std::array<int64_t, 3>{129, 16, 24}}) {
+      mf::set_intra_op_threads(threads);
+      CAPTURE(threads);
+      CAPTURE(n);
+      CAPTURE(m);
+      mf::Tensor x = mf::randn({n, k}), w = mf::randn({m, k});
+      std::vector<float> c = mf::matmul(x, w.t()).to_vector<float>();
+      std::vector<float> xs = x.to_vector<float>(), ws = w.to_vector<float>();
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          double expected = 0;
+          for (int64_t p = 0; p < k; ++p) expected += double{xs[i * k + p]} * double{ws[j * k + p]};
+          worst = std::max(worst, std::abs(double{c[i * m + j]} - expected));
+        }
+      CHECK(worst < 1e-4);
+    }
+  mf::set_intra_op_threads(previous);
+}
