@@ -47,17 +47,23 @@ bool skinny_gemm_nt(int64_t n, int64_t m, int64_t k, const float* a, int64_t lda
   static const bool has_avx512 = __builtin_cpu_supports("avx512f");
   if (!has_avx512 || n > kSkinnyMaxRows || n == 0 || m == 0) return false;
   int64_t slices = (n + kLanes - 1) / kLanes, padded = slices * kLanes;
-  std::vector<float> at(static_cast<size_t>(k * padded), 0.0f);  // [k, padded]: A^T, zero rows past n
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t p = 0; p < k; ++p) at[static_cast<size_t>(p * padded + i)] = a[i * lda + p];
+  // [k, padded]: A^T, zero past row n. Kept per thread: decoding calls this hundreds of times a step.
+  thread_local std::vector<float> transposed;
+  transposed.resize(static_cast<size_t>(k * padded));
+  float* at = transposed.data();
+  constexpr int64_t kTile = 16;  // transposed in tiles that stay in L1
+  for (int64_t i0 = 0; i0 < padded; i0 += kTile)
+    for (int64_t p0 = 0; p0 < k; p0 += kTile)
+      for (int64_t i = i0; i < i0 + kTile; ++i)
+        for (int64_t p = p0; p < std::min(k, p0 + kTile); ++p) at[p * padded + i] = i < n ? a[i * lda + p] : 0.0f;
   int64_t blocks = m / kWRows;
   // A block of W rows costs about k * slices FMAs; a chunk of blocks should be worth a thread.
   int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, k * slices));
   parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       int64_t s = 0;
-      for (; s + 2 <= slices; s += 2) block<true>(b * kWRows, s, n, k, at.data(), padded, w, ldw, c, ldc);
-      if (s < slices) block<false>(b * kWRows, s, n, k, at.data(), padded, w, ldw, c, ldc);
+      for (; s + 2 <= slices; s += 2) block<true>(b * kWRows, s, n, k, at, padded, w, ldw, c, ldc);
+      if (s < slices) block<false>(b * kWRows, s, n, k, at, padded, w, ldw, c, ldc);
     }
   });
   for (int64_t j = blocks * kWRows; j < m; ++j)  // the last m % kWRows rows of W, one dot product each
