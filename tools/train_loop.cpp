@@ -122,7 +122,7 @@ double validation_loss(models::Translator& translator, const ParallelData& data,
   double sum = 0;
   int64_t tokens = 0;
   for (const Batch& batch : make_batches(data.sources, data.targets, {.max_tokens = max_tokens}, 0)) {
-    models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batch);
+    models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batch, model.device());
     Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, 0.0);
     sum += loss.item<double>() * static_cast<double>(b.target_tokens);
     tokens += b.target_tokens;
@@ -208,7 +208,7 @@ double greedy_bleu(models::Translator& translator, const ParallelData& data, int
       rows.push_back(static_cast<int64_t>(i));
       longest = std::max(longest, data.sources[i].size());
     }
-    models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows);
+    models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows, model.device());
     int64_t max_new = std::min<int64_t>(model.config().max_len, static_cast<int64_t>(longest * 3 / 2 + 10));
     generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = max_new});
     int64_t width = result.tokens.size(1);
@@ -256,8 +256,8 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     const auto n_batches = static_cast<int64_t>(batches.size());
     model.train();
     for (; progress.batch < n_batches; ++progress.batch) {
-      models::TranslationBatch b = models::make_translation_batch(train.sources, train.targets,
-                                                                  batches[static_cast<size_t>(progress.batch)]);
+      models::TranslationBatch b = models::make_translation_batch(
+          train.sources, train.targets, batches[static_cast<size_t>(progress.batch)], model.device());
       Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
       loss.backward();
       if (settings.clip > 0) optim::clip_grad_norm_(params, settings.clip);
@@ -266,7 +266,9 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       schedule.step();
       adam.zero_grad();
 
-      double value = loss.item<double>() * static_cast<double>(b.target_tokens);
+      const double batch_loss = loss.item<double>();  // the step's one wait for the device
+      if (options.on_step) options.on_step(schedule.last_epoch(), batch_loss);
+      double value = batch_loss * static_cast<double>(b.target_tokens);
       progress.loss_sum += value;
       progress.loss_tokens += b.target_tokens;
       progress.curve_sum += value;
@@ -278,7 +280,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
                                                    (options.epochs - progress.epoch - 1) * n_batches);
       line.update(steps_this_run,
                   fmt::format("epoch {}/{} step {}/{} loss {:.3f} {:.0f} tok/s lr {:.2e} ETA {}", progress.epoch + 1,
-                              options.epochs, progress.batch + 1, n_batches, loss.item<double>(),
+                              options.epochs, progress.batch + 1, n_batches, batch_loss,
                               static_cast<double>(tokens_this_run) / elapsed, lr,
                               format_duration(elapsed / static_cast<double>(steps_this_run) * remaining_steps)));
       if (schedule.last_epoch() % options.log_every == 0 || progress.batch + 1 == n_batches) {
