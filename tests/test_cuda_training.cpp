@@ -2,6 +2,7 @@
 // tool's own loop (tools/train_loop: batches, Adam + Noam, clipping, loss) on every device present, must
 // give every toy translation right; and CPU and CUDA runs from the same initial weights (dropout 0)
 // must have the same losses over their first steps, up to the rounding of another summation order.
+// The trained model's checkpoint must load back onto its device and translate the same.
 // Without a GPU the CUDA runs are reported as skipped and the CPU run checks the harness.
 #include <doctest/doctest.h>
 
@@ -10,6 +11,8 @@
 #include "tools/train_loop.h"
 
 #include <cmath>
+#include <filesystem>
+#include <memory>
 #include <vector>
 
 using namespace mf;
@@ -23,11 +26,11 @@ std::vector<Device> devices() {
   return out;
 }
 
-/// What one run gave: the loss of each step and the toy translations afterwards.
+/// What one run gave: the trained translator, the loss of each step and the toy translations afterwards.
 struct ToyRun {
+  std::shared_ptr<models::Translator> translator;
   std::vector<double> losses;
   std::vector<tools::ToyTranslation> translations;
-  Device trained_on = Device::cpu();
 };
 
 /// train_transformer without arguments, on `device`: the toy corpus and the tool's toy settings, the
@@ -48,15 +51,15 @@ ToyRun train_toy(Device device, int64_t max_steps) {
                                    .encoder_layers = setup.layers, .decoder_layers = setup.layers,
                                    .d_ff = setup.d_ff, .dropout = setup.dropout, .max_len = setup.max_len,
                                    .shared_embeddings = false, .tie_output = true};
-  models::Translator translator(config, src_vocab, tgt_vocab, {.lowercase = true});
+  ToyRun run{.translator = std::make_shared<models::Translator>(config, src_vocab, tgt_vocab,
+                                                                 TokenizerOptions{.lowercase = true})};
+  models::Translator& translator = *run.translator;
   translator.model().to(device);
   tools::ParallelData train = tools::encode_corpus(translator, corpus.sources, corpus.targets);
-  ToyRun run;
   tools::LoopOptions options{.optim = setup.optim, .epochs = setup.epochs, .log_every = setup.log_every,
                              .max_steps = max_steps, .quiet_epochs = true,
                              .on_step = [&](int64_t, double loss) { run.losses.push_back(loss); }};
   REQUIRE(tools::train_translator(translator, train, {}, options) == 0);
-  run.trained_on = translator.model().device();
   run.translations = tools::translate_toy(translator);
   return run;
 }
@@ -67,12 +70,24 @@ TEST_CASE("train_transformer's toy corpus trains to correct translations through
   for (Device device : devices()) {
     CAPTURE(device.str());
     ToyRun run = train_toy(device, 0);
-    CHECK(run.trained_on == device);
+    CHECK(run.translator->model().device() == device);
     CHECK(run.losses.size() > 200);  // one epoch of the toy corpus is several hundred steps
     for (const tools::ToyTranslation& t : run.translations) {
       CAPTURE(t.source);
       CHECK(t.greedy == t.expected);
       CHECK(t.beam == t.expected);
+    }
+    // The checkpoint goes through the host and comes back onto the device translating the same.
+    std::filesystem::path path = std::filesystem::temp_directory_path() / "mf_test_cuda_training.safetensors";
+    run.translator->save(path);
+    models::Translator loaded = models::Translator::load(path);
+    std::filesystem::remove(path);
+    loaded.model().to(device);
+    std::vector<tools::ToyTranslation> again = tools::translate_toy(loaded);
+    REQUIRE(again.size() == run.translations.size());
+    for (size_t i = 0; i < again.size(); ++i) {
+      CHECK(again[i].greedy == run.translations[i].greedy);
+      CHECK(again[i].beam == run.translations[i].beam);
     }
   }
   if (!cuda::is_available()) MESSAGE("SKIPPED: no GPU: the toy corpus was trained on the CPU only, not on CUDA");

@@ -103,6 +103,10 @@ expect 1 "corrupt checkpoint" "corrupt.safetensors" "$tool" "${tiny[@]}" --check
 status=$?
 if [ "$status" -eq 0 ] && grep -Eq "on cuda:0" "$work/out" && grep -Eq '^epoch 1: train loss' "$work/out"; then
   ok "--device cuda trains on the GPU"
+  expect 0 "--resume on cuda" "resuming from .*epoch 2, 0 batches done" \
+    "$tool" "${tiny[@]}" --epochs 2 --device cuda --checkpoint "$work/cuda.safetensors" --resume
+  expect 0 "a checkpoint written on cuda resumes on the CPU" "resuming from .*epoch 3, 0 batches done" \
+    "$tool" "${tiny[@]}" --epochs 3 --checkpoint "$work/cuda.safetensors" --resume
 elif [ "$status" -eq 1 ] && grep -Eq "^train_transformer: error: --device cuda: (this miniflow was built without CUDA|no CUDA \
 device is available)" "$work/out"; then
   ok "--device cuda without a GPU: exit 1, saying why"
