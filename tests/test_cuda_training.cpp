@@ -33,11 +33,12 @@ struct ToyRun {
   std::vector<tools::ToyTranslation> translations;
 };
 
-/// train_transformer without arguments, on `device`: the toy corpus and the tool's toy settings, the
-/// model initialised on the CPU from the seed and then moved, trained for the whole epoch
-/// (max_steps 0) or its first `max_steps` steps.
-ToyRun train_toy(Device device, int64_t max_steps) {
-  const tools::ToySetup setup;
+/// train_transformer without arguments, on `device`: the toy corpus and the tool's toy settings (with
+/// `dropout`), the model initialised on the CPU from the seed and then moved, trained for the whole
+/// epoch (max_steps 0) or its first `max_steps` steps.
+ToyRun train_toy(Device device, int64_t max_steps, double dropout = tools::ToySetup().dropout) {
+  tools::ToySetup setup;
+  setup.dropout = dropout;
   manual_seed(static_cast<uint64_t>(setup.optim.seed));
   Corpus corpus = tools::make_toy_corpus(
       setup.repeats, {.tokenizer = {.lowercase = true}, .max_length = setup.max_len - 1, .skip_empty = true});
@@ -93,20 +94,24 @@ TEST_CASE("train_transformer's toy corpus trains to correct translations through
   if (!cuda::is_available()) MESSAGE("SKIPPED: no GPU: the toy corpus was trained on the CPU only, not on CUDA");
 }
 
-TEST_CASE("CPU and CUDA training losses agree over the first steps (dropout 0)") {
+TEST_CASE("CPU and CUDA training losses agree over the first steps (dropout 0, and 0.1 with the same masks)") {
   if (!cuda::is_available()) {
     MESSAGE("SKIPPED: no GPU: CPU and CUDA training losses not compared");
     return;
   }
   constexpr int64_t kSteps = 30;
-  ToyRun cpu = train_toy(Device::cpu(), kSteps), gpu = train_toy(Device::cuda(0), kSteps);
-  REQUIRE(cpu.losses.size() == kSteps);
-  REQUIRE(gpu.losses.size() == kSteps);
-  for (size_t s = 0; s < cpu.losses.size(); ++s) {
-    CAPTURE(s);
-    // The first loss comes from the same weights and batch: only float32 summation order differs. Adam
-    // then carries such differences into the weights, so later steps get a looser bound.
-    double tolerance = s == 0 ? 1e-5 : 2e-3;
-    CHECK(std::abs(gpu.losses[s] - cpu.losses[s]) <= tolerance * std::abs(cpu.losses[s]));
+  // Dropout draws its masks from the generator's Philox stream on both devices, so 0.1 must agree too.
+  for (double dropout : {0.0, 0.1}) {
+    CAPTURE(dropout);
+    ToyRun cpu = train_toy(Device::cpu(), kSteps, dropout), gpu = train_toy(Device::cuda(0), kSteps, dropout);
+    REQUIRE(cpu.losses.size() == kSteps);
+    REQUIRE(gpu.losses.size() == kSteps);
+    for (size_t s = 0; s < cpu.losses.size(); ++s) {
+      CAPTURE(s);
+      // The first loss comes from the same weights and batch: only float32 summation order differs.
+      // Adam then carries such differences into the weights, so later steps get a looser bound.
+      double tolerance = s == 0 ? 1e-5 : 2e-3;
+      CHECK(std::abs(gpu.losses[s] - cpu.losses[s]) <= tolerance * std::abs(cpu.losses[s]));
+    }
   }
 }
