@@ -8,9 +8,9 @@
 namespace mf::autograd {
 namespace {
 
-/// sum_k <outputs_k, weights_k> over the float outputs.
+/// sum_k <outputs_k, weights_k> over the float outputs, on the outputs' device.
 Tensor weighted_total(const std::vector<Tensor>& outputs, const std::vector<Tensor>& weights) {
-  Tensor total = scalar_tensor(0.0, DType::Float64);
+  Tensor total = scalar_tensor(0.0, DType::Float64, outputs.empty() ? Device::cpu() : outputs[0].device());
   for (size_t k = 0; k < outputs.size(); ++k)
     if (weights[k].defined()) total = add(total, sum(mul(outputs[k].to(DType::Float64), weights[k])));
   return total;

@@ -5,6 +5,9 @@
 // The vector helpers below take and return vectors by value; they are always inlined into callers
 // compiled for their ISA, so the ABI change GCC warns about never happens.
 #pragma GCC diagnostic ignored "-Wpsabi"
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which its flow analysis
+// then reports as maybe uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace mf {
 namespace {

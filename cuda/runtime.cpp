@@ -213,6 +213,9 @@ void copy_across(const Tensor& src, Tensor& dst) {
 bool is_available() { return discovery().count > 0; }
 int device_count() { return discovery().count; }
 bool is_built() { return true; }
+void synchronize(int device) {
+  if (device >= 0 && device < device_count()) MF_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
+}
 
 }  // namespace cuda
 

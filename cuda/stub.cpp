@@ -10,6 +10,7 @@ namespace cuda {
 bool is_available() { return false; }
 int device_count() { return 0; }
 bool is_built() { return false; }
+void synchronize(int) {}
 }  // namespace cuda
 
 }  // namespace mf

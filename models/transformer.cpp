@@ -318,6 +318,8 @@ Tensor Transformer::loss(const Tensor& logits, const Tensor& tgt_out, double lab
   return cross_entropy(logits.reshape({-1, logits.size(2)}), tgt_out.reshape({-1}), config_.pad_id, label_smoothing);
 }
 
+Device Transformer::device() const { return src_embed_->weight.device(); }
+
 void Transformer::set_record_attention(bool on) {
   for (auto& layer : encoder->layers) layer->record_attention = on;
   for (auto& layer : decoder->layers) layer->record_attention = on;
@@ -338,8 +340,9 @@ std::vector<std::pair<std::string, Tensor>> Transformer::attention_weights() con
 
 TransformerDecoder::TransformerDecoder(Transformer& model, const Tensor& src) : model_(model) {
   NoGradGuard no_grad;
-  memory_ = model.encode(src);                                           // [B, S, C]
-  src_mask_ = padding_mask(src, model.config().pad_id, memory_.dtype());  // [B, 1, 1, S]
+  Tensor tokens = src.to(model.device());
+  memory_ = model.encode(tokens);                                           // [B, S, C]
+  src_mask_ = padding_mask(tokens, model.config().pad_id, memory_.dtype());  // [B, 1, 1, S]
   caches_.resize(model.decoder->layers.size());
   source_of_row_.resize(static_cast<size_t>(src.size(0)));
   std::iota(source_of_row_.begin(), source_of_row_.end(), int64_t{0});

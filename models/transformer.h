@@ -162,6 +162,9 @@ class Transformer : public nn::Module {
   std::vector<std::pair<std::string, Tensor>> attention_weights() const;
 
   const TransformerConfig& config() const { return config_; }
+  /// The device of the model's parameters (to() moves all of them together): where inputs built on
+  /// the host (token ids, masks) must go.
+  Device device() const;
 
   std::shared_ptr<Encoder> encoder;
   std::shared_ptr<Decoder> decoder;
@@ -180,7 +183,7 @@ class Transformer : public nn::Module {
 /// decoder run. Runs without recording autograd; put the model in eval() mode first for dropout.
 class TransformerDecoder : public generation::IncrementalDecoder {
  public:
-  /// Starts one row per source sentence (src [B, S] int64).
+  /// Starts one row per source sentence (src [B, S] int64, on any device: it is moved to the model's).
   TransformerDecoder(Transformer& model, const Tensor& src);
   /// tokens [N] -> log-probabilities of the next token [N, V].
   Tensor step(const Tensor& tokens) override;

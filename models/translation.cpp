@@ -79,7 +79,7 @@ Tensor Translator::encode_sources(const std::vector<std::string>& sentences) con
     ids.push_back(Vocab::kEos);
     rows.push_back(std::move(ids));
   }
-  return pad_rows(rows, Device::cpu());
+  return pad_rows(rows, model_->device());
 }
 
 std::string Translator::decode_target(std::span<const int64_t> ids) const {

@@ -39,7 +39,7 @@ class Translator {
   Translator(const TransformerConfig& config, Vocab src_vocab, Vocab tgt_vocab, TokenizerOptions tokenizer);
 
   /// Tokenizes and encodes sentences into a padded source batch [B, S] (+ <eos>), truncated to the
-  /// model's max_len.
+  /// model's max_len, on the model's device.
   Tensor encode_sources(const std::vector<std::string>& sentences) const;
   /// Target ids back to text (up to <eos>).
   std::string decode_target(std::span<const int64_t> ids) const;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 
 namespace mf::optim {
 
@@ -15,47 +16,55 @@ namespace {
 
 constexpr const char* adam_name(bool decoupled) { return decoupled ? "AdamW" : "Adam"; }
 
-template <typename T>
-struct AdamBuffers {
-  T* param;
-  const T* grad;
-  T* exp_avg;
-  T* exp_avg_sq;
-  T* max_exp_avg_sq;  // amsgrad only
-};
-
-template <typename T>
-struct AdamScalars {
-  T decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, bias_correction2_sqrt, neg_step;
-};
-
-/// Adam's update of elements [begin, end), one pass each, in torch.optim's order of operations
-/// (addcmul: v + (c * g) * g; addcdiv: p + (c * m) / denom). The options arrive as template flags so
-/// that the loop has no branches and vectorises (sqrt too: this library builds with -fno-math-errno).
-template <bool Decoupled, bool CoupledDecay, bool AmsGrad, typename T>
-MF_INLINE void adam_run(const AdamBuffers<T>& q, const AdamScalars<T>& k, int64_t begin, int64_t end) {
-  T* __restrict p = q.param;
-  const T* __restrict g = q.grad;
-  T* __restrict m = q.exp_avg;
-  T* __restrict v = q.exp_avg_sq;
-  T* __restrict v_max = q.max_exp_avg_sq;
-  for (int64_t i = begin; i < end; ++i) {
-    T gi = g[i];
-    if constexpr (Decoupled) p[i] = p[i] * k.decay;
-    if constexpr (CoupledDecay) gi = gi + k.decay * p[i];
-    m[i] = m[i] * k.beta1 + k.one_minus_beta1 * gi;
-    v[i] = v[i] * k.beta2 + (k.one_minus_beta2 * gi) * gi;
-    T v_hat = v[i];
-    if constexpr (AmsGrad) v_hat = v_max[i] = std::max(v_max[i], v[i]);
-    p[i] = p[i] + (k.neg_step * m[i]) / (std::sqrt(v_hat) / k.bias_correction2_sqrt + k.eps);
-  }
-}
-
-/// The buffer `name` of `state`, created as zeros like `param` on first use.
+/// The buffer `name` of `state`, created as zeros like `param` (its dtype and device) on first use.
 Tensor& buffer(ParamState& state, const char* name, const Tensor& param) {
   auto it = state.buffers.find(name);
   if (it == state.buffers.end()) it = state.buffers.emplace(name, zeros_like(param)).first;
   return it->second;
+}
+
+/// The larger of a and b as std::max picks it (a unless a < b, so a NaN in a stays), for CPU elements
+/// and for tensors.
+template <std::floating_point T>
+MF_INLINE T larger(T a, T b) {
+  return std::max(a, b);
+}
+Tensor larger(const Tensor& a, const Tensor& b) { return where(lt(a, b), b, a); }
+
+/// One step's scalars, as S: the element type for the fused loop, double for tensor ops (which round
+/// a scalar to the tensor's dtype, as the loop's casts do).
+template <typename S>
+struct AdamScalars {
+  S decay, b1, b2, c1, c2, eps, bc2, neg_step;
+};
+
+/// Scalars in double, as torch.optim computes them in Python, then cast to S.
+template <bool Decoupled, typename S>
+AdamScalars<S> adam_scalars(const AdamOptionsT<Decoupled>& o, int64_t t) {
+  const auto step = static_cast<double>(t);
+  const double step_size = o.lr / (1 - std::pow(o.beta1, step));
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(o.beta2, step));
+  return {static_cast<S>(Decoupled ? 1 - o.lr * o.weight_decay : o.weight_decay), static_cast<S>(o.beta1),
+          static_cast<S>(o.beta2), static_cast<S>(1 - o.beta1), static_cast<S>(1 - o.beta2), static_cast<S>(o.eps),
+          static_cast<S>(bias_correction2_sqrt), static_cast<S>(-step_size)};
+}
+
+/// Adam's update of one element (V = T) or one whole tensor (V = Tensor), in torch.optim's order of
+/// operations (addcmul: v + (c * g) * g; addcdiv: p + (c * m) / denom). `l2`: Adam's weight decay
+/// is on; v_max is null without amsgrad.
+template <bool Decoupled, typename V, typename S>
+MF_INLINE void adam_rule(V& p, V g, V& m, V& v, V* v_max, bool l2, const AdamScalars<S>& s) {
+  using std::sqrt;
+  if constexpr (Decoupled) {
+    p = p * s.decay;
+  } else if (l2) {
+    g = g + s.decay * p;
+  }
+  m = m * s.b1 + s.c1 * g;
+  v = v * s.b2 + (s.c2 * g) * g;
+  V v_hat = v;
+  if (v_max != nullptr) v_hat = *v_max = larger(*v_max, v);
+  p = p + (s.neg_step * m) / (sqrt(v_hat) / s.bc2 + s.eps);
 }
 
 }  // namespace
@@ -79,30 +88,44 @@ BasicAdam<Decoupled>::BasicAdam(std::vector<ParamGroup<Options>> groups)
     : OptimizerWithOptions<Options>(adam_name(Decoupled), std::move(groups)) {}
 
 template <bool Decoupled>
-void BasicAdam<Decoupled>::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
+void BasicAdam<Decoupled>::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state, bool fused) {
   const Options& o = this->groups_[group].options;
   Tensor& exp_avg = buffer(state, "exp_avg", param);
   Tensor& exp_avg_sq = buffer(state, "exp_avg_sq", param);
-  Tensor max_exp_avg_sq = o.amsgrad ? buffer(state, "max_exp_avg_sq", param) : Tensor();
-  // Step scalars in double, as torch.optim computes them in Python.
-  const auto step = static_cast<double>(state.step);
-  const double step_size = o.lr / (1 - std::pow(o.beta1, step));
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(o.beta2, step));
+  Tensor* max_exp_avg_sq = o.amsgrad ? &buffer(state, "max_exp_avg_sq", param) : nullptr;
+  const bool l2 = !Decoupled && o.weight_decay != 0;
+  if (!fused) {
+    Tensor p = param, m = exp_avg, v = exp_avg_sq, v_max = max_exp_avg_sq ? *max_exp_avg_sq : Tensor();
+    adam_rule<Decoupled>(p, grad, m, v, max_exp_avg_sq ? &v_max : nullptr, l2,
+                         adam_scalars<Decoupled, double>(o, state.step));
+    param.copy_(p);
+    exp_avg.copy_(m);
+    exp_avg_sq.copy_(v);
+    if (max_exp_avg_sq) max_exp_avg_sq->copy_(v_max);
+    return;
+  }
   visit_floating(param.dtype(), [&]<typename T>() {
-    AdamBuffers<T> q{param.data_ptr<T>(), grad.data_ptr<T>(), exp_avg.data_ptr<T>(), exp_avg_sq.data_ptr<T>(),
-                     o.amsgrad ? max_exp_avg_sq.data_ptr<T>() : nullptr};
-    AdamScalars<T> k{.decay = static_cast<T>(Decoupled ? 1 - o.lr * o.weight_decay : o.weight_decay),
-                     .beta1 = static_cast<T>(o.beta1), .beta2 = static_cast<T>(o.beta2),
-                     .one_minus_beta1 = static_cast<T>(1 - o.beta1), .one_minus_beta2 = static_cast<T>(1 - o.beta2),
-                     .eps = static_cast<T>(o.eps), .bias_correction2_sqrt = static_cast<T>(bias_correction2_sqrt),
-                     .neg_step = static_cast<T>(-step_size)};
-    bool coupled_decay = !Decoupled && o.weight_decay != 0;
+    T* p = param.data_ptr<T>();
+    const T* g = grad.data_ptr<T>();
+    T* m = exp_avg.data_ptr<T>();
+    T* v = exp_avg_sq.data_ptr<T>();
+    T* v_max = max_exp_avg_sq ? max_exp_avg_sq->data_ptr<T>() : nullptr;
+    const AdamScalars<T> s = adam_scalars<Decoupled, T>(o, state.step);
+    // The options become constants of the loop, so that it has no branches and vectorises on the
+    // widest ISA (sqrt too: this library builds with -fno-math-errno).
     parallel_for(0, param.numel(), this->kGrain, [&](int64_t begin, int64_t end) {
       cpu::with_widest_isa([&]<int>() MF_LAMBDA_INLINE {
-        if (o.amsgrad)
-          coupled_decay ? adam_run<Decoupled, true, true>(q, k, begin, end) : adam_run<Decoupled, false, true>(q, k, begin, end);
+        auto run = [&]<bool L2, bool AmsGrad>() MF_LAMBDA_INLINE {
+          T* __restrict pr = p;
+          const T* __restrict gr = g;
+          T *__restrict mr = m, *__restrict vr = v, *__restrict vmax = v_max;
+          for (int64_t i = begin; i < end; ++i)
+            adam_rule<Decoupled>(pr[i], gr[i], mr[i], vr[i], AmsGrad ? &vmax[i] : nullptr, L2, s);
+        };
+        if (v_max)
+          l2 ? run.template operator()<true, true>() : run.template operator()<false, true>();
         else
-          coupled_decay ? adam_run<Decoupled, true, false>(q, k, begin, end) : adam_run<Decoupled, false, false>(q, k, begin, end);
+          l2 ? run.template operator()<true, false>() : run.template operator()<false, false>();
       });
     });
   });

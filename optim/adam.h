@@ -40,7 +40,7 @@ class BasicAdam : public OptimizerWithOptions<AdamOptionsT<Decoupled>> {
   explicit BasicAdam(std::vector<ParamGroup<Options>> groups);
 
  protected:
-  void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) override;
+  void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state, bool fused) override;
   std::string options_json(size_t group) const override;
   void set_options_json(size_t group, const std::string& json) override;
 };

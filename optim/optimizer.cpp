@@ -42,15 +42,17 @@ void Optimizer::step() {
       ParamState& state = state_[index++];
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      MF_CHECK(p.device().is_cpu(), "{}: parameter {} is on {}; optimizers update CPU tensors only", name_, index - 1,
-               p.device().str());
       MF_CHECK(grad.shape() == p.shape() && grad.dtype() == p.dtype() && grad.device() == p.device(),
-               "{}: parameter {} is {} {} but its gradient is {} {}", name_, index - 1, dtype_name(p.dtype()),
-               shape_str(p.shape()), dtype_name(grad.dtype()), shape_str(grad.shape()));
-      // Updates write through raw pointers, so they work on contiguous data and copy back if needed.
+               "{}: parameter {} is {} {} but its gradient is {} {}{}", name_, index - 1, dtype_name(p.dtype()),
+               shape_str(p.shape()), dtype_name(grad.dtype()), shape_str(grad.shape()),
+               grad.device() == p.device() ? ""
+                                           : fmt::format(" (on {}, the parameter on {})", grad.device().str(),
+                                                         p.device().str()));
+      // The fused loop writes through raw pointers, so updates work on contiguous data and copy back
+      // if needed.
       Tensor work = p.is_contiguous() ? p : p.contiguous();
       ++state.step;
-      update(g, work, grad.contiguous(), state);
+      update(g, work, grad.contiguous(), state, fused_ && p.device().is_cpu());
       if (work.is_same(p)) {
         p.storage()->bump_version();
       } else {

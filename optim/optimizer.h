@@ -4,7 +4,14 @@
 // training run resumes bit for bit.
 //
 // Updates run under NoGradGuard, skip parameters without a gradient, and write parameters and
-// state in place (CPU, float32 or float64), so existing Tensor handles (a Module's) see them.
+// state in place (float32 or float64, on any device), so existing Tensor handles (a Module's) see
+// them. State buffers are created like their parameter, on its device.
+//
+// Each optimizer writes its update formula once, as a template over the value it computes with: a
+// CPU element (the fused loop: one pass over memory per parameter) or a whole Tensor (one op per
+// term, dispatched to the parameter's device, as torch.optim's single-tensor implementation). CPU
+// parameters take the fused loop unless set_fused(false); every other device takes the op form. Both
+// round every term to the parameter's dtype in the same order, so on the CPU they agree bit for bit.
 #pragma once
 
 #include "core/tensor.h"
@@ -53,6 +60,11 @@ class Optimizer {
   /// Drops every parameter's gradient (PyTorch's set_to_none = true).
   void zero_grad();
 
+  /// Whether CPU parameters are updated by the fused per-element loop (the default) or by tensor ops,
+  /// as parameters on other devices always are; the results are the same bit for bit.
+  void set_fused(bool fused) { fused_ = fused; }
+  bool fused() const { return fused_; }
+
   /// The optimizer's name as saved in its state ("SGD", "Adam", "AdamW").
   const std::string& name() const { return name_; }
   /// Number of parameter groups.
@@ -77,8 +89,9 @@ class Optimizer {
  protected:
   explicit Optimizer(std::string name) : name_(std::move(name)) {}
   /// Updates one parameter from its gradient (contiguous, same dtype and device as `param`);
-  /// `state.step` has already been incremented.
-  virtual void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) = 0;
+  /// `state.step` has already been incremented. `fused`: update with the CPU per-element loop
+  /// (only for CPU tensors); otherwise with tensor ops on the parameter's device.
+  virtual void update(size_t group, Tensor& param, const Tensor& grad, ParamState& state, bool fused) = 0;
   /// Group `group`'s options as a JSON object, and back.
   virtual std::string options_json(size_t group) const = 0;
   virtual void set_options_json(size_t group, const std::string& json) = 0;
@@ -93,6 +106,7 @@ class Optimizer {
   void check_param_count() const;
 
   std::string name_;
+  bool fused_ = true;
   std::vector<ParamState> state_;  // one per parameter, over all groups in order
 };
 

@@ -21,32 +21,59 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
 
 SGD::SGD(std::vector<ParamGroup<SGDOptions>> groups) : OptimizerWithOptions("SGD", std::move(groups)) {}
 
-void SGD::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state) {
+namespace {
+
+/// One step's scalars, as S: the element type for the fused loop, double for tensor ops (which round
+/// a scalar to the tensor's dtype, as the loop's casts do).
+template <typename S>
+struct SGDScalars {
+  S lr, wd, mom, keep;
+};
+
+template <typename S>
+SGDScalars<S> sgd_scalars(const SGDOptions& o) {
+  return {static_cast<S>(o.lr), static_cast<S>(o.weight_decay), static_cast<S>(o.momentum),
+          static_cast<S>(1 - o.dampening)};
+}
+
+/// SGD's update of one element (V = T) or one whole tensor (V = Tensor), in torch.optim.SGD's order
+/// of operations. `b` is the momentum buffer (null without momentum), `first` its first step.
+template <typename V, typename S>
+void sgd_rule(V& p, const V& g, V* b, bool first, const SGDOptions& o, const SGDScalars<S>& s) {
+  V d = o.weight_decay != 0 ? g + s.wd * p : g;
+  if (b != nullptr) {
+    *b = first ? d : *b * s.mom + s.keep * d;
+    d = o.nesterov ? d + s.mom * *b : *b;
+  }
+  p = p + -s.lr * d;
+}
+
+}  // namespace
+
+void SGD::update(size_t group, Tensor& param, const Tensor& grad, ParamState& state, bool fused) {
   const SGDOptions& o = groups_[group].options;
   bool first = false;
-  Tensor buffer;
+  Tensor* buffer = nullptr;
   if (o.momentum != 0) {
     auto it = state.buffers.find("momentum_buffer");
     first = it == state.buffers.end();
     if (first) it = state.buffers.emplace("momentum_buffer", zeros_like(param)).first;
-    buffer = it->second;
+    buffer = &it->second;
   }
-  // One pass per element, in torch.optim.SGD's order of operations.
+  if (!fused) {
+    Tensor p = param, b = buffer ? *buffer : Tensor();
+    sgd_rule(p, grad, buffer ? &b : nullptr, first, o, sgd_scalars<double>(o));
+    param.copy_(p);
+    if (buffer) buffer->copy_(b);
+    return;
+  }
   visit_floating(param.dtype(), [&]<typename T>() {
     T* p = param.data_ptr<T>();
     const T* g = grad.data_ptr<T>();
-    T* b = buffer.defined() ? buffer.data_ptr<T>() : nullptr;
-    const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay), mom = static_cast<T>(o.momentum),
-            keep = static_cast<T>(1 - o.dampening);
+    T* b = buffer ? buffer->data_ptr<T>() : nullptr;
+    const SGDScalars<T> s = sgd_scalars<T>(o);
     parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        T d = o.weight_decay != 0 ? g[i] + wd * p[i] : g[i];
-        if (b != nullptr) {
-          b[i] = first ? d : b[i] * mom + keep * d;
-          d = o.nesterov ? d + mom * b[i] : b[i];
-        }
-        p[i] = p[i] + -lr * d;
-      }
+      for (int64_t i = begin; i < end; ++i) sgd_rule(p[i], g[i], b ? &b[i] : nullptr, first, o, s);
     });
   });
 }

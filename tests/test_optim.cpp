@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numbers>
 
 using namespace mf;
@@ -267,6 +268,67 @@ TEST_CASE("a large update split over threads gives the same bits as one thread")
   std::vector<float> serial = run_adam(1), parallel = run_adam(4);
   set_num_threads(threads);
   CHECK(serial == parallel);
+}
+
+namespace {
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+/// The parameter and every state buffer after three steps of the optimizer `make` builds, with
+/// random gradients from a fixed seed, updated by the fused CPU loop or by tensor ops.
+std::vector<std::vector<double>> after_three_steps(const MakeOptimizer& make, DType dtype, bool fused) {
+  Generator gen(11);
+  Tensor p = randn({1000}, dtype, Device::cpu(), &gen).set_requires_grad();
+  std::unique_ptr<optim::Optimizer> opt = make({p});
+  opt->set_fused(fused);
+  for (int s = 0; s < 3; ++s) {
+    p.set_grad(randn({1000}, dtype, Device::cpu(), &gen).mul(s == 1 ? 0.01 : 1.0));  // v shrinks: amsgrad's max acts
+    opt->step();
+  }
+  std::vector<std::vector<double>> out{p.to_vector<double>()};
+  for (const auto& [name, buffer] : opt->param_state(0).buffers) out.push_back(buffer.to_vector<double>());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the tensor-op update that non-CPU devices use gives the fused CPU loop's bits") {
+  // Both forms round each term to the parameter's dtype in the same order, so they must agree exactly;
+  // a term regrouped in either (say c2 * (g * g) for (c2 * g) * g) changes the last bits of float32.
+  std::vector<std::pair<const char*, MakeOptimizer>> optimizers = {
+      {"Adam", [](std::vector<Tensor> p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{.lr = 0.01}); }},
+      {"Adam L2 amsgrad",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::Adam>(p, optim::AdamOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+       }},
+      {"AdamW amsgrad",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+       }},
+      {"SGD", [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.1}); }},
+      {"SGD momentum dampening L2",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(
+             p, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01});
+       }},
+      {"SGD nesterov",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+       }},
+  };
+  for (const auto& [name, make] : optimizers)
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      std::string optimizer = name;
+      CAPTURE(optimizer);
+      CAPTURE(dtype_name(dtype));
+      std::vector<std::vector<double>> fused = after_three_steps(make, dtype, true);
+      std::vector<std::vector<double>> ops = after_three_steps(make, dtype, false);
+      REQUIRE(fused.size() == ops.size());
+      for (size_t k = 0; k < fused.size(); ++k) {
+        CAPTURE(k);  // 0: the parameter, then the buffers in name order
+        CHECK(fused[k] == ops[k]);
+      }
+    }
 }
 
 TEST_CASE("parameters slipped into a group's list behind the optimizer's back are refused") {

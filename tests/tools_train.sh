@@ -122,7 +122,27 @@ expect 1 "line counts differ" "has 42 lines but .* has 30; .* ends after line 30
 expect 1 "missing file" "$work/missing.de" "$tool" --train-src "$work/missing.de" --train-tgt "$work/train.tgt"
 head -c 2000 "$work/ckpt.safetensors" >"$work/corrupt.safetensors"
 expect 1 "corrupt checkpoint" "corrupt.safetensors" "$tool" "${tiny[@]}" --checkpoint "$work/corrupt.safetensors" --resume
-expect 1 "--device cuda" "CUDA" "$tool" "${tiny[@]}" --device cuda
+# --device cuda trains on a GPU where there is one, and otherwise is refused (exit 1) saying why.
+"$tool" "${tiny[@]}" --epochs 1 --device cuda --checkpoint "$work/cuda.safetensors" >"$work/out" 2>&1
+status=$?
+if [ "$status" -eq 0 ] && grep -Eq "on cuda:0" "$work/out" && grep -Eq '^epoch 1: train loss' "$work/out"; then
+  ok "--device cuda trains on the GPU"
+  expect 0 "--resume on cuda" "resuming from .*epoch 2, 0 batches done" \
+    "$tool" "${tiny[@]}" --epochs 2 --device cuda --checkpoint "$work/cuda.safetensors" --resume
+  expect 0 "a checkpoint written on cuda resumes on the CPU" "resuming from .*epoch 3, 0 batches done" \
+    "$tool" "${tiny[@]}" --epochs 3 --checkpoint "$work/cuda.safetensors" --resume
+elif [ "$status" -eq 1 ] && grep -Eq "^train_transformer: error: --device cuda: (this miniflow was built without CUDA|no CUDA \
+device is available)" "$work/out"; then
+  ok "--device cuda without a GPU: exit 1, saying why"
+else
+  fail "--device cuda: exit status $status"
+fi
+if [ "$status" -eq 1 ]; then
+  expect 1 "--device cuda:1 without a GPU" "--device cuda:1: (this miniflow was built without CUDA|no CUDA device)" \
+    "$tool" "${tiny[@]}" --device cuda:1
+fi
+expect 2 "--device cuda:x is bad usage" "--device: unknown device 'cuda:x' \(expected cpu, cuda or cuda:N\)" \
+  "$tool" --device cuda:x
 
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]

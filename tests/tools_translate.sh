@@ -153,9 +153,19 @@ expect "flag without its value" 2 "--beam needs a value" "$translate" --checkpoi
 expect "--beam 0" 2 "--beam must be at least 1" "$translate" --checkpoint "$ckpt" --beam 0
 expect "--nbest above --beam" 2 "--nbest 3 needs a beam at least as wide, but --beam is 2" \
   "$translate" --checkpoint "$ckpt" --beam 2 --nbest 3
-expect "unknown device" 2 "--device must be cpu or cuda, not 'tpu'" "$translate" --checkpoint "$ckpt" --device tpu
-# Refused in every build for now: "built without CUDA", or "runs on the CPU only for now".
-expect "--device cuda" 1 "--device cuda: " "$translate" --checkpoint "$ckpt" --device cuda
+expect "unknown device" 2 "--device: unknown device 'tpu' (expected cpu, cuda or cuda:N)" \
+  "$translate" --checkpoint "$ckpt" --device tpu
+# On a GPU, --device cuda must translate exactly as the CPU does; without one it is refused (exit 1).
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --device cuda >"$dir/cuda.txt" 2>"$dir/stderr"
+status=$?
+if [ "$status" -eq 0 ]; then
+  same_file "--device cuda: beam 4 on the GPU gives the CPU's translations" "$dir/beam.txt" "$dir/cuda.txt"
+elif [ "$status" -eq 1 ] && grep -Eq "^translate: error: --device cuda: (this miniflow was built without CUDA|no CUDA \
+device is available)" "$dir/stderr"; then
+  pass "--device cuda without a GPU: exit 1, saying why"
+else
+  fail "--device cuda: exit status $status"; cat "$dir/stderr"
+fi
 expect "missing checkpoint" 1 "$dir/none.safetensors" "$translate" --checkpoint "$dir/none.safetensors"
 head -c 200 "$ckpt" >"$dir/truncated.safetensors"
 expect "truncated checkpoint" 1 "$dir/truncated.safetensors" "$translate" --checkpoint "$dir/truncated.safetensors"

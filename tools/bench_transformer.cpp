@@ -1,6 +1,7 @@
 // Training-step and decoding benchmark of the Transformer on the three configs. Prints the
 // median step time split into forward / backward / optimizer, tokens/s, achieved GFLOP/s against a
 // large float32 GEMM measured in the same run, peak RSS, and greedy / beam-4 decoding throughput.
+// --device cuda runs it all on a GPU, waiting for the GPU at the end of each timed phase.
 #include "miniflow.h"
 #include "tools/cli.h"
 
@@ -26,7 +27,14 @@ constexpr BenchConfig kConfigs[] = {
     {"base", 512, 6, 8, 2048, 16000, 16, 64},
 };
 
-double seconds_since(Clock::time_point start) {
+/// Waits for the work queued on `device` (GPU kernels run asynchronously).
+void wait_for(mf::Device device) {
+  if (device.is_cuda()) mf::cuda::synchronize(device.index);
+}
+
+/// Seconds since `start`, once the work queued on `device` has finished.
+double seconds_since(Clock::time_point start, mf::Device device) {
+  wait_for(device);
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -54,17 +62,18 @@ double forward_flops(const BenchConfig& c) {
   return 2 * (N * (encoder_layer + decoder_layer) + tokens * C * V);
 }
 
-/// Float32 GEMM rate of this machine through miniflow's matmul (one cblas_sgemm per call).
-double sgemm_gflops() {
+/// Float32 GEMM rate of `device` through miniflow's matmul (one cblas_sgemm or cuBLAS call each).
+double sgemm_gflops(mf::Device device) {
   const int64_t n = 2048;
   mf::NoGradGuard no_grad;
-  mf::Tensor a = mf::randn({n, n}), b = mf::randn({n, n});
+  mf::Tensor a = mf::randn({n, n}).to(device), b = mf::randn({n, n}).to(device);
   mf::matmul(a, b);  // warm-up
+  wait_for(device);
   std::vector<double> times;
   for (int i = 0; i < 5; ++i) {
     auto start = Clock::now();
     mf::matmul(a, b);
-    times.push_back(seconds_since(start));
+    times.push_back(seconds_since(start, device));
   }
   return 2.0 * n * n * n / median(times) / 1e9;
 }
@@ -74,32 +83,34 @@ struct StepTimes {
   double total() const { return forward + backward + optimizer; }
 };
 
-std::map<std::string, double> bench_config(const BenchConfig& c, int steps, double sgemm, bool decode) {
+std::map<std::string, double> bench_config(const BenchConfig& c, int steps, double sgemm, bool decode,
+                                           mf::Device device) {
   mf::manual_seed(0);
   mf::models::TransformerConfig config{.src_vocab = c.vocab, .tgt_vocab = c.vocab, .d_model = c.d_model,
                                        .heads = c.heads, .encoder_layers = c.layers, .decoder_layers = c.layers,
                                        .d_ff = c.d_ff, .dropout = 0.1, .max_len = std::max<int64_t>(c.length, 64) + 1};
   mf::models::Transformer model(config);
+  model.to(device);
   mf::optim::Adam adam(model.parameters(), {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
   mf::Generator data(1);
   // Random ids in [1, V): no padding, so every position does full work.
-  mf::Tensor src = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data);
-  mf::Tensor tgt_in = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data);
-  mf::Tensor tgt_out = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data);
+  mf::Tensor src = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data).to(device);
+  mf::Tensor tgt_in = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data).to(device);
+  mf::Tensor tgt_out = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data).to(device);
 
   std::vector<StepTimes> times;
   for (int step = 0; step < steps + 2; ++step) {  // two warm-up steps fill the allocator's cache
     StepTimes t;
     auto start = Clock::now();
     mf::Tensor loss = mf::cross_entropy(model.forward(src, tgt_in).reshape({-1, c.vocab}), tgt_out.reshape({-1}), 0);
-    t.forward = seconds_since(start);
+    t.forward = seconds_since(start, device);
     start = Clock::now();
     loss.backward();
-    t.backward = seconds_since(start);
+    t.backward = seconds_since(start, device);
     start = Clock::now();
     adam.step();
     adam.zero_grad();
-    t.optimizer = seconds_since(start);
+    t.optimizer = seconds_since(start, device);
     if (step >= 2) times.push_back(t);
   }
   auto pick = [&](double StepTimes::*field) {
@@ -120,10 +131,10 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, doub
       {"peak_rss_mb", peak_rss_mb()}};
   if (decode) {
     model.eval();
-    mf::Tensor sources = mf::randint(3, c.vocab, {32, c.length}, mf::Device::cpu(), &data);
+    mf::Tensor sources = mf::randint(3, c.vocab, {32, c.length}, mf::Device::cpu(), &data).to(device);
     auto start = Clock::now();
     mf::generation::GreedyResult greedy = mf::models::greedy_decode(model, sources, {.max_new_tokens = 32});
-    double greedy_s = seconds_since(start);
+    double greedy_s = seconds_since(start, device);
     int64_t greedy_tokens = 0;  // generated positions up to and including each row's EOS
     for (int64_t b = 0; b < greedy.tokens.size(0); ++b)
       for (int64_t t = 1; t < greedy.tokens.size(1); ++t) {
@@ -132,7 +143,7 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, doub
       }
     start = Clock::now();
     auto beams = mf::models::beam_search(model, sources, {.beam_size = 4, .max_new_tokens = 32});
-    double beam_s = seconds_since(start);
+    double beam_s = seconds_since(start, device);
     int64_t beam_tokens = 0;
     for (const auto& list : beams) beam_tokens += static_cast<int64_t>(list[0].tokens.size());
     out["greedy_tokens_per_s"] = static_cast<double>(greedy_tokens) / greedy_s;
@@ -149,26 +160,30 @@ int main(int argc, char** argv) {
     int threads = mf::get_num_threads();
     int64_t steps = 10;
     bool json = false;
+    mf::Device device = mf::Device::cpu();
     mf::tools::ArgParser args("bench_transformer",
                               "Times Transformer training steps (configs seed, small, base) and decoding.");
     args.add("config", &only, "run only this config (seed, small or base)");
     args.add("threads", &threads, "intra-op threads (also OpenBLAS's)");
     args.add("steps", &steps, "timed steps per config, after 2 warm-up steps");
+    args.add("device", &device, "where to run: cpu, cuda or cuda:N");
     args.add_switch("json", &json, "print one JSON object per config instead of a table");
     if (!args.parse(argc, argv)) return 0;
     if (steps < 1) throw mf::tools::UsageError("--steps must be at least 1");
     bool known = only.empty();
     for (const BenchConfig& c : kConfigs) known = known || only == c.name;
     if (!known) throw mf::tools::UsageError(fmt::format("unknown config '{}' (seed, small or base)", only));
+    mf::tools::check_device_available(device, "--device");
     mf::set_num_threads(threads);
 
-    double sgemm = sgemm_gflops();
-    if (!json) fmt::print("threads {}, float32 GEMM 2048^3: {:.1f} GFLOP/s\n", threads, sgemm);
+    double sgemm = sgemm_gflops(device);
+    if (!json) fmt::print("{}, threads {}, float32 GEMM 2048^3: {:.1f} GFLOP/s\n", device.str(), threads, sgemm);
     for (const BenchConfig& c : kConfigs) {
       if (!only.empty() && only != c.name) continue;
-      auto result = bench_config(c, static_cast<int>(steps), sgemm, std::string(c.name) == "small");
+      auto result = bench_config(c, static_cast<int>(steps), sgemm, std::string(c.name) == "small", device);
       if (json) {
-        std::string fields = fmt::format("\"config\": \"{}\", \"threads\": {}", c.name, threads);
+        std::string fields =
+            fmt::format("\"config\": \"{}\", \"device\": \"{}\", \"threads\": {}", c.name, device.str(), threads);
         for (const auto& [key, value] : result) fields += fmt::format(", \"{}\": {:.6g}", key, value);
         fmt::print("{{{}}}\n", fields);
         continue;

@@ -1,6 +1,7 @@
 #include "tools/cli.h"
 
 #include "core/error.h"
+#include "cuda/cuda.h"
 
 #include <fmt/format.h>
 
@@ -48,6 +49,16 @@ void ArgParser::add(const std::string& name, std::string* target, const std::str
   add_option({name, help, *target, true, [=](const std::string& v) { *target = v; }});
 }
 
+void ArgParser::add(const std::string& name, Device* target, const std::string& help) {
+  add_option({name, help, target->str(), true, [=](const std::string& v) {
+                try {
+                  *target = Device::parse(v);
+                } catch (const Error&) {
+                  throw UsageError(fmt::format("--{}: unknown device '{}' (expected cpu, cuda or cuda:N)", name, v));
+                }
+              }});
+}
+
 void ArgParser::add_switch(const std::string& name, bool* target, const std::string& help) {
   add_option({name, help, "", false, [=](const std::string&) { *target = true; }});
 }
@@ -90,6 +101,17 @@ std::string ArgParser::help() const {
   }
   text += fmt::format("  {:<24} {}\n", "--help", "print this help and exit");
   return text;
+}
+
+void check_device_available(Device device, const std::string& flag) {
+  if (device.is_cpu()) return;
+  const std::string text = device.str() == "cuda:0" ? "cuda" : device.str();
+  MF_CHECK(cuda::is_built(), "{} {}: this miniflow was built without CUDA (rebuild with meson setup -Dcuda=enabled)",
+           flag, text);
+  MF_CHECK(cuda::is_available(), "{} {}: no CUDA device is available (cuda::is_available() is false: no driver or "
+           "no GPU)", flag, text);
+  MF_CHECK(device.index < cuda::device_count(), "{} {}: only {} CUDA device(s) are visible (cuda:0 to cuda:{})", flag,
+           text, cuda::device_count(), cuda::device_count() - 1);
 }
 
 int run_tool(const std::string& program, const std::function<int()>& body) {

@@ -2,6 +2,8 @@
 // success, 2 on bad usage and 1 on any other error; run_tool() does that mapping.
 #pragma once
 
+#include "core/device.h"
+
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -24,6 +26,9 @@ class ArgParser {
   void add(const std::string& name, int* target, const std::string& help);
   void add(const std::string& name, double* target, const std::string& help);
   void add(const std::string& name, std::string* target, const std::string& help);
+  /// A device: "cpu", "cuda" or "cuda:N"; anything else is bad usage. Whether the device can be used
+  /// is check_device_available's business, after every flag has been checked.
+  void add(const std::string& name, Device* target, const std::string& help);
   /// A switch without a value.
   void add_switch(const std::string& name, bool* target, const std::string& help);
 
@@ -42,6 +47,11 @@ class ArgParser {
   std::string program_, summary_;
   std::vector<Option> options_;
 };
+
+/// Throws mf::Error (exit status 1) when `device`, given by the flag `flag` ("--device"), cannot be
+/// used: a build without CUDA, no GPU (mf::cuda::is_available() is false), or an index past the
+/// visible GPUs. Every tool calls this for its --device, so they all refuse a device alike.
+void check_device_available(Device device, const std::string& flag);
 
 /// Runs body() and maps its outcome to an exit status, printing errors to stderr.
 int run_tool(const std::string& program, const std::function<int()>& body);

@@ -134,7 +134,7 @@ double validation_loss(models::Translator& translator, const ParallelData& data,
   double sum = 0;
   int64_t tokens = 0;
   for (const Batch& batch : make_batches(data.sources, data.targets, {.max_tokens = max_tokens}, 0)) {
-    models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batch);
+    models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batch, model.device());
     Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, 0.0);
     sum += loss.item<double>() * static_cast<double>(b.target_tokens);
     tokens += b.target_tokens;
@@ -220,7 +220,7 @@ double greedy_bleu(models::Translator& translator, const ParallelData& data, int
       rows.push_back(static_cast<int64_t>(i));
       longest = std::max(longest, data.sources[i].size());
     }
-    models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows);
+    models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows, model.device());
     int64_t max_new = std::min<int64_t>(model.config().max_len, static_cast<int64_t>(longest * 3 / 2 + 10));
     generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = max_new});
     int64_t width = result.tokens.size(1);
@@ -270,10 +270,10 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     const auto n_batches = static_cast<int64_t>(batches.size());
     model.train();
     for (; progress.batch < n_batches; ++progress.batch) {
-      models::TranslationBatch b = models::make_translation_batch(train.sources, train.targets,
-                                                                  batches[static_cast<size_t>(progress.batch)]);
+      models::TranslationBatch b = models::make_translation_batch(
+          train.sources, train.targets, batches[static_cast<size_t>(progress.batch)], model.device());
       Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
-      const double loss_value = loss.item<double>();
+      const double loss_value = loss.item<double>();  // the step's one wait for the device
       // A non-finite loss or gradient would poison the parameters and the optimizer state for good:
       // stop before the update, so the checkpoint on disk keeps the last state that was saved.
       auto diverged = [&](const std::string& what) {
@@ -297,6 +297,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       schedule.step();
       adam.zero_grad();
 
+      if (options.on_step) options.on_step(schedule.last_epoch(), loss_value);
       double value = loss_value * static_cast<double>(b.target_tokens);
       progress.loss_sum += value;
       progress.loss_tokens += b.target_tokens;

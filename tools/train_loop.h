@@ -1,12 +1,15 @@
 // The training loop of tools/train_transformer: Adam + Noam schedule over length-bucketed batches,
 // a progress line, per-epoch validation (loss, perplexity, greedy BLEU), checkpoints each epoch and
-// on Ctrl-C, exact resumption, and the loss/BLEU chart.
+// on Ctrl-C, exact resumption, and the loss/BLEU chart. It trains on whatever device the model is on:
+// batches are built there, the optimizer state lives with the parameters, and checkpoints go through
+// the host.
 #pragma once
 
 #include "models/translation.h"
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,9 @@ struct LoopOptions {
   std::filesystem::path plot;        // empty: no chart
   bool resume = false;               // continue from `checkpoint`
   bool quiet_epochs = false;         // no per-epoch summary line (the toy corpus)
+  /// Called after each optimizer step with the step number (1 for the first step of a fresh run) and
+  /// the batch's training loss; tests compare curves through it.
+  std::function<void(int64_t step, double loss)> on_step;
 };
 
 /// Trains `translator` on `train` (validating on `valid` when it holds pairs) for the epochs of

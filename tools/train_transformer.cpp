@@ -3,6 +3,7 @@
 // parallel corpus (e.g. Multi30k de -> en) with checkpoints, resumption and BLEU.
 #include "miniflow.h"
 #include "tools/cli.h"
+#include "tools/toy_corpus.h"
 #include "tools/train_loop.h"
 
 #include <fmt/format.h>
@@ -15,18 +16,10 @@ namespace {
 
 using mf::tools::UsageError;
 
-/// The tutorials' pairs: German -> English and English -> Spanish in one model.
-const std::vector<std::pair<std::string, std::string>> kToyPairs = {
-    {"ich mochte ein bier", "i want a beer"},    {"ich mochte ein cola", "i want a coke"},
-    {"hello world", "hola mundo"},               {"i love you", "te amo"},
-    {"the cat is black", "el gato es negro"},    {"good morning", "buenos dias"},
-    {"this is a book", "este es un libro"},      {"what is your name", "como te llamas"}};
-/// The toy epoch holds each pair this many times, so that one epoch is enough.
-constexpr int kToyRepeats = 800;
-
 struct Flags {
   std::string train_src, train_tgt, valid_src, valid_tgt;
-  std::string checkpoint = "transformer.safetensors", plot, device = "cpu";
+  std::string checkpoint = "transformer.safetensors", plot;
+  mf::Device device = mf::Device::cpu();
   int64_t epochs = 10, d_model = 256, heads = 8, layers = 3, encoder_layers = 0, decoder_layers = 0, d_ff = 512;
   int64_t max_len = 100, min_freq = 2, max_vocab = 0, log_every = 50, bleu_sentences = 0;
   int64_t max_steps = 0;
@@ -53,18 +46,19 @@ void apply_toy_defaults(Flags& f, int argc, char** argv) {
   auto set = [&](const char* name, auto& field, auto value) {
     if (!given(argc, argv, name)) field = value;
   };
-  set("epochs", f.epochs, 1);
-  set("d-model", f.d_model, 64);
-  set("heads", f.heads, 4);
-  set("layers", f.layers, 1);
-  set("d-ff", f.d_ff, 128);
-  set("dropout", f.dropout, 0.0);
-  set("max-len", f.max_len, 16);
-  set("min-freq", f.min_freq, 1);
-  set("max-tokens", f.optim.max_tokens, 48);
-  set("warmup", f.optim.warmup, 100);
-  set("lr-factor", f.optim.lr_factor, 0.5);
-  set("log-every", f.log_every, 100);
+  const mf::tools::ToySetup toy;
+  set("epochs", f.epochs, toy.epochs);
+  set("d-model", f.d_model, toy.d_model);
+  set("heads", f.heads, toy.heads);
+  set("layers", f.layers, toy.layers);
+  set("d-ff", f.d_ff, toy.d_ff);
+  set("dropout", f.dropout, toy.dropout);
+  set("max-len", f.max_len, toy.max_len);
+  set("min-freq", f.min_freq, toy.min_freq);
+  set("max-tokens", f.optim.max_tokens, toy.optim.max_tokens);
+  set("warmup", f.optim.warmup, toy.optim.warmup);
+  set("lr-factor", f.optim.lr_factor, toy.optim.lr_factor);
+  set("log-every", f.log_every, toy.log_every);
   set("checkpoint", f.checkpoint, std::string());  // the toy run saves only when asked
 }
 
@@ -134,23 +128,17 @@ void check_checkpoint_fits(const mf::models::Translator& saved, const mf::models
 
 /// Translates the toy sources greedily and with beam 4, prints them, and counts the right ones.
 int report_toy(mf::models::Translator& translator) {
-  translator.model().eval();
-  std::vector<std::string> sources;
-  for (const auto& pair : kToyPairs) sources.push_back(pair.first);
-  std::vector<std::string> greedy = translator.translate_greedy(sources, 12);
-  auto beams = translator.translate_beam(sources, {.beam_size = 4, .max_new_tokens = 12});
-  int correct = 0;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const std::string& beam = beams[i].front().first;
-    bool right = greedy[i] == kToyPairs[i].second && beam == kToyPairs[i].second;
-    correct += right ? 1 : 0;
-    fmt::print("{:<20} -> greedy: {:<18} beam: {:<18} {}\n", sources[i], greedy[i], beam, right ? "ok" : "WRONG");
+  std::vector<mf::tools::ToyTranslation> results = mf::tools::translate_toy(translator);
+  size_t correct = 0;
+  for (const mf::tools::ToyTranslation& t : results) {
+    correct += t.right() ? 1 : 0;
+    fmt::print("{:<20} -> greedy: {:<18} beam: {:<18} {}\n", t.source, t.greedy, t.beam, t.right() ? "ok" : "WRONG");
   }
-  fmt::print("{}/{} correct\n", correct, sources.size());
+  fmt::print("{}/{} correct\n", correct, results.size());
   std::fflush(stdout);
-  if (correct != static_cast<int>(sources.size())) {
+  if (correct != results.size()) {
     fmt::print(stderr, "train_transformer: the toy corpus was not learned ({} of {} translations wrong)\n",
-               sources.size() - static_cast<size_t>(correct), sources.size());
+               results.size() - correct, results.size());
     return 1;
   }
   return 0;
@@ -190,7 +178,7 @@ int run(int argc, char** argv) {
   args.add_switch("no-lowercase", &f.no_lowercase, "keep the case of the text (lowercased by default)");
   args.add("seed", &f.optim.seed, "random seed (initialisation, dropout, batch order)");
   args.add("threads", &f.threads, "intra-op threads");
-  args.add("device", &f.device, "cpu or cuda");
+  args.add("device", &f.device, "where the model trains: cpu, cuda or cuda:N");
   args.add("log-every", &f.log_every, "steps between progress lines when stdout is not a terminal");
   args.add("bleu-sentences", &f.bleu_sentences, "validation sentences translated for BLEU; 0: all");
   args.add("max-steps", &f.max_steps, "stop after this many steps of this run, saving a checkpoint; 0: no limit");
@@ -203,13 +191,7 @@ int run(int argc, char** argv) {
   const bool toy = f.train_src.empty() && f.train_tgt.empty();
   if (toy) apply_toy_defaults(f, argc, argv);
   check_flags(f);
-  mf::Device device = [&] {
-    try {
-      return mf::Device::parse(f.device);
-    } catch (const mf::Error& error) {
-      throw UsageError(fmt::format("--device: {}", error.what()));
-    }
-  }();
+  mf::tools::check_device_available(f.device, "--device");
   if (f.plot.empty() && !f.checkpoint.empty())
     f.plot = std::filesystem::path(f.checkpoint).replace_extension(".svg").string();
   mf::set_num_threads(f.threads);
@@ -220,10 +202,9 @@ int run(int argc, char** argv) {
                                    .skip_empty = true};
   mf::Corpus train_corpus, valid_corpus;
   if (toy) {
-    std::vector<std::pair<std::string, std::string>> pairs;
-    for (int r = 0; r < kToyRepeats; ++r) pairs.insert(pairs.end(), kToyPairs.begin(), kToyPairs.end());
-    train_corpus = mf::make_corpus(pairs, corpus_options);
-    fmt::print("toy corpus: {} pairs, each repeated {} times\n", kToyPairs.size(), kToyRepeats);
+    const mf::tools::ToySetup setup;
+    train_corpus = mf::tools::make_toy_corpus(setup.repeats, corpus_options);
+    fmt::print("toy corpus: {} pairs, each repeated {} times\n", mf::tools::toy_pairs().size(), setup.repeats);
   } else {
     train_corpus = read_corpus("train", f.train_src, f.train_tgt, corpus_options);
     if (!f.valid_src.empty()) valid_corpus = read_corpus("valid", f.valid_src, f.valid_tgt, corpus_options);
@@ -238,18 +219,16 @@ int run(int argc, char** argv) {
   mf::models::Translator translator(config, src_vocab, tgt_vocab, {.lowercase = !f.no_lowercase});
   if (f.resume) check_checkpoint_fits(mf::models::Translator::load(f.checkpoint), translator, f.checkpoint);
 
-  if (device.is_cuda()) {
-    translator.model().to(device);  // a build without CUDA reports that here
-    mf::fail("train_transformer: training on CUDA is not supported by this tool yet");
-  }
+  // Initialised on the CPU from --seed, then moved: the same starting weights on every device.
+  translator.model().to(f.device);
   const int64_t params = [&] {
     int64_t n = 0;
     for (const mf::Tensor& p : translator.model().parameters()) n += p.numel();
     return n;
   }();
-  fmt::print("model: {}+{} layers, d_model {}, {} heads, d_ff {}, dropout {}, {} parameters; vocabularies {} / {}\n",
-             config.encoder_layers, config.decoder_layers, f.d_model, f.heads, f.d_ff, f.dropout, params,
-             src_vocab.size(), tgt_vocab.size());
+  fmt::print("model: {}+{} layers, d_model {}, {} heads, d_ff {}, dropout {}, {} parameters; vocabularies {} / {}; "
+             "on {}\n", config.encoder_layers, config.decoder_layers, f.d_model, f.heads, f.d_ff, f.dropout, params,
+             src_vocab.size(), tgt_vocab.size(), f.device.str());
 
   mf::tools::ParallelData train = mf::tools::encode_corpus(translator, train_corpus.sources, train_corpus.targets);
   mf::tools::ParallelData valid = mf::tools::encode_corpus(translator, valid_corpus.sources, valid_corpus.targets);

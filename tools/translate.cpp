@@ -23,9 +23,12 @@
 // output tokens and <eos>, columns the source tokens (as tokenized, "(unk)" marking words outside the
 // vocabulary) and <eos>.
 //
-// Exit status: 0 on success, 2 on bad usage (unknown or malformed flags, --nbest > --beam, ...), 1 on
-// any other error (missing or corrupt checkpoint, missing input, mismatched reference, --device cuda
-// in a build without CUDA).
+// --device cuda (or cuda:N) loads the checkpoint onto that GPU and decodes there; only the chosen
+// tokens come back to the host each step.
+//
+// Exit status: 0 on success, 2 on bad usage (unknown or malformed flags, --nbest > --beam, an unknown
+// device, ...), 1 on any other error (missing or corrupt checkpoint, missing input, mismatched
+// reference, --device cuda without CUDA or without a GPU).
 #include "miniflow.h"
 #include "tools/cli.h"
 #include "tools/svg.h"
@@ -48,7 +51,8 @@ namespace models = mf::models;
 using mf::tools::UsageError;
 
 struct Options {
-  std::string checkpoint, input, output, reference, device = "cpu", attention_svg;
+  std::string checkpoint, input, output, reference, attention_svg;
+  mf::Device device = mf::Device::cpu();
   int64_t beam = 1, nbest = 1, max_len = 100, batch_size = 64, attention_sentence = 1;
   double length_penalty = 0.6;
   int threads = mf::get_num_threads();
@@ -78,7 +82,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("attention-svg", &o.attention_svg, "write the cross-attention heatmap of one sentence to this SVG file");
   args.add("attention-sentence", &o.attention_sentence, "the input line (1-based) --attention-svg draws");
   args.add("threads", &o.threads, "intra-op threads");
-  args.add("device", &o.device, "cpu or cuda");
+  args.add("device", &o.device, "where the model runs: cpu, cuda or cuda:N");
   if (!args.parse(argc, argv)) return false;
   if (o.checkpoint.empty()) throw UsageError("--checkpoint is required");
   if (o.beam < 1) throw UsageError(fmt::format("--beam must be at least 1, not {}", o.beam));
@@ -92,21 +96,6 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.attention_sentence < 1)
     throw UsageError(fmt::format("--attention-sentence is a 1-based line number, not {}", o.attention_sentence));
   return true;
-}
-
-/// Only the CPU runs translation today; "cuda" is refused with an error (exit 1), anything else is
-/// bad usage.
-void check_device(const std::string& name) {
-  mf::Device device;
-  try {
-    device = mf::Device::parse(name);
-  } catch (const mf::Error&) {
-    throw UsageError(fmt::format("--device must be cpu or cuda, not '{}'", name));
-  }
-  if (device.is_cuda()) {
-    if (!mf::cuda::is_built()) mf::fail("--device {}: this miniflow was built without CUDA", name);
-    mf::fail("--device {}: translate runs on the CPU only for now", name);
-  }
 }
 
 /// The lines of `stream`, without their '\n' or a trailing '\r'.
@@ -210,7 +199,7 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   tgt_in.insert(tgt_in.end(), ids.begin(), ids.end() - 1);  // row t predicts ids[t]
   models::Transformer& model = translator.model();
   model.set_record_attention(true);
-  model.forward(src, mf::from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}));
+  model.forward(src, mf::from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}, src.device()));
   std::string name = fmt::format("decoder.{}.cross_attn", model.config().decoder_layers - 1);
   mf::Tensor attention;
   for (const auto& [layer, weights] : model.attention_weights())
@@ -239,10 +228,11 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
 int run(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) return 0;
-  check_device(o.device);
+  mf::tools::check_device_available(o.device, "--device");
   mf::set_num_threads(o.threads);
 
   models::Translator translator = models::Translator::load(o.checkpoint);
+  translator.model().to(o.device);
   std::string input_name = o.input.empty() ? "stdin" : "'" + o.input + "'";
   std::vector<std::string> lines = o.input.empty() ? read_lines(std::cin) : read_lines(o.input, "input file");
   std::vector<std::string> references;

@@ -1,0 +1,117 @@
+// Training on a GPU end to end: train_transformer's toy corpus, model and schedule, trained through the
+// tool's own loop (tools/train_loop: batches, Adam + Noam, clipping, loss) on every device present, must
+// give every toy translation right; and CPU and CUDA runs from the same initial weights (dropout 0)
+// must have the same losses over their first steps, up to the rounding of another summation order.
+// The trained model's checkpoint must load back onto its device and translate the same.
+// Without a GPU the CUDA runs are reported as skipped and the CPU run checks the harness.
+#include <doctest/doctest.h>
+
+#include "miniflow.h"
+#include "tools/toy_corpus.h"
+#include "tools/train_loop.h"
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+using namespace mf;
+
+namespace {
+
+/// The devices the test runs on: the CPU, and the first GPU when one is present.
+std::vector<Device> devices() {
+  std::vector<Device> out{Device::cpu()};
+  if (cuda::is_available()) out.push_back(Device::cuda(0));
+  return out;
+}
+
+/// What one run gave: the trained translator, the loss of each step and the toy translations afterwards.
+struct ToyRun {
+  std::shared_ptr<models::Translator> translator;
+  std::vector<double> losses;
+  std::vector<tools::ToyTranslation> translations;
+};
+
+/// train_transformer without arguments, on `device`: the toy corpus and the tool's toy settings (with
+/// `dropout`), the model initialised on the CPU from the seed and then moved, trained for the whole
+/// epoch (max_steps 0) or its first `max_steps` steps.
+ToyRun train_toy(Device device, int64_t max_steps, double dropout = tools::ToySetup().dropout) {
+  tools::ToySetup setup;
+  setup.dropout = dropout;
+  manual_seed(static_cast<uint64_t>(setup.optim.seed));
+  Corpus corpus = tools::make_toy_corpus(
+      setup.repeats, {.tokenizer = {.lowercase = true}, .max_length = setup.max_len - 1, .skip_empty = true});
+  TokenCounts src_counts, tgt_counts;
+  count_tokens(corpus.sources, src_counts);
+  count_tokens(corpus.targets, tgt_counts);
+  Vocab src_vocab = Vocab::build(src_counts, {.min_freq = setup.min_freq});
+  Vocab tgt_vocab = Vocab::build(tgt_counts, {.min_freq = setup.min_freq});
+  models::TransformerConfig config{.src_vocab = src_vocab.size(), .tgt_vocab = tgt_vocab.size(),
+                                   .d_model = setup.d_model, .heads = setup.heads,
+                                   .encoder_layers = setup.layers, .decoder_layers = setup.layers,
+                                   .d_ff = setup.d_ff, .dropout = setup.dropout, .max_len = setup.max_len,
+                                   .shared_embeddings = false, .tie_output = true};
+  ToyRun run{.translator = std::make_shared<models::Translator>(config, src_vocab, tgt_vocab,
+                                                                 TokenizerOptions{.lowercase = true})};
+  models::Translator& translator = *run.translator;
+  translator.model().to(device);
+  tools::ParallelData train = tools::encode_corpus(translator, corpus.sources, corpus.targets);
+  tools::LoopOptions options{.optim = setup.optim, .epochs = setup.epochs, .log_every = setup.log_every,
+                             .max_steps = max_steps, .quiet_epochs = true,
+                             .on_step = [&](int64_t, double loss) { run.losses.push_back(loss); }};
+  REQUIRE(tools::train_translator(translator, train, {}, options) == 0);
+  run.translations = tools::translate_toy(translator);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("train_transformer's toy corpus trains to correct translations through its loop on every device") {
+  for (Device device : devices()) {
+    CAPTURE(device.str());
+    ToyRun run = train_toy(device, 0);
+    CHECK(run.translator->model().device() == device);
+    CHECK(run.losses.size() > 200);  // one epoch of the toy corpus is several hundred steps
+    for (const tools::ToyTranslation& t : run.translations) {
+      CAPTURE(t.source);
+      CHECK(t.greedy == t.expected);
+      CHECK(t.beam == t.expected);
+    }
+    // The checkpoint goes through the host and comes back onto the device translating the same.
+    std::filesystem::path path = std::filesystem::temp_directory_path() / "mf_test_cuda_training.safetensors";
+    run.translator->save(path);
+    models::Translator loaded = models::Translator::load(path);
+    std::filesystem::remove(path);
+    loaded.model().to(device);
+    std::vector<tools::ToyTranslation> again = tools::translate_toy(loaded);
+    REQUIRE(again.size() == run.translations.size());
+    for (size_t i = 0; i < again.size(); ++i) {
+      CHECK(again[i].greedy == run.translations[i].greedy);
+      CHECK(again[i].beam == run.translations[i].beam);
+    }
+  }
+  if (!cuda::is_available()) MESSAGE("SKIPPED: no GPU: the toy corpus was trained on the CPU only, not on CUDA");
+}
+
+TEST_CASE("CPU and CUDA training losses agree over the first steps (dropout 0, and 0.1 with the same masks)") {
+  if (!cuda::is_available()) {
+    MESSAGE("SKIPPED: no GPU: CPU and CUDA training losses not compared");
+    return;
+  }
+  constexpr int64_t kSteps = 30;
+  // Dropout draws its masks from the generator's Philox stream on both devices, so 0.1 must agree too.
+  for (double dropout : {0.0, 0.1}) {
+    CAPTURE(dropout);
+    ToyRun cpu = train_toy(Device::cpu(), kSteps, dropout), gpu = train_toy(Device::cuda(0), kSteps, dropout);
+    REQUIRE(cpu.losses.size() == kSteps);
+    REQUIRE(gpu.losses.size() == kSteps);
+    for (size_t s = 0; s < cpu.losses.size(); ++s) {
+      CAPTURE(s);
+      // The first loss comes from the same weights and batch: only float32 summation order differs.
+      // Adam then carries such differences into the weights, so later steps get a looser bound.
+      double tolerance = s == 0 ? 1e-5 : 2e-3;
+      CHECK(std::abs(gpu.losses[s] - cpu.losses[s]) <= tolerance * std::abs(cpu.losses[s]));
+    }
+  }
+}

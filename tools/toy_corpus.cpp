@@ -1,0 +1,33 @@
+#include "tools/toy_corpus.h"
+
+namespace mf::tools {
+
+const std::vector<std::pair<std::string, std::string>>& toy_pairs() {
+  // The tutorials' pairs.
+  static const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"ich mochte ein bier", "i want a beer"},    {"ich mochte ein cola", "i want a coke"},
+      {"hello world", "hola mundo"},               {"i love you", "te amo"},
+      {"the cat is black", "el gato es negro"},    {"good morning", "buenos dias"},
+      {"this is a book", "este es un libro"},      {"what is your name", "como te llamas"}};
+  return pairs;
+}
+
+Corpus make_toy_corpus(int64_t repeats, const CorpusOptions& options) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (int64_t r = 0; r < repeats; ++r) pairs.insert(pairs.end(), toy_pairs().begin(), toy_pairs().end());
+  return make_corpus(pairs, options);
+}
+
+std::vector<ToyTranslation> translate_toy(models::Translator& translator) {
+  translator.model().eval();
+  std::vector<std::string> sources;
+  for (const auto& pair : toy_pairs()) sources.push_back(pair.first);
+  std::vector<std::string> greedy = translator.translate_greedy(sources, 12);
+  auto beams = translator.translate_beam(sources, {.beam_size = 4, .max_new_tokens = 12});
+  std::vector<ToyTranslation> out;
+  for (size_t i = 0; i < sources.size(); ++i)
+    out.push_back({sources[i], greedy[i], beams[i].front().first, toy_pairs()[i].second});
+  return out;
+}
+
+}  // namespace mf::tools
