@@ -1,6 +1,7 @@
 // Fuzz target: a translation checkpoint file -> what `translate` and `train_transformer --resume` do
 // with it: Translator::load, then load_training_state into Adam, a Noam schedule, a plateau
-// scheduler and a generator, then one greedy translation with the loaded model.
+// scheduler and a generator, then one greedy translation and one training step with what was loaded
+// (so restored counters and buffers get used, not just parsed).
 //
 // These readers take a path, so each input is written to a scratch file first (which also puts the
 // file-reading path of read_safetensors under the fuzzer).
@@ -33,6 +34,15 @@ void resume(const std::filesystem::path& path) {
   mf::optim::load_training_state(
       path, {.model = &model, .optimizer = &adam, .scheduler = &schedule, .plateau = &plateau, .generator = &generator});
   translator.translate_greedy({"ein kleiner test"}, 4);
+
+  const std::vector<std::vector<int64_t>> unknown{{mf::Vocab::kUnk}};  // an id every vocabulary has
+  const std::vector<int64_t> rows{0};
+  mf::models::TranslationBatch batch = mf::models::make_translation_batch(unknown, unknown, rows);
+  model.train();
+  model.loss(model.forward(batch.src, batch.tgt_in), batch.tgt_out, 0.1).backward();
+  adam.step();
+  schedule.step();
+  plateau.step(1.0);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 //
 // Beyond "mf::Error or a valid result", whatever parses must also serialize and parse back to the
 // same records and metadata (the reader accepts nothing the writer cannot reproduce), and every
-// record must become a tensor of its shape.
+// record must become a tensor of its shape or fail with mf::Error.
 #include "fuzz/fuzz.h"
 #include "miniflow.h"
 
@@ -29,10 +29,14 @@ void check_parsed(const mf::SafetensorsContents& contents) {
   mf::fuzz::require(same_records(by_name(contents.records), by_name(reparsed.records)),
                     "parsed records serialize and parse back unchanged");
   mf::fuzz::require(contents.metadata == reparsed.metadata, "parsed metadata serializes and parses back unchanged");
+  // A valid file may still hold a record no tensor can take (an empty [0, 2^32, 2^32] has strides
+  // past int64): mf::Error is fine there too.
   for (const mf::TensorRecord& record : contents.records) {
-    mf::Tensor tensor = mf::nn::from_record(record);
-    mf::fuzz::require(tensor.shape() == record.shape && tensor.dtype() == record.dtype,
-                      "from_record keeps the record's shape and dtype");
+    mf::fuzz::expect_only_mf_errors([&] {
+      mf::Tensor tensor = mf::nn::from_record(record);
+      mf::fuzz::require(tensor.shape() == record.shape && tensor.dtype() == record.dtype,
+                        "from_record keeps the record's shape and dtype");
+    });
   }
 }
 
