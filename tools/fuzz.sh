@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 
 targets=(safetensors checkpoint vocab corpus)
 usage() {
-  echo "usage: bash tools/fuzz.sh {${targets[*]// /|}|all} SECONDS  |  bash tools/fuzz.sh --build-only" >&2
+  local IFS='|'
+  echo "usage: bash tools/fuzz.sh {${targets[*]}|all} SECONDS  |  bash tools/fuzz.sh --build-only" >&2
   exit 2
 }
 build_only=0
