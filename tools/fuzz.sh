@@ -31,17 +31,7 @@ else
 fi
 
 packages=(clang-16 libclang-rt-16-dev llvm-16 meson ninja-build pkg-config libopenblas-dev libfmt-dev nlohmann-json3-dev)
-missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
-done
-if ((${#missing[@]})); then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+bash tools/install_packages.sh "${packages[@]}"
 
 if [ ! -f build-fuzz/build.ninja ]; then
   # Static libraries, so the one executable holds all the instrumented code; OSS-Fuzz's flags (-O1,
