@@ -1,6 +1,7 @@
 #include "core/safetensors.h"
 
 #include "core/error.h"
+#include "core/json_brief.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -271,22 +272,6 @@ uint64_t header_size(std::span<const std::byte> size_field, uint64_t file_size, 
   return n;
 }
 
-// Cuts `text` to at most `max` bytes (plus "...") without splitting a UTF-8 sequence.
-std::string clip(std::string text, size_t max) {
-  if (text.size() <= max) return text;
-  size_t end = max;  // text[end] is the first byte dropped; back off if it continues a sequence
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  return text.substr(0, end) + "...";
-}
-
-// User JSON for a message, short: never dumped recursively, since a hostile header may nest a
-// million levels deep.
-std::string brief(const json& value) {
-  const bool flat = std::all_of(value.begin(), value.end(), [](const json& item) { return item.is_primitive(); });
-  if (!value.is_primitive() && !flat) return fmt::format("a JSON {} of size {}", value.type_name(), value.size());
-  return clip(value.dump(), 60);
-}
-
 // nlohmann keeps the last of duplicate keys silently; two entries of one name are ambiguous, so the
 // parse callback rejects them.
 json parse_json(std::string_view text, std::string_view source) {
@@ -315,8 +300,8 @@ json parse_json(std::string_view text, std::string_view source) {
     corrupt(source, "header is not valid JSON: NUL byte at offset {}", nul);
   try {
     return json::parse(text.begin(), text.end(), callback);
-  } catch (const json::parse_error& e) {
-    corrupt(source, "header is not valid JSON: {}", clip(e.what(), 200));  // it quotes the bad token
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
+    corrupt(source, "header is not valid JSON: {}", detail::clip_utf8(e.what(), 200));  // it quotes the bad token
   }
 }
 
@@ -349,13 +334,14 @@ Entry parse_entry(const std::string& name, const json& value, uint64_t buffer_si
   const json& dtype = field("dtype");
   if (!dtype.is_string()) corrupt(source, "tensor '{}': dtype is a JSON {}, not a string", name, dtype.type_name());
   entry.format = find_format_dtype(dtype.get_ref<const std::string&>());
-  if (!entry.format) corrupt(source, "tensor '{}' has unknown dtype {}", name, brief(dtype));
+  if (!entry.format) corrupt(source, "tensor '{}' has unknown dtype {}", name, detail::brief_json(dtype));
 
   const json& shape = field("shape");
   if (!shape.is_array()) corrupt(source, "tensor '{}': shape is a JSON {}, not an array", name, shape.type_name());
   for (size_t i = 0; i < shape.size(); ++i) {
     if (!is_count(shape[i], std::numeric_limits<int64_t>::max()))
-      corrupt(source, "tensor '{}': shape entry {} is {}, not a non-negative integer", name, i, brief(shape[i]));
+      corrupt(source, "tensor '{}': shape entry {} is {}, not a non-negative integer", name, i,
+              detail::brief_json(shape[i]));
     entry.shape.push_back(shape[i].get<int64_t>());
   }
   std::optional<uint64_t> nbytes = byte_size(entry.shape, entry.format->size);
@@ -364,7 +350,8 @@ Entry parse_entry(const std::string& name, const json& value, uint64_t buffer_si
   const json& offsets = field("data_offsets");
   constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
   if (!offsets.is_array() || offsets.size() != 2 || !is_count(offsets[0], kMax) || !is_count(offsets[1], kMax))
-    corrupt(source, "tensor '{}': data_offsets {} is not [begin, end] of non-negative integers", name, brief(offsets));
+    corrupt(source, "tensor '{}': data_offsets {} is not [begin, end] of non-negative integers", name,
+            detail::brief_json(offsets));
   entry.begin = offsets[0].get<uint64_t>();
   entry.end = offsets[1].get<uint64_t>();
   if (entry.begin > entry.end)

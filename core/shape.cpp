@@ -17,7 +17,9 @@ Shape contiguous_strides(std::span<const int64_t> shape) {
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(shape[i], 1);
+    // Sizes of 0 leave the other dims free, so an empty tensor can still claim strides past int64.
+    MF_CHECK(!__builtin_mul_overflow(stride, std::max<int64_t>(shape[i], 1), &stride),
+             "shape {} is too large: its strides overflow int64", shape_str(shape));
   }
   return strides;
 }

@@ -13,7 +13,9 @@ using Shape = std::vector<int64_t>;
 /// Product of the sizes (1 for a scalar's empty shape).
 int64_t shape_numel(std::span<const int64_t> shape);
 
-/// Row-major strides of a contiguous tensor with this shape.
+/// Row-major strides of a contiguous tensor with this shape (non-negative sizes). Throws mf::Error
+/// naming the shape when they do not fit int64: when the product of the sizes, each 0 counted as 1,
+/// exceeds 2^63 - 1 (so an empty [0, 2^32, 2^32] is refused too).
 Shape contiguous_strides(std::span<const int64_t> shape);
 
 /// "[2, 3]"; a scalar prints as "[]".

@@ -54,7 +54,7 @@ class CorpusBuilder {
 };
 
 // Lines left in `in` (a last line without a newline counts too).
-int64_t count_remaining_lines(std::ifstream& in) {
+int64_t count_remaining_lines(std::istream& in) {
   int64_t count = 0;
   for (std::string line; std::getline(in, line);) ++count;
   return count;
@@ -64,30 +64,34 @@ int64_t count_remaining_lines(std::ifstream& in) {
 
 Corpus read_parallel_corpus(const std::filesystem::path& source_path, const std::filesystem::path& target_path,
                             const CorpusOptions& options) {
-  CorpusBuilder builder(options);
   std::ifstream source_in = detail::open_input(source_path, "read_parallel_corpus: source file");
   std::ifstream target_in = detail::open_input(target_path, "read_parallel_corpus: target file");
+  return read_parallel_corpus(source_in, target_in, source_path.string(), target_path.string(), options);
+}
+
+Corpus read_parallel_corpus(std::istream& source_in, std::istream& target_in, std::string_view source_name,
+                            std::string_view target_name, const CorpusOptions& options) {
+  CorpusBuilder builder(options);
   std::string source_line, target_line;
   for (int64_t line = 1;; ++line) {
     const bool has_source = static_cast<bool>(std::getline(source_in, source_line));
     const bool has_target = static_cast<bool>(std::getline(target_in, target_line));
-    MF_CHECK(!source_in.bad(), "read_parallel_corpus: reading source file '{}' failed", source_path.string());
-    MF_CHECK(!target_in.bad(), "read_parallel_corpus: reading target file '{}' failed", target_path.string());
+    MF_CHECK(!source_in.bad(), "read_parallel_corpus: reading source file '{}' failed", source_name);
+    MF_CHECK(!target_in.bad(), "read_parallel_corpus: reading target file '{}' failed", target_name);
     if (!has_source && !has_target) break;
     if (has_source != has_target) {
       // Finish counting the longer file so the message can give both totals.
       const int64_t last = line - 1;
       const int64_t longer = line + count_remaining_lines(has_source ? source_in : target_in);
-      const auto& shorter_path = has_source ? target_path : source_path;
       fail("read_parallel_corpus: source file '{}' has {} lines but target file '{}' has {}; '{}' ends after line {}",
-           source_path.string(), has_source ? longer : last, target_path.string(), has_source ? last : longer,
-           shorter_path.string(), last);
+           source_name, has_source ? longer : last, target_name, has_source ? last : longer,
+           has_source ? target_name : source_name, last);
     }
     const Side empty = builder.add(source_line, target_line);
     if (empty != Side::None) {
-      const auto& path = empty == Side::Source ? source_path : target_path;
       builder.empty_pair(fmt::format("read_parallel_corpus: line {} of {} file '{}' is blank", line,
-                                     empty == Side::Source ? "source" : "target", path.string()));
+                                     empty == Side::Source ? "source" : "target",
+                                     empty == Side::Source ? source_name : target_name));
     }
   }
   return builder.finish();

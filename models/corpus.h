@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <istream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,6 +42,11 @@ struct Corpus {
 /// skip_empty is set, for a blank line (file and line number).
 Corpus read_parallel_corpus(const std::filesystem::path& source_path, const std::filesystem::path& target_path,
                             const CorpusOptions& options = {});
+
+/// The same for two open streams (read to their end); `source_name` and `target_name` stand for the
+/// files in error messages.
+Corpus read_parallel_corpus(std::istream& source, std::istream& target, std::string_view source_name,
+                            std::string_view target_name, const CorpusOptions& options = {});
 
 /// The same for a corpus held in memory as (source, target) pairs, e.g. one built into a program;
 /// errors name the pair by its 1-based number.

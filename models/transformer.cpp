@@ -1,11 +1,13 @@
 #include "models/transformer.h"
 
 #include "core/graph.h"
+#include "core/json_brief.h"
 #include "ops/ops.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <initializer_list>
 #include <numeric>
 
 namespace mf::models {
@@ -20,11 +22,39 @@ void TransformerConfig::validate() const {
   MF_CHECK(encoder_layers >= 0 && decoder_layers >= 1, "TransformerConfig: needs >= 0 encoder and >= 1 decoder "
            "layers, got {} and {}", encoder_layers, decoder_layers);
   MF_CHECK(d_ff > 0 && max_len > 0, "TransformerConfig: d_ff {} and max_len {} must be positive", d_ff, max_len);
+  MF_CHECK(max_len <= kMaxLen, "TransformerConfig: max_len {} is over the limit of {} positions", max_len, kMaxLen);
   MF_CHECK(dropout >= 0 && dropout < 1, "TransformerConfig: dropout must be in [0, 1), got {}", dropout);
   MF_CHECK(!shared_embeddings || src_vocab == tgt_vocab, "TransformerConfig: shared embeddings need one vocabulary, "
            "got src_vocab {} and tgt_vocab {}", src_vocab, tgt_vocab);
   MF_CHECK(pad_id >= 0 && pad_id < std::min(src_vocab, tgt_vocab), "TransformerConfig: pad_id {} is outside the "
            "vocabularies", pad_id);
+}
+
+int64_t TransformerConfig::parameter_count() const {
+  validate();
+  bool overflow = false;
+  auto mul = [&](int64_t a, int64_t b) {
+    int64_t product = 0;
+    overflow |= __builtin_mul_overflow(a, b, &product);
+    return product;
+  };
+  auto sum = [&](std::initializer_list<int64_t> terms) {
+    int64_t total = 0;
+    for (int64_t term : terms) overflow |= __builtin_add_overflow(total, term, &total);
+    return total;
+  };
+  const int64_t C = d_model, F = d_ff;
+  const int64_t norm = mul(2, C);                                    // weight [C], bias [C]
+  const int64_t attention = sum({mul(4, mul(C, C)), mul(4, C)});     // {q,k,v,out}_proj: [C, C] + [C]
+  const int64_t ffn = sum({mul(2, mul(C, F)), F, C});               // linear1 [F, C] + [F], linear2 [C, F] + [C]
+  const int64_t encoder_layer = sum({attention, ffn, mul(2, norm)});
+  const int64_t decoder_layer = sum({mul(2, attention), ffn, mul(3, norm)});
+  const int64_t total = sum({mul(shared_embeddings ? src_vocab : sum({src_vocab, tgt_vocab}), C),  // [V, C] each
+                             tie_output ? 0 : mul(tgt_vocab, C),                                 // output_proj
+                             mul(encoder_layers, encoder_layer), mul(decoder_layers, decoder_layer),
+                             pre_norm ? mul(2, norm) : 0});                                      // final norms
+  MF_CHECK(!overflow, "TransformerConfig: the model would have more than 2^63 - 1 parameters ({})", to_json());
+  return total;
 }
 
 std::string TransformerConfig::to_json() const {
@@ -47,7 +77,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
     try {
       j.at(key).get_to(field);
     } catch (const nlohmann::json::exception&) {
-      fail("TransformerConfig: '{}' has the wrong type ({})", key, j.at(key).dump());
+      fail("TransformerConfig: '{}' has the wrong type ({})", key, detail::brief_json(j.at(key)));
     }
   };
   read("src_vocab", config.src_vocab);

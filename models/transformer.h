@@ -33,7 +33,7 @@ struct TransformerConfig {
   int64_t decoder_layers = 6;
   int64_t d_ff = 2048;
   double dropout = 0.1;
-  int64_t max_len = 512;         // longest sequence the positional table covers
+  int64_t max_len = 512;         // longest sequence the positional table covers (at most kMaxLen)
   nn::Activation activation = nn::Activation::ReLU;
   /// false: the paper's post-norm, x = LayerNorm(x + sublayer(x)); true: pre-norm,
   /// x = x + sublayer(LayerNorm(x)) with a final LayerNorm after each stack.
@@ -48,8 +48,15 @@ struct TransformerConfig {
   /// default, as in the PyTorch tutorials: padding is masked out of attention and the loss anyway.
   bool freeze_pad_embedding = false;
 
+  /// The largest max_len accepted: the positional table is built up front ([max_len, C] float64)
+  /// and no checkpoint pays for it, so a corrupt config must not be able to ask for gigabytes.
+  static constexpr int64_t kMaxLen = 65536;
+
   /// Throws mf::Error naming the first inconsistent field.
   void validate() const;
+  /// Elements in the state_dict of Transformer(*this), worked out without building it (so a loader
+  /// can see what a config would cost first). Validates; throws mf::Error past 2^63 - 1.
+  int64_t parameter_count() const;
   std::string to_json() const;
   static TransformerConfig from_json(const std::string& json);
 };

@@ -11,6 +11,8 @@ namespace {
 
 constexpr const char* kFormatKey = "translation.format";
 constexpr const char* kFormat = "miniflow-translator-1";
+// How much bigger than the tensors in a checkpoint the model its config describes may be.
+constexpr int64_t kMaxGrowth = 2;
 
 /// Rows padded to the longest with <pad>: [rows, longest] int64.
 Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows, Device device) {
@@ -139,8 +141,16 @@ Translator Translator::load(const std::filesystem::path& path) {
   for (nn::NamedTensor& t : file.tensors)
     if (t.name.starts_with("model.")) weights.push_back({t.name.substr(6), t.tensor});
   try {
-    Translator translator(TransformerConfig::from_json(entry(file.metadata, "translation.config", path)), std::move(src),
-                          std::move(tgt), tokenizer);
+    const TransformerConfig config = TransformerConfig::from_json(entry(file.metadata, "translation.config", path));
+    // A config from another run's file still gets built, so the error can list every mismatched
+    // tensor; one describing a model much bigger than the tensors here can only be corrupt, and
+    // building it would cost memory the file never held.
+    int64_t held = 0;
+    for (const nn::NamedTensor& t : weights) held += t.tensor.numel();
+    MF_CHECK(config.parameter_count() / kMaxGrowth <= held,
+             "its config describes a model of {} parameters, over {} times the {} its tensors hold",
+             config.parameter_count(), kMaxGrowth, held);
+    Translator translator(config, std::move(src), std::move(tgt), tokenizer);
     translator.model_->load_state_dict(weights);
     translator.model_->eval();
     return translator;

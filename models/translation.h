@@ -56,7 +56,8 @@ class Translator {
             const SafetensorsMetadata& extra = {}) const;
   /// Rebuilds a Translator from a checkpoint written by save(): the model comes back on the CPU in
   /// eval() mode. Errors name the file and what is wrong (not a translation checkpoint, corrupt data,
-  /// a config that does not match the tensors).
+  /// a config that does not match the tensors). A config describing a model more than twice the size
+  /// of the file's tensors is refused before the model is built.
   static Translator load(const std::filesystem::path& path);
 
   Transformer& model() { return *model_; }

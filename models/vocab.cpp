@@ -1,6 +1,7 @@
 #include "models/vocab.h"
 
 #include "core/error.h"
+#include "core/json_brief.h"
 #include "models/files.h"
 #include "models/tokenizer.h"
 
@@ -100,7 +101,7 @@ Vocab Vocab::from_json(std::string_view json, std::string_view origin) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(json);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     fail("vocab from {}: invalid JSON ({})", origin, e.what());
   }
   MF_CHECK(doc.is_object(), "vocab from {}: expected a JSON object, got {}", origin, doc.type_name());
@@ -110,7 +111,7 @@ Vocab Vocab::from_json(std::string_view json, std::string_view origin) {
   auto version = doc.find("version");
   MF_CHECK(version != doc.end() && version->is_number_integer() && version->get<int64_t>() == kVersion,
            "vocab from {}: \"version\" is {} (this build reads version {})", origin,
-           version == doc.end() ? "missing" : version->dump(), kVersion);
+           version == doc.end() ? "missing" : detail::brief_json(*version), kVersion);
   auto list = doc.find("tokens");
   MF_CHECK(list != doc.end() && list->is_array(), "vocab from {}: \"tokens\" is missing or not an array", origin);
 

@@ -54,7 +54,13 @@ TensorFile load_tensors(const std::filesystem::path& path, Device device) {
   SafetensorsContents contents = read_safetensors(path);
   TensorFile file{.tensors = {}, .metadata = std::move(contents.metadata)};
   file.tensors.reserve(contents.records.size());
-  for (const TensorRecord& record : contents.records) file.tensors.push_back({record.name, from_record(record, device)});
+  for (const TensorRecord& record : contents.records) {
+    try {
+      file.tensors.push_back({record.name, from_record(record, device)});
+    } catch (const Error& e) {  // e.g. an empty tensor whose other sizes overflow int64 strides
+      fail("cannot load tensor '{}' from '{}': {}", record.name, path.string(), e.what());
+    }
+  }
   return file;
 }
 

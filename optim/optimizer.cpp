@@ -2,6 +2,7 @@
 
 #include "core/format.h"
 #include "core/graph.h"
+#include "core/json_brief.h"
 #include "ops/ops.h"
 
 #include <nlohmann/json.hpp>
@@ -116,6 +117,9 @@ void Optimizer::load_state_dict(const OptimizerState& saved) {
       size_t n = groups[g].at("params").size();
       MF_CHECK(n == group_params(g).size(), "{}::load_state_dict: group {} has {} parameters in the state, {} in the "
                "optimizer", name_, g, n, group_params(g).size());
+      // Options are flat ({"betas": [0.9, 0.999]}); anything deeper is corrupt, and too deep to dump.
+      MF_CHECK(!detail::nests_deeper_than(groups[g].at("options"), 2),
+               "{}::load_state_dict: the options of group {} nest deeper than options do", name_, g);
       options.push_back(groups[g].at("options").dump());
     }
     const json& states = j.at("state");
@@ -124,6 +128,8 @@ void Optimizer::load_state_dict(const OptimizerState& saved) {
     size_t expected_tensors = 0;
     for (size_t i = 0; i < params.size(); ++i) {
       state[i].step = states[i].at("step").get<int64_t>();
+      MF_CHECK(state[i].step >= 0 && state[i].step <= kMaxStepCount,
+               "{}::load_state_dict: parameter {} has step count {}, outside [0, 2^53]", name_, i, state[i].step);
       for (const std::string& buffer : states[i].at("buffers").get<std::vector<std::string>>()) {
         std::string key = fmt::format("state.{}.{}", i, buffer);
         const Tensor* tensor = nn::find(saved.tensors, key);

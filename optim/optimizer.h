@@ -33,6 +33,11 @@ struct ParamGroup {
   Options options;
 };
 
+/// The largest step or epoch count a saved optimizer or scheduler state may hold: past 2^53 counts
+/// are no longer exact as the doubles the update formulas compute with, and near 2^63 the next
+/// increment would overflow. Loading refuses more (and negative counts).
+inline constexpr int64_t kMaxStepCount = int64_t{1} << 53;
+
 /// What an optimizer keeps for one parameter: the number of updates it has had and its buffers
 /// ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), created on its first update.
 struct ParamState {

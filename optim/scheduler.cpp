@@ -20,6 +20,13 @@ std::vector<double> group_lrs(const Optimizer& optimizer) {
   return lrs;
 }
 
+/// A saved epoch or step counter, refused outside [0, kMaxStepCount] (the schedules add to it).
+int64_t counter(const json& state, const char* key, const char* who) {
+  const auto value = state.at(key).get<int64_t>();
+  MF_CHECK(value >= 0 && value <= kMaxStepCount, "{}::load_state_json: {} is {}, outside [0, 2^53]", who, key, value);
+  return value;
+}
+
 /// Parses scheduler state, turning the JSON library's errors into mf::Error.
 template <typename Fn>
 void parse_state(const char* who, const std::string& text, Fn&& fn) {
@@ -59,7 +66,7 @@ void LRScheduler::load_state_json(const std::string& text) {
     MF_CHECK(base_lrs.size() == optimizer_.num_param_groups(),
              "LRScheduler::load_state_json: the state has {} groups, the optimizer {}", base_lrs.size(),
              optimizer_.num_param_groups());
-    last_epoch_ = j.at("last_epoch").get<int64_t>();
+    last_epoch_ = counter(j, "last_epoch", "LRScheduler");
     base_lrs_ = std::move(base_lrs);
   });
   apply();
@@ -163,8 +170,9 @@ void ReduceLROnPlateau::load_state_json(const std::string& text) {
     double best = j.at("best").is_null() ? (options_.maximize ? -std::numeric_limits<double>::infinity()
                                                               : std::numeric_limits<double>::infinity())
                                          : j.at("best").get<double>();
-    auto bad = j.at("num_bad_epochs").get<int64_t>(), cooldown = j.at("cooldown_counter").get<int64_t>(),
-         epoch = j.at("last_epoch").get<int64_t>();
+    const char* who = "ReduceLROnPlateau";
+    auto bad = counter(j, "num_bad_epochs", who), cooldown = counter(j, "cooldown_counter", who),
+         epoch = counter(j, "last_epoch", who);
     best_ = best;
     num_bad_epochs_ = bad;
     cooldown_counter_ = cooldown;

@@ -216,6 +216,23 @@ TEST_CASE("corrupt checkpoints raise mf::Error naming the file and the fault") {
   CHECK(nn::load_tensors(good).tensors.size() == 2);  // the edits were all that was wrong
 }
 
+TEST_CASE("an empty tensor whose other sizes overflow int64 is refused with the file and tensor named") {
+  // Found with fuzz_safetensors: valid safetensors (no bytes for an empty tensor), but its strides as a
+  // tensor overflow int64.
+  TempDir dir;
+  const std::filesystem::path path = dir.path / "empty_huge.safetensors";
+  const std::string header = R"({"e":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  write_bytes(path, bytes + header);
+  CHECK(read_safetensors(path).records.at(0).shape == std::vector<int64_t>{0, 4294967296, 4294967296});
+  CHECK_THROWS_WITH_AS(nn::load_tensors(path),
+                       doctest::Contains(("cannot load tensor 'e' from '" + path.string() + "': shape [0, 4294967296, "
+                                          "4294967296] is too large: its strides overflow int64").c_str()),
+                       Error);
+}
+
 TEST_CASE("a checkpoint that does not match the model is refused with every problem listed") {
   TempDir dir;
   const std::filesystem::path path = dir.path / "net.safetensors";

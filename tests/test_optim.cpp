@@ -414,6 +414,22 @@ TEST_CASE("state dicts name their tensors and loading refuses a mismatch") {
   CHECK_THROWS_WITH_AS(optim::Adam({a, b}, {}).load_state_dict(missing), doctest::Contains("is missing"), Error);
   CHECK_THROWS_WITH_AS(optim::Adam({a, b}, {}).load_state_dict({state.tensors, "{"}), doctest::Contains("malformed"),
                        Error);
+  // Options nested deeper than {"betas": [..]} are refused before they are dumped (recursively).
+  nlohmann::json deep_options = nlohmann::json::parse(state.json);
+  deep_options["param_groups"][0]["options"]["lr"] = nlohmann::json::parse("[[[1]]]");
+  CHECK_THROWS_WITH_AS(optim::Adam({a, b}, {}).load_state_dict({state.tensors, deep_options.dump()}),
+                       "Adam::load_state_dict: the options of group 0 nest deeper than options do", Error);
+  // A step count the next update would overflow (or a negative one) is refused, as found for the
+  // schedulers' counters with fuzz_checkpoint.
+  for (const char* step : {"9223372036854775807", "-1"}) {
+    CAPTURE(step);
+    nlohmann::json j = nlohmann::json::parse(state.json);
+    j["state"][1]["step"] = nlohmann::json::parse(step);
+    CHECK_THROWS_WITH_AS(optim::Adam({a, b}, {}).load_state_dict({state.tensors, j.dump()}),
+                         (std::string("Adam::load_state_dict: parameter 1 has step count ") + step +
+                          ", outside [0, 2^53]").c_str(),
+                         Error);
+  }
 }
 
 // ---- schedulers ---------------------------------------------------------------------------------
@@ -484,6 +500,17 @@ TEST_CASE("a scheduler's state JSON restores its schedule") {
   sched2.step();
   CHECK(opt2.lr(0) == opt.lr(0));
   CHECK_THROWS_WITH_AS(sched2.load_state_json("[1]"), doctest::Contains("malformed"), Error);
+  // Found with fuzz_checkpoint: last_epoch 2^63 - 1 made lr_at's epoch + 1 overflow (undefined
+  // behaviour) while loading. Counters outside [0, 2^53] are refused, and the schedule is unchanged.
+  CHECK_THROWS_WITH_AS(sched2.load_state_json(R"({"base_lrs": [0.3], "last_epoch": 9223372036854775807})"),
+                       "LRScheduler::load_state_json: last_epoch is 9223372036854775807, outside [0, 2^53]", Error);
+  CHECK_THROWS_WITH_AS(sched2.load_state_json(R"({"base_lrs": [0.3], "last_epoch": -5})"),
+                       "LRScheduler::load_state_json: last_epoch is -5, outside [0, 2^53]", Error);
+  CHECK(sched2.last_epoch() == 13);
+  optim::ReduceLROnPlateau plateau(opt2);
+  CHECK_THROWS_WITH_AS(
+      plateau.load_state_json(R"({"best": 1.0, "num_bad_epochs": -1, "cooldown_counter": 0, "last_epoch": 3})"),
+      "ReduceLROnPlateau::load_state_json: num_bad_epochs is -1, outside [0, 2^53]", Error);
 }
 
 TEST_CASE("ReduceLROnPlateau: patience, relative threshold, cooldown and min_lr on a scripted metric") {

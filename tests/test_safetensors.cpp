@@ -338,6 +338,12 @@ TEST_CASE("hostile headers fail cleanly: deep nesting, huge sizes") {
                        "safetensors file '<memory>': tensor 't': shape entry 0 is a JSON array of size 1, not a "
                        "non-negative integer",
                        mf::Error);
+  // Found by fuzz_vocab, then checked here: a number too big for a double is nlohmann's
+  // out_of_range, which escaped as a JSON exception instead of mf::Error.
+  CHECK_THROWS_WITH_AS(mf::parse_safetensors(make_file(R"({"t":1e400})", {})),
+                       "safetensors file '<memory>': header is not valid JSON: [json.exception.out_of_range.406] "
+                       "number overflow parsing '1e400'",
+                       mf::Error);
   CHECK_THROWS_WITH_AS(mf::parse_safetensors(concat({le64(std::numeric_limits<uint64_t>::max()), zeros(8)})),
                        doctest::Contains("header size 18446744073709551615 exceeds the 100000000-byte limit"),
                        mf::Error);

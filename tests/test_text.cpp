@@ -229,6 +229,18 @@ TEST_CASE("vocab loading reports corrupt files by name") {
   CHECK_THROWS_WITH_AS(
       load("type.json", R"({"format": "miniflow-vocab", "version": 1, "tokens": [)" + good_specials + R"(, 7]})"),
       ("vocab from file '" + file("type.json") + "': token at id 4 is a number, not a string").c_str(), mf::Error);
+  // Found by fuzz_vocab: a number too big for a double is nlohmann's out_of_range, not a parse_error.
+  CHECK_THROWS_WITH_AS(load("huge_number.json", R"({"format": 1e400, "version": 1, "tokens": []})"),
+                       doctest::Contains(("vocab from file '" + file("huge_number.json") +
+                                          "': invalid JSON ([json.exception.out_of_range.406] number overflow parsing "
+                                          "'1e400')")
+                                             .c_str()),
+                       mf::Error);
+  // A million nested arrays: the message must describe the value, not dump it (recursion per level
+  // overflowed the stack).
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  CHECK_THROWS_WITH_AS(mf::Vocab::from_json(R"({"format": "miniflow-vocab", "version": )" + deep + "}", "deep"),
+                       "vocab from deep: \"version\" is a JSON array of size 1 (this build reads version 1)", mf::Error);
   CHECK_THROWS_WITH_AS(mf::Vocab::load(dir.path / "missing.json"),
                        ("Vocab::load: '" + file("missing.json") + "' does not exist").c_str(), mf::Error);
   CHECK_THROWS_WITH_AS(mf::Vocab::from_json("{}", "my string"),

@@ -148,6 +148,43 @@ TEST_CASE("config: JSON round trip and clear validation errors") {
   CHECK_THROWS_WITH_AS(models::TransformerConfig::from_json("{\"src_vocab\": 5}"),
                        doctest::Contains("missing 'tgt_vocab'"), Error);
   CHECK_THROWS_WITH_AS(models::TransformerConfig::from_json("not json"), doctest::Contains("not a JSON object"), Error);
+  // A value nested a million deep is described, not dumped (dumping recursed once per level and
+  // overflowed the stack).
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  CHECK_THROWS_WITH_AS(models::TransformerConfig::from_json(R"({"src_vocab": )" + deep + "}"),
+                       "TransformerConfig: 'src_vocab' has the wrong type (a JSON array of size 1)", Error);
+}
+
+TEST_CASE("config: parameter_count is the state_dict's size, and max_len is bounded") {
+  // Against the built model's own state_dict, for every layout switch: pre-norm (final norms),
+  // separate embeddings, an untied output projection, no encoder layers.
+  std::vector<models::TransformerConfig> configs(5, reference_config());
+  configs[1].pre_norm = true;
+  configs[2].shared_embeddings = false;
+  configs[2].tgt_vocab = 11;
+  configs[3].tie_output = false;
+  configs[3].shared_embeddings = false;
+  configs[4].encoder_layers = 0;
+  configs[4].d_ff = 7;
+  for (const models::TransformerConfig& config : configs) {
+    CAPTURE(config.to_json());
+    int64_t numel = 0;
+    for (const nn::NamedTensor& entry : models::Transformer(config).state_dict()) numel += entry.tensor.numel();
+    CHECK(config.parameter_count() == numel);
+  }
+  // By hand for the reference config (V 13, C 16, F 32, 2 + 2 layers, shared and tied): embedding
+  // 13 * 16 = 208; attention 4 * (16 * 16 + 16) = 1088; FFN 2 * 16 * 32 + 32 + 16 = 1072; norm 32;
+  // encoder layer 1088 + 1072 + 2 * 32 = 2224; decoder layer 2 * 1088 + 1072 + 3 * 32 = 3344;
+  // 208 + 2 * 2224 + 2 * 3344 = 11344.
+  CHECK(reference_config().parameter_count() == 11344);
+
+  models::TransformerConfig huge = reference_config();
+  huge.d_model = huge.d_ff = int64_t{1} << 40;  // 4 C^2 per attention alone is 2^82
+  CHECK_THROWS_WITH_AS(huge.parameter_count(), doctest::Contains("more than 2^63 - 1 parameters"), Error);
+  models::TransformerConfig long_positions = reference_config();
+  long_positions.max_len = models::TransformerConfig::kMaxLen + 1;
+  CHECK_THROWS_WITH_AS(long_positions.validate(),
+                       "TransformerConfig: max_len 65537 is over the limit of 65536 positions", Error);
 }
 
 // ---- decoding -------------------------------------------------------------------------------------

@@ -72,3 +72,35 @@ TEST_CASE("checkpoints that are not translators, or do not fit their config, are
                        doctest::Contains("mismatched: encoder.layers.0.ffn.linear1.weight"), Error);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("a checkpoint whose config asks for a far bigger model is refused before building it") {
+  // Found with fuzz_checkpoint: a config edited to d_model 2^30, 10^8 encoder layers or max_len 10^8
+  // made Translator::load allocate gigabytes (or run for minutes) before any check could fail.
+  std::filesystem::path path = temp_file("miniflow_test_translator_big.safetensors");
+  models::Translator translator = toy_translator();
+  translator.save(path);
+  const nn::TensorFile saved = nn::load_tensors(path);
+  const models::TransformerConfig config = translator.model().config();
+  auto save_with = [&](const models::TransformerConfig& other) {
+    nn::TensorFile file = saved;
+    file.metadata["translation.config"] = other.to_json();
+    nn::save_tensors(path, file.tensors, file.metadata);
+  };
+  models::TransformerConfig wide = config, deep = config, long_positions = config;
+  wide.d_model = int64_t{1} << 20;
+  deep.encoder_layers = 100'000'000;
+  for (const models::TransformerConfig& big : {wide, deep}) {
+    CAPTURE(big.to_json());
+    save_with(big);
+    const std::string message = fmt::format(
+        "checkpoint '{}' does not fit its own config: its config describes a model of {} parameters, over 2 times "
+        "the {} its tensors hold",
+        path.string(), big.parameter_count(), config.parameter_count());
+    CHECK_THROWS_WITH_AS(models::Translator::load(path), message.c_str(), Error);
+  }
+  long_positions.max_len = 100'000'000;  // the positional table is built, but not stored
+  save_with(long_positions);
+  CHECK_THROWS_WITH_AS(models::Translator::load(path),
+                       doctest::Contains("max_len 100000000 is over the limit of 65536 positions"), Error);
+  std::filesystem::remove(path);
+}

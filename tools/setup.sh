@@ -15,17 +15,7 @@ done
 
 packages=(g++ meson ninja-build pkg-config libopenblas-dev libfmt-dev nlohmann-json3-dev doctest-dev)
 if ((with_python_interop)); then packages+=(python3-venv); fi
-missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
-done
-if ((${#missing[@]})); then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+bash tools/install_packages.sh "${packages[@]}"
 
 # The build picks .venv-interop's Python when it exists at configure time, so a venv made now for an
 # existing build needs a reconfigure.

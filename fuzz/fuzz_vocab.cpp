@@ -1,0 +1,21 @@
+// Fuzz target: vocabulary JSON (what Vocab::load reads from a file) -> Vocab::from_json.
+//
+// A vocabulary that loads must keep the specials at their ids, map every token back to its id, and
+// survive to_json / from_json unchanged.
+#include "fuzz/fuzz.h"
+#include "miniflow.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  mf::fuzz::expect_only_mf_errors([&] {
+    mf::Vocab vocab = mf::Vocab::from_json(mf::fuzz::as_text(data, size), "fuzz input");
+    mf::fuzz::require(vocab.size() >= mf::Vocab::kSpecialCount, "a vocabulary holds the specials");
+    for (int64_t id = 0; id < vocab.size(); ++id) {
+      if (id < mf::Vocab::kSpecialCount)
+        mf::fuzz::require(vocab.token(id) == mf::Vocab::kSpecialTokens[static_cast<size_t>(id)],
+                          "the specials sit at ids 0..3");
+      mf::fuzz::require(!vocab.token(id).empty() && vocab.id(vocab.token(id)) == id, "each token maps to its own id");
+    }
+    mf::fuzz::require(mf::Vocab::from_json(vocab.to_json()) == vocab, "to_json / from_json round-trips");
+  });
+  return 0;
+}
