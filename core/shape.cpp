@@ -4,11 +4,26 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace mf {
 
 int64_t shape_numel(std::span<const int64_t> shape) {
   int64_t n = 1;
   for (int64_t size : shape) n *= size;
+  return n;
+}
+
+int64_t checked_numel(std::span<const int64_t> shape, int64_t element_size) {
+  for (int64_t size : shape) MF_CHECK(size >= 0, "shape {} has a negative size", shape_str(shape));
+  // A zero size anywhere makes the tensor empty, however large the other sizes.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  int64_t n = 1, bytes = element_size;
+  bool overflow = false;
+  for (int64_t size : shape)
+    overflow |= __builtin_mul_overflow(n, size, &n) || __builtin_mul_overflow(bytes, size, &bytes);
+  MF_CHECK(!overflow, "shape {} has too many elements ({} does not fit in 64 bits)", shape_str(shape),
+           element_size > 1 ? "its size in bytes" : "its element count");
   return n;
 }
 

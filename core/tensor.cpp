@@ -12,8 +12,9 @@ TensorImpl::TensorImpl(std::shared_ptr<Storage> storage, Shape shape, Shape stri
 TensorImpl::~TensorImpl() = default;
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t size : shape) MF_CHECK(size >= 0, "empty: negative size in shape {}", shape_str(shape));
-  size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  // Checked: a product that wrapped around would allocate too little for the shape.
+  int64_t numel = checked_numel(shape, static_cast<int64_t>(dtype_size(dtype)));
+  size_t nbytes = static_cast<size_t>(numel) * dtype_size(dtype);
   auto storage = std::make_shared<Storage>(nbytes, device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
 }

@@ -81,6 +81,12 @@ void check_index_range(const Tensor& index, int64_t dim, const Tensor& x) {
     fail("index {} is out of range for dim {} of size {} (shape {})", *bad, dim, size, shape_str(x.shape()));
 }
 
+/// For fronts: the dispatcher runs no kernel for an empty output, so index values the kernel would
+/// have checked are checked here (on a host copy), lest a call's validity hang on another dim's size.
+void check_index_range_for_empty(const Shape& out_shape, const Tensor& index, int64_t dim, const Tensor& x) {
+  if (shape_numel(out_shape) == 0 && index.numel() > 0) check_index_range(index.to(Device::cpu()), dim, x);
+}
+
 void check_index_tensor(const Tensor& index) {
   MF_CHECK(index.dtype() == DType::Int64, "index must be int64, got {} (shape {})", dtype_name(index.dtype()),
            shape_str(index.shape()));
@@ -194,6 +200,7 @@ std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const 
   MF_CHECK(index.dim() <= 1, "index must be 1-D, got shape {}", shape_str(index.shape()));
   Shape shape = x.shape();
   shape[dim] = index.numel();
+  check_index_range_for_empty(shape, index, dim, x);
   return {{shape, x.dtype()}};
 }
 
@@ -287,6 +294,7 @@ std::vector<OutputSpec> infer_scatter_add(const std::vector<Tensor>& in, const A
     MF_CHECK(index.shape()[d] <= src.shape()[d] && (d == dim || index.shape()[d] <= x.shape()[d]),
              "index of shape {} is larger than src {} or x {} in dim {}", shape_str(index.shape()),
              shape_str(src.shape()), shape_str(x.shape()), d);
+  check_index_range_for_empty(x.shape(), index, dim, x);
   return {{x.shape(), x.dtype()}};
 }
 

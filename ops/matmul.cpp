@@ -36,10 +36,14 @@ struct MatrixLayout {
   int64_t ld;
 };
 
+/// BLAS needs a leading dimension of at least the row length: an expanded operand (stride 0 along a
+/// dim of size > 1) has none and must be copied first.
 std::optional<MatrixLayout> blas_layout(const Tensor& t) {
   int64_t rows = t.size(-2), cols = t.size(-1), row_stride = t.stride(-2), col_stride = t.stride(-1);
-  if (col_stride == 1 || cols == 1) return MatrixLayout{CblasNoTrans, std::max({row_stride, cols, int64_t{1}})};
-  if (row_stride == 1 || rows == 1) return MatrixLayout{CblasTrans, std::max({col_stride, rows, int64_t{1}})};
+  if ((col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= std::max(cols, int64_t{1})))
+    return MatrixLayout{CblasNoTrans, rows == 1 ? std::max(cols, int64_t{1}) : row_stride};
+  if ((row_stride == 1 || rows == 1) && (cols == 1 || col_stride >= std::max(rows, int64_t{1})))
+    return MatrixLayout{CblasTrans, cols == 1 ? std::max(rows, int64_t{1}) : col_stride};
   return std::nullopt;
 }
 

@@ -18,18 +18,18 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 
 /// Resolves one -1 entry and checks the element count.
 Shape infer_view_shape(const Shape& requested, int64_t numel) {
-  Shape shape = requested;
-  int64_t known = 1;
+  Shape shape = requested, sizes = requested;  // sizes: the -1 entry as 1
   auto wildcard = shape.end();
   for (auto it = shape.begin(); it != shape.end(); ++it) {
     if (*it == -1) {
       MF_CHECK(wildcard == shape.end(), "shape {} has more than one -1", shape_str(requested));
       wildcard = it;
+      sizes[static_cast<size_t>(it - shape.begin())] = 1;
     } else {
       MF_CHECK(*it >= 0, "shape {} has a negative size", shape_str(requested));
-      known *= *it;
     }
   }
+  int64_t known = checked_numel(sizes);
   if (wildcard != shape.end()) {
     MF_CHECK(known != 0 && numel % known == 0, "shape {} is invalid for {} elements", shape_str(requested), numel);
     *wildcard = numel / known;
@@ -219,11 +219,14 @@ Tensor view_expand(const Tensor& x, const Attrs& attrs) {
     int64_t want = target[d] == -1 ? own : target[d];
     MF_CHECK(d >= lead || target[d] != -1, "-1 is not allowed for the new leading dim {} in {}", d,
              shape_str(target));
+    MF_CHECK(want >= 0, "cannot expand shape {} to {} (dim {}: negative size {})", shape_str(x.shape()),
+             shape_str(target), d, want);
     MF_CHECK(own == want || own == 1, "cannot expand shape {} to {} (dim {}: {} vs {})", shape_str(x.shape()),
              shape_str(target), d, own, want);
     shape[d] = want;
     if (d >= lead && own == want) strides[d] = x.strides()[d - lead];
   }
+  checked_numel(shape);  // every later numel() of the view must not overflow
   return make_view(x, shape, strides, x.offset());
 }
 
