@@ -106,7 +106,10 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     const T* pa = static_cast<const T*>(a.raw_data());
     const T* pb = static_cast<const T*>(b.raw_data());
     T* pc = c.data_ptr<T>();
-    if (b_shared && a.is_contiguous()) {  // the batch folds into the rows of one GEMM
+    // The batch folds into the rows of one GEMM when a holds every batch's rows, one after another
+    // (a broadcast over the batch holds one batch's rows only).
+    bool a_full = std::equal(batch.begin(), batch.end(), a.shape().begin(), a.shape().end() - 2);
+    if (b_shared && a_full && a.is_contiguous()) {
       parallel_gemm<T>(CblasNoTrans, lb.trans, c.numel() / m, m, k, pa, k, pb, lb.ld, pc, m);
       return;
     }
