@@ -1,0 +1,65 @@
+// Bugs the property suite found, kept as plain cases with hand-worked values.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+#include "miniflow.h"
+
+using namespace mf;
+using mf::testing::check_close;
+using mf::testing::f64;
+
+// BLAS needs a leading dimension of at least the row length; a stride-0 operand was passed with its
+// leading dimension bumped up to the row length, so BLAS read past the end of the operand's storage.
+TEST_CASE("matmul reads expanded (stride-0) operands correctly") {
+  Tensor b = f64({1, 0, 0, 1, 1, 1, 2, -1}, {4, 2});
+  // Every row of a is [1, 2, 3, 4]: [1 + 3 + 8, 2 + 3 - 4] = [12, 1].
+  Tensor rows = f64({1, 2, 3, 4}, {1, 4}).expand({3, 4});
+  check_close(matmul(rows, b), f64({12, 1, 12, 1, 12, 1}, {3, 2}), 0, 0);
+  // Row i of a is [i + 1] * 4: (i + 1) * [1 + 0 + 1 + 2, 0 + 1 + 1 - 1] = (i + 1) * [4, 1].
+  Tensor columns = f64({1, 2, 3}, {3, 1}).expand({3, 4});
+  check_close(matmul(columns, b), f64({4, 1, 8, 2, 12, 3}, {3, 2}), 0, 0);
+  // Every column of b is [1, 2]: [[1, 2], [3, 4]] @ b has columns [5, 11].
+  Tensor a = f64({1, 2, 3, 4}, {2, 2});
+  check_close(matmul(a, f64({1, 2}, {2, 1}).expand({2, 3})), f64({5, 5, 5, 11, 11, 11}, {2, 3}), 0, 0);
+}
+
+// With b shared by the batch (stride 0) and a contiguous, the batch was folded into the rows of one
+// GEMM, although a 2-d a holds the rows of one batch element only: the other rows were read past a.
+TEST_CASE("matmul of a 2-d operand by a batch-expanded one") {
+  Tensor a = f64({1, 2, 3, 4}, {2, 2});
+  Tensor identity = f64({1, 0, 0, 1}, {2, 2}).expand({3, 2, 2});
+  check_close(matmul(a, identity), f64({1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4}, {3, 2, 2}), 0, 0);
+  check_close(matmul(a.to(DType::Float32), identity.to(DType::Float32)),
+              f64({1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4}, {3, 2, 2}).to(DType::Float32), 0, 0);
+}
+
+// expand accepted any size for a size-1 dim, negative ones included: a view with a negative size.
+TEST_CASE("expand refuses negative sizes") {
+  CHECK_THROWS_WITH_AS(f64({1}, {1}).expand({-2}), doctest::Contains("expand: cannot expand shape [1] to [-2]"), Error);
+  CHECK_THROWS_WITH_AS(f64({1}, {1}).expand({-3, 1}), doctest::Contains("expand: "), Error);
+}
+
+// Element counts were multiplied without overflow checks: one_hot of 4 ids with 2^62 classes wrapped
+// to 0 elements (an empty allocation for a [4, 2^62] tensor), and view took [2^62, 8] for an empty
+// tensor because 2^62 * 8 wrapped to 0.
+TEST_CASE("shapes whose element count overflows are refused") {
+  constexpr int64_t kHuge = int64_t{1} << 62;
+  CHECK_THROWS_WITH_AS(Tensor::empty({kHuge, 4}), doctest::Contains("has too many elements"), Error);
+  CHECK_THROWS_WITH_AS(Tensor::empty({kHuge}, DType::Float64), doctest::Contains("size in bytes"), Error);
+  CHECK(Tensor::empty({kHuge, 0}).numel() == 0);  // empty, however large the other size
+  CHECK_THROWS_WITH_AS(one_hot(from_vector<int64_t>({1, 1, 1, 1}), kHuge), doctest::Contains("one_hot: "), Error);
+  CHECK_THROWS_WITH_AS(Tensor::empty({0, 3}).view({kHuge, 8}), doctest::Contains("view: "), Error);
+  CHECK_THROWS_WITH_AS(f64({1}, {1, 1}).expand({kHuge, kHuge}), doctest::Contains("expand: "), Error);
+}
+
+// Index values were checked in the kernels, which do not run when the output is empty: an index
+// out of range passed unnoticed whenever another dim had size 0.
+TEST_CASE("index ops check index values even when the output is empty") {
+  CHECK_THROWS_WITH_AS(index_select(Tensor::empty({0, 3}, DType::Float64), 1, from_vector<int64_t>({5}, {1})),
+                       doctest::Contains("index_select: index 5 is out of range for dim 1 of size 3"), Error);
+  Tensor none = Tensor::empty({0}, DType::Float64);
+  CHECK_THROWS_WITH_AS(scatter_add(none, 0, from_vector<int64_t>({0}, {1}), f64({1}, {1})),
+                       doctest::Contains("scatter_add: index 0 is out of range for dim 0 of size 0"), Error);
+  // In range, the same calls are fine.
+  CHECK(index_select(Tensor::empty({0, 3}, DType::Float64), 1, from_vector<int64_t>({2}, {1})).shape() == Shape{0, 1});
+}
