@@ -13,6 +13,7 @@
 #include "property_support.h"
 
 #include <cstdlib>
+#include <functional>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <limits>
@@ -97,6 +98,32 @@ std::pair<Case, std::string> random_case(OpId id, Rng& rng, bool small) {
   return {valid_generator(id)(widened(sample, samples), rng, small), sample.name};
 }
 
+/// One drawn case, with the stream it came from (for the test's further random choices).
+struct Drawn {
+  OpId id;
+  uint64_t seed;
+  Rng& rng;
+  Case& c;
+  std::string context;  // op, seed and sample, for failure messages
+};
+
+/// Calls body on a random case of every generated op that `wanted` accepts, for every seed. Each
+/// test passes its own `stream`, so that the tests draw different cases.
+void for_each_case(uint64_t stream, bool small, bool (*wanted)(const OpDef&), const std::function<void(Drawn&)>& body) {
+  std::vector<uint64_t> all = seeds();
+  for (OpId id : generated_ops()) {
+    if (!wanted(registry()[id])) continue;
+    for (uint64_t seed : all) {
+      Rng rng = rng_for(id, seed, stream);
+      auto [c, sample] = random_case(id, rng, small);
+      Drawn drawn{id, seed, rng, c, reproduce(id, seed) + ", from sample '" + sample + "'"};
+      body(drawn);
+    }
+  }
+}
+
+bool any_op(const OpDef&) { return true; }
+
 std::vector<Tensor> contiguous_all(const std::vector<Tensor>& tensors) {
   std::vector<Tensor> out;
   for (const Tensor& t : tensors) out.push_back(t.contiguous().clone());
@@ -177,78 +204,62 @@ TEST_CASE("every op has a random-case generator") {
 }
 
 TEST_CASE("every op matches its reference on random shapes, layouts and dtypes") {
-  std::vector<uint64_t> all = seeds();
   int64_t cases = 0;
-  for (OpId id : generated_ops()) {
-    if (!registry()[id].reference) continue;
-    for (uint64_t seed : all) {
-      Rng rng = rng_for(id, seed, 1);
-      auto [c, sample] = random_case(id, rng, false);
-      std::vector<Recipe> recipes;
-      std::vector<Tensor> values;
-      for (const Tensor& x : c.inputs) {
-        recipes.push_back(random_recipe(x.shape(), rng, c.expandable, true));
-        values.push_back(collapsed(x, recipes.back()));
-      }
-      std::string context = reproduce(id, seed) + ", from sample '" + sample + "'";
-      check_forward(id, c, values, recipes, DType::Float64, context);
-      check_forward(id, c, values, recipes, DType::Float32, context);
-      ++cases;
+  for_each_case(1, false, [](const OpDef& def) { return bool(def.reference); }, [&](Drawn& d) {
+    std::vector<Recipe> recipes;
+    std::vector<Tensor> values;
+    for (const Tensor& x : d.c.inputs) {
+      recipes.push_back(random_recipe(x.shape(), d.rng, d.c.expandable, true));
+      values.push_back(collapsed(x, recipes.back()));
     }
-  }
-  MESSAGE(cases << " random cases (each in float64 and float32) over " << kOpCount << " ops, " << all.size()
+    check_forward(d.id, d.c, values, recipes, DType::Float64, d.context);
+    check_forward(d.id, d.c, values, recipes, DType::Float32, d.context);
+    ++cases;
+  });
+  MESSAGE(cases << " random cases (each in float64 and float32) over " << kOpCount << " ops, " << seeds().size()
                 << " seeds each");
 }
 
 TEST_CASE("every differentiable op's gradients match finite differences on random cases") {
-  std::vector<uint64_t> all = seeds();
   int64_t checked = 0;
-  for (OpId id : generated_ops()) {
-    if (!registry()[id].backward) continue;
-    for (uint64_t seed : all) {
-      Rng rng = rng_for(id, seed, 2);
-      auto [c, sample] = random_case(id, rng, true);
-      if (!c.gradcheck) continue;
-      // Leaves are buffers laid out like the inputs (permuted, expanded: no junk to perturb); the
-      // views to the op's inputs are part of the function, so their backward rules are checked too.
-      std::vector<Recipe> recipes;
-      std::vector<Tensor> leaves;
-      int64_t elements = 0;
-      bool any = false;
-      for (size_t k = 0; k < c.inputs.size(); ++k) {
-        // view refuses most permuted and expanded layouts (the forward test covers those).
-        bool plain = id == OpId::view;
-        Recipe recipe = plain ? random_recipe(c.inputs[k].shape(), rng, false, false) : random_recipe(c.inputs[k].shape(), rng, c.expandable, false);
-        if (plain) std::iota(recipe.order.begin(), recipe.order.end(), 0);
-        Laid laid = lay_out(collapsed(c.inputs[k], recipe), recipe);
-        bool differentiable = laid.buffer.dtype() == DType::Float64 && !(k < c.no_grad.size() && c.no_grad[k]) &&
-                              !integer_valued(laid.buffer);
-        if (differentiable) {
-          laid.buffer.set_requires_grad();
-          elements += laid.buffer.numel();
-          any = true;
-        }
-        recipes.push_back(recipe);
-        leaves.push_back(laid.buffer);
+  for_each_case(2, true, [](const OpDef& def) { return def.backward != nullptr; }, [&](Drawn& d) {
+    const Case& c = d.c;
+    if (!c.gradcheck) return;
+    // Leaves are buffers laid out like the inputs (permuted, expanded: no junk to perturb); the
+    // views to the op's inputs are part of the function, so their backward rules are checked too.
+    // view refuses most permuted and expanded layouts (the forward test covers those).
+    bool plain = d.id == OpId::view;
+    std::vector<Recipe> recipes;
+    std::vector<Tensor> leaves;
+    int64_t elements = 0;
+    for (size_t k = 0; k < c.inputs.size(); ++k) {
+      Recipe recipe = random_recipe(c.inputs[k].shape(), d.rng, c.expandable && !plain, false);
+      if (plain) std::iota(recipe.order.begin(), recipe.order.end(), 0);
+      Laid laid = lay_out(collapsed(c.inputs[k], recipe), recipe);
+      if (laid.buffer.dtype() == DType::Float64 && !(k < c.no_grad.size() && c.no_grad[k]) &&
+          !integer_valued(laid.buffer)) {
+        laid.buffer.set_requires_grad();
+        elements += std::max<int64_t>(laid.buffer.numel(), 1);
       }
-      if (!any || elements > 400) continue;
-      auto fn = [&](const std::vector<Tensor>& in) {
-        std::vector<Tensor> views;
-        for (size_t k = 0; k < in.size(); ++k) views.push_back(view_of_buffer(in[k], recipes[k], c.inputs[k].shape()));
-        return call(id, views, c.attrs);
-      };
-      std::string failure;
-      try {
-        failure = autograd::gradcheck(fn, leaves);
-      } catch (const Error& error) {
-        failure = std::string("threw: ") + error.what();
-      }
-      ++checked;
-      CHECK_MESSAGE(failure.empty(), reproduce(id, seed) << ", from sample '" << sample << "'"
-                                                         << inputs_str(c.inputs) << "\n  attrs: " << attrs_str(c.attrs)
-                                                         << "\n  " << failure);
+      recipes.push_back(recipe);
+      leaves.push_back(laid.buffer);
     }
-  }
+    if (elements == 0 || elements > 400) return;  // nothing to differentiate, or too slow
+    auto fn = [&](const std::vector<Tensor>& in) {
+      std::vector<Tensor> views;
+      for (size_t k = 0; k < in.size(); ++k) views.push_back(view_of_buffer(in[k], recipes[k], c.inputs[k].shape()));
+      return call(d.id, views, c.attrs);
+    };
+    std::string failure;
+    try {
+      failure = autograd::gradcheck(fn, leaves);
+    } catch (const Error& error) {
+      failure = std::string("threw: ") + error.what();
+    }
+    ++checked;
+    CHECK_MESSAGE(failure.empty(), d.context << inputs_str(c.inputs) << "\n  attrs: " << attrs_str(c.attrs) << "\n  "
+                                             << failure);
+  });
   MESSAGE(checked << " random gradient checks");
 }
 
@@ -285,28 +296,23 @@ std::vector<Tensor> strided(const std::vector<Tensor>& inputs, Rng& rng) {
 }  // namespace
 
 TEST_CASE("every op refuses calls that break its contract with an mf::Error naming it") {
-  std::vector<uint64_t> all = seeds();
   int64_t refusals = 0;
-  for (OpId id : generated_ops()) {
-    for (uint64_t seed : all) {
-      Rng rng = rng_for(id, seed, 3);
-      Case c = random_case(id, rng, true).first;
-      std::optional<std::vector<Invalid>> invalid = invalid_cases(id, c, rng);
-      REQUIRE_MESSAGE(invalid.has_value(), "op " << name_of(id) << " has no invalid cases in tests/property_invalid.cpp");
-      for (size_t k = 0; k < c.inputs.size(); ++k) {
-        std::vector<Tensor> inputs = c.inputs;
-        inputs[k] = Tensor();
-        invalid->push_back({fmt::format("input {} undefined", k), inputs, c.attrs});
-      }
-      for (const Invalid& bad : *invalid) {
-        std::vector<Tensor> inputs = strided(bad.inputs, rng);
-        std::string failure = refusal(id, inputs, bad.attrs);
-        ++refusals;
-        CHECK_MESSAGE(failure.empty(), reproduce(id, seed) << ": " << bad.what << inputs_str(inputs)
-                                                           << "\n  attrs: " << attrs_str(bad.attrs) << "\n  " << failure);
-      }
+  for_each_case(3, true, any_op, [&](Drawn& d) {
+    std::optional<std::vector<Invalid>> invalid = invalid_cases(d.id, d.c, d.rng);
+    REQUIRE_MESSAGE(invalid.has_value(), "op " << name_of(d.id) << " has no invalid cases in tests/property_invalid.cpp");
+    for (size_t k = 0; k < d.c.inputs.size(); ++k) {
+      std::vector<Tensor> inputs = d.c.inputs;
+      inputs[k] = Tensor();
+      invalid->push_back({fmt::format("input {} undefined", k), inputs, d.c.attrs});
     }
-  }
+    for (const Invalid& bad : *invalid) {
+      std::vector<Tensor> inputs = strided(bad.inputs, d.rng);
+      std::string failure = refusal(d.id, inputs, bad.attrs);
+      ++refusals;
+      CHECK_MESSAGE(failure.empty(), d.context << ": " << bad.what << inputs_str(inputs) << "\n  attrs: "
+                                               << attrs_str(bad.attrs) << "\n  " << failure);
+    }
+  });
   MESSAGE(refusals << " invalid calls refused");
 }
 
@@ -354,21 +360,15 @@ void mutate(std::vector<Tensor>& inputs, Attrs& attrs, Rng& rng) {
 }  // namespace
 
 TEST_CASE("random changes to valid calls raise mf::Error or succeed, never crash") {
-  std::vector<uint64_t> all = seeds();
   int64_t calls = 0;
-  for (OpId id : generated_ops()) {
-    for (uint64_t seed : all) {
-      Rng rng = rng_for(id, seed, 4);
-      Case c = random_case(id, rng, true).first;
-      for (int64_t n = rng.integer(1, 3); n > 0; --n) mutate(c.inputs, c.attrs, rng);
-      std::vector<Tensor> inputs = strided(c.inputs, rng);
-      std::string outcome = refusal(id, inputs, c.attrs);
-      bool fine = outcome.empty() || outcome == "no error";
-      ++calls;
-      CHECK_MESSAGE(fine, reproduce(id, seed) << inputs_str(inputs) << "\n  attrs: " << attrs_str(c.attrs) << "\n  "
-                                              << outcome);
-    }
-  }
+  for_each_case(4, true, any_op, [&](Drawn& d) {
+    for (int64_t n = d.rng.integer(1, 3); n > 0; --n) mutate(d.c.inputs, d.c.attrs, d.rng);
+    std::vector<Tensor> inputs = strided(d.c.inputs, d.rng);
+    std::string outcome = refusal(d.id, inputs, d.c.attrs);
+    ++calls;
+    CHECK_MESSAGE((outcome.empty() || outcome == "no error"),
+                  d.context << inputs_str(inputs) << "\n  attrs: " << attrs_str(d.c.attrs) << "\n  " << outcome);
+  });
   MESSAGE(calls << " mutated calls");
 }
 
@@ -381,14 +381,11 @@ TEST_CASE("ops refuse inputs on two devices") {
     MESSAGE("SKIPPED: no GPU: mixed-device calls not run");
     return;
   }
-  for (OpId id : generated_ops()) {
-    if (registry()[id].mixes_devices) continue;
-    Rng rng = rng_for(id, 1, 5);
-    Case c = random_case(id, rng, true).first;
-    if (c.inputs.size() < 2) continue;
-    std::vector<Tensor> inputs = c.inputs;
+  for_each_case(5, true, [](const OpDef& def) { return !def.mixes_devices; }, [&](Drawn& d) {
+    if (d.c.inputs.size() < 2) return;
+    std::vector<Tensor> inputs = d.c.inputs;
     inputs.back() = inputs.back().to(Device::cuda());
-    std::string failure = refusal(id, inputs, c.attrs);
-    CHECK_MESSAGE(failure.empty(), "op " << name_of(id) << " with its last input on cuda: " << failure);
-  }
+    std::string failure = refusal(d.id, inputs, d.c.attrs);
+    CHECK_MESSAGE(failure.empty(), d.context << ", last input on cuda: " << failure);
+  });
 }
