@@ -15,7 +15,7 @@ int64_t shape_numel(std::span<const int64_t> shape) {
 }
 
 int64_t checked_numel(std::span<const int64_t> shape, int64_t element_size) {
-  for (int64_t size : shape) MF_CHECK(size >= 0, "shape {} has a negative size", shape_str(shape));
+  for (int64_t size : shape) MF_CHECK(size >= 0, "negative size in shape {}", shape_str(shape));
   // A zero size anywhere makes the tensor empty, however large the other sizes.
   if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1, bytes = element_size;

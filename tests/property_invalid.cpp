@@ -43,6 +43,13 @@ class Cases {
   }
   Cases& dtype(const std::string& what, size_t k, DType dtype) { return input(what, k, as(valid_.inputs[k], dtype)); }
   Cases& attrs(const std::string& what, const Attrs& attrs) { return call(what, valid_.inputs, attrs); }
+  /// In-place ops: an output whose elements share memory (a stride-0 view of one element).
+  Cases& expanded_output() {
+    std::vector<Tensor> inputs = valid_.inputs;
+    inputs[0] = filled({1}, inputs[0].dtype()).expand({3});
+    out_.push_back({"an expanded output", inputs, valid_.attrs, true});
+    return *this;
+  }
   Cases& call(const std::string& what, const std::vector<Tensor>& inputs, const Attrs& attrs) {
     out_.push_back({what, inputs, attrs});
     return *this;
@@ -164,6 +171,7 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
   switch (id) {
     case exp: case log: case sqrt: case rsqrt: case gelu: case tanh: case sigmoid: case normal: case dropout:
       unary_float(c);
+      if (id == normal) c.expanded_output();
       if (id == normal) c.attrs("negative std", with(v.attrs, [](Attrs& a) { a.eps = -1; }));
       if (id == dropout)
         for (double p : {-0.5, 1.5, std::nan("")}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
@@ -190,21 +198,23 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       if (x.dim() > 0 && x.shape().back() > 0) c.input("mask of another size", 1, grown(filled(x.shape(), DType::Bool), x.dim() - 1));
       return c.take();
     }
-    case logical_not: case cast: case copy: case fill: return c.take();  // any input is fine
+    case logical_not: case cast: case copy: return c.take();  // any input is fine
+    case fill: c.expanded_output(); return c.take();
     case to_device:
       if (!cuda::is_available()) c.attrs("a CUDA target without a GPU", with(v.attrs, [](Attrs& a) { a.device = Device::cuda(); }));
       return c.take();
     case arange:
-      c.input("2-d tensor", 0, filled({2, 2}, x.dtype())).dtype("bool tensor", 0, DType::Bool);
+      c.expanded_output().input("2-d tensor", 0, filled({2, 2}, x.dtype())).dtype("bool tensor", 0, DType::Bool);
       c.attrs("step 0", with(v.attrs, [](Attrs& a) { a.eps = 0; }));
       return c.take();
     case uniform:
-      c.dtype("bool tensor", 0, DType::Bool);
+      c.expanded_output().dtype("bool tensor", 0, DType::Bool);
       c.attrs("no upper bound", with(v.attrs, [](Attrs& a) { a.max = std::nullopt; }));
       c.attrs("low above high", with(v.attrs, [](Attrs& a) { a.min = 2; a.max = 1; }));
       c.call("an empty integer range", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.min = a.max = 3; }));
       return c.take();
     case bernoulli:
+      c.expanded_output();
       for (double p : {-0.1, 1.5, std::nan("")}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
       return c.take();
     case sum: reduction(c, false, false); return c.take();

@@ -63,3 +63,17 @@ TEST_CASE("index ops check index values even when the output is empty") {
   // In range, the same calls are fine.
   CHECK(index_select(Tensor::empty({0, 3}, DType::Float64), 1, from_vector<int64_t>({2}, {1})).shape() == Shape{0, 1});
 }
+
+// In-place writes into an expanded view (several elements, one memory location) were accepted, and
+// threads then wrote the shared locations in any order.
+TEST_CASE("in-place writes into expanded views are refused") {
+  Tensor shared = f64({1}, {1}).expand({3});
+  CHECK_THROWS_WITH_AS(shared.add_(1.0), doctest::Contains("add: cannot write in place"), Error);
+  CHECK_THROWS_WITH_AS(shared.fill_(2), doctest::Contains("fill: cannot write in place"), Error);
+  CHECK_THROWS_WITH_AS(uniform_(shared, 0, 1), doctest::Contains("uniform: cannot write in place"), Error);
+  CHECK(shared.to_vector<double>() == std::vector<double>{1, 1, 1});
+  // Size-1 dims may have any stride: writes there stay one location per element.
+  Tensor column = zeros({3, 1}, DType::Float64).expand({3, 1});
+  column.add_(1.0);
+  CHECK(column.to_vector<double>() == std::vector<double>{1, 1, 1});
+}

@@ -66,6 +66,7 @@ struct Invalid {
   std::string what;
   std::vector<Tensor> inputs;
   Attrs attrs;
+  bool as_laid_out = false;  // the inputs' layout is the point: the suite must not lay them out anew
 };
 /// Calls of `id` that break its contract, derived from a valid case (none for ops that accept any
 /// input); nullopt when the suite does not know the op yet (the caller fails the op then).
