@@ -141,14 +141,15 @@ SliceRange checked_slice(const Tensor& x, const Attrs& attrs) {
   MF_CHECK(attrs.step > 0, "step must be positive, got {}", attrs.step);
   auto clamp_index = [&](int64_t i) { return std::clamp(i < 0 ? i + size : i, int64_t{0}, size); };
   int64_t start = clamp_index(attrs.start), end = std::max(start, clamp_index(attrs.end));
-  return {dim, start, (end - start + attrs.step - 1) / attrs.step, attrs.step};
+  // Not (end - start + step - 1) / step, which overflows for a step near INT64_MAX.
+  return {dim, start, end > start ? (end - start - 1) / attrs.step + 1 : 0, attrs.step};
 }
 
 Tensor view_slice(const Tensor& x, const Attrs& attrs) {
   SliceRange range = checked_slice(x, attrs);
   Shape shape = x.shape(), strides = x.strides();
   shape[range.dim] = range.length;
-  strides[range.dim] *= range.step;
+  if (range.length > 1) strides[range.dim] *= range.step;  // then step < size: no overflow
   return make_view(x, shape, strides, x.offset() + range.start * x.strides()[range.dim]);
 }
 

@@ -13,6 +13,7 @@ namespace mf::props {
 namespace {
 
 constexpr int64_t kHuge = int64_t{1} << 62;
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// The same values (truncated or truthy where they must be) in another dtype.
 Tensor as(const Tensor& t, DType dtype) {
@@ -178,9 +179,13 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       return c.take();
     case neg: case abs: case relu: case pow_scalar: case clamp:
       c.dtype("bool input", 0, DType::Bool);
-      if (id == clamp) c.attrs("no bounds", with(v.attrs, [](Attrs& a) { a.min = a.max = std::nullopt; }));
+      if (id == clamp) {
+        c.attrs("no bounds", with(v.attrs, [](Attrs& a) { a.min = a.max = std::nullopt; }));
+        c.call("a bound int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.min = -kInf; }));
+        c.call("a bound int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.max = std::nan(""); }));
+      }
       if (id == pow_scalar)
-        for (double e : {-1.0, 0.5})
+        for (double e : {-1.0, 0.5, kInf})
           c.call("int64 base with a negative or fractional exponent", {as(x, DType::Int64)},
                  with(v.attrs, [&](Attrs& a) { a.value = e; }));
       return c.take();
@@ -194,23 +199,31 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       return c.take();
     case masked_fill: {
       c.dtype("int64 mask", 1, DType::Int64);
+      c.call("a value int64 cannot hold", {as(x, DType::Int64), v.inputs[1]}, with(v.attrs, [](Attrs& a) { a.value = kInf; }));
       c.input("mask of higher rank", 1, lifted(filled(x.shape(), DType::Bool)));
       if (x.dim() > 0 && x.shape().back() > 0) c.input("mask of another size", 1, grown(filled(x.shape(), DType::Bool), x.dim() - 1));
       return c.take();
     }
     case logical_not: case cast: case copy: return c.take();  // any input is fine
-    case fill: c.expanded_output(); return c.take();
+    case fill:
+      c.expanded_output();
+      for (double value : {std::nan(""), kInf, 1e300})
+        c.call("a value int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [&](Attrs& a) { a.value = value; }));
+      return c.take();
     case to_device:
       if (!cuda::is_available()) c.attrs("a CUDA target without a GPU", with(v.attrs, [](Attrs& a) { a.device = Device::cuda(); }));
       return c.take();
     case arange:
       c.expanded_output().input("2-d tensor", 0, filled({2, 2}, x.dtype())).dtype("bool tensor", 0, DType::Bool);
       c.attrs("step 0", with(v.attrs, [](Attrs& a) { a.eps = 0; }));
+      c.attrs("NaN start", with(v.attrs, [](Attrs& a) { a.value = std::nan(""); }));
+      c.call("values past int64", {filled({3}, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.value = 0; a.eps = 0x1p62; }));
       return c.take();
     case uniform:
       c.expanded_output().dtype("bool tensor", 0, DType::Bool);
       c.attrs("no upper bound", with(v.attrs, [](Attrs& a) { a.max = std::nullopt; }));
       c.attrs("low above high", with(v.attrs, [](Attrs& a) { a.min = 2; a.max = 1; }));
+      c.attrs("an infinite bound", with(v.attrs, [](Attrs& a) { a.min = 0; a.max = kInf; }));
       c.call("an empty integer range", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.min = a.max = 3; }));
       return c.take();
     case bernoulli:
@@ -218,7 +231,10 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       for (double p : {-0.1, 1.5, std::nan("")}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
       return c.take();
     case sum: reduction(c, false, false); return c.take();
-    case mean: case var: reduction(c, true, false); return c.take();
+    case mean: case var:
+      reduction(c, true, false);
+      if (id == var) c.attrs("negative correction", with(v.attrs, [](Attrs& a) { a.correction = -1; }));
+      return c.take();
     case amax: case amin: reduction(c, false, true); return c.take();
     case max_dim: case min_dim: case argmax: along_dim(c); return c.take();
     case view:

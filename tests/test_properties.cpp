@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include "miniflow.h"
+#include "ops/reference.h"
 #include "property_layout.h"
 #include "property_support.h"
 
@@ -343,7 +344,9 @@ void mutate(std::vector<Tensor>& inputs, Attrs& attrs, Rng& rng) {
       break;
     case 6: {
       std::vector<DType> dtypes = {DType::Float32, DType::Float64, DType::Int64, DType::Bool};
-      if (inputs[k].defined()) inputs[k] = inputs[k].to(rng.pick(dtypes));
+      // New values in [-2, 3], not a cast: casting -inf (softmax's samples) to int64 is undefined.
+      Tensor like = reference::make({2}, rng.pick(dtypes), {-2, 3});
+      if (inputs[k].defined()) inputs[k] = draw_like(like, inputs[k].shape(), rng);
       break;
     }
     default: {  // another shape: one dim more, one fewer, or one size changed
