@@ -25,9 +25,7 @@ Shape random_shape(Rng& rng, int64_t min_rank, int64_t max_rank, bool small) {
   return shape;
 }
 
-int64_t random_alias(Rng& rng, int64_t dim, int64_t rank) {
-  return rank > 0 && rng.chance(0.5) ? dim - rank : dim;
-}
+int64_t random_alias(Rng& rng, int64_t dim, int64_t rank) { return rank > 0 && rng.chance(0.5) ? dim - rank : dim; }
 
 bool integer_valued(const Tensor& t) {
   if (!is_floating(t.dtype())) return false;
@@ -184,8 +182,10 @@ Shape reshaped(const Shape& shape, Rng& rng) {
   std::shuffle(factors.begin(), factors.end(), std::mt19937_64(rng.seed()));
   Shape out;
   for (int64_t f : factors) {
-    if (!out.empty() && rng.chance(0.5)) out.back() *= f;
-    else out.push_back(f);
+    if (!out.empty() && rng.chance(0.5))
+      out.back() *= f;
+    else
+      out.push_back(f);
     if (rng.chance(0.2)) out.push_back(1);
   }
   bool zero = std::count(out.begin(), out.end(), 0) > 0;
@@ -212,15 +212,18 @@ Case slice_case(const Sample& s, Rng& rng, bool small) {
   Shape shape = random_shape(rng, 1, 4, small);
   auto rank = static_cast<int64_t>(shape.size());
   int64_t dim = rng.integer(0, rank - 1), size = shape[dim];
-  Attrs attrs{.dim = random_alias(rng, dim, rank), .start = rng.integer(-size - 2, size + 2),
-              .end = rng.integer(-size - 2, size + 2), .step = rng.integer(1, 3)};
+  Attrs attrs{.dim = random_alias(rng, dim, rank),
+              .start = rng.integer(-size - 2, size + 2),
+              .end = rng.integer(-size - 2, size + 2),
+              .step = rng.integer(1, 3)};
   return {.inputs = {draw(s, 0, shape, rng)}, .attrs = attrs};
 }
 
 Case select_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 1, small);
   auto rank = static_cast<int64_t>(shape.size());
-  Attrs attrs{.dim = random_alias(rng, dim, rank), .start = random_alias(rng, rng.integer(0, shape[dim] - 1), shape[dim])};
+  Attrs attrs{.dim = random_alias(rng, dim, rank),
+              .start = random_alias(rng, rng.integer(0, shape[dim] - 1), shape[dim])};
   return {.inputs = {draw(s, 0, shape, rng)}, .attrs = attrs};
 }
 
@@ -296,9 +299,10 @@ Case one_hot_case(const Sample&, Rng& rng, bool small) {
 Case triangle_case(const Sample& s, Rng& rng, bool small) {
   Shape shape = random_shape(rng, 2, 4, small);
   int64_t rows = shape[shape.size() - 2], cols = shape.back();
-  int64_t k = rng.chance(0.1) ? rng.pick(std::vector<int64_t>{std::numeric_limits<int64_t>::min(),
-                                                               std::numeric_limits<int64_t>::max()})
-                              : rng.integer(-rows - 2, cols + 2);
+  int64_t k =
+      rng.chance(0.1)
+          ? rng.pick(std::vector<int64_t>{std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()})
+          : rng.integer(-rows - 2, cols + 2);
   return {.inputs = {draw(s, 0, shape, rng)}, .attrs = {.k = k}};
 }
 
@@ -318,7 +322,8 @@ Case matmul_case(const Sample& s, Rng& rng, bool small) {
 
 Case softmax_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 0, small);
-  Case c{.inputs = {draw(s, 0, shape, rng)}, .attrs = {.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))}};
+  Case c{.inputs = {draw(s, 0, shape, rng)},
+         .attrs = {.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))}};
   c.gradcheck = !has_neg_inf(s.inputs[0]) && s.gradcheck;
   return c;
 }
@@ -361,7 +366,9 @@ Case layer_norm_backward_case(const Sample& s, Rng& rng, bool small) {
   // with rows of one element (rstd = 1 / sqrt(eps)) finite differences then lose every digit.
   return {.inputs = {draw(s, 0, x_shape, rng), x, forward[1], forward[2], w, draw(s, 5, stats, rng),
                      draw(s, 6, stats, rng)},
-          .attrs = attrs, .gradcheck = well_conditioned(x, w, attrs), .expandable = false};
+          .attrs = attrs,
+          .gradcheck = well_conditioned(x, w, attrs),
+          .expandable = false};
 }
 
 Case embedding_case(const Sample& s, Rng& rng, bool small) {
@@ -370,7 +377,9 @@ Case embedding_case(const Sample& s, Rng& rng, bool small) {
   if (attrs.ignore_index >= 0) attrs.ignore_index = rng.integer(0, rows - 1);
   // The padding row withholds the gradient its forward use implies (PyTorch's padding_idx).
   return {.inputs = {draw(s, 0, {rows, width}, rng), random_indices(random_shape(rng, 0, 3, small), rows, rng)},
-          .attrs = attrs, .no_grad = {false, true}, .gradcheck = attrs.ignore_index < 0};
+          .attrs = attrs,
+          .no_grad = {false, true},
+          .gradcheck = attrs.ignore_index < 0};
 }
 
 Case embedding_backward_case(const Sample& s, Rng& rng, bool small) {
@@ -394,7 +403,8 @@ Tensor targets(int64_t rows, int64_t classes, int64_t ignore_index, Rng& rng) {
 Case cross_entropy_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = random_size(rng, small ? 3 : 5), classes = rng.integer(1, 6);
   return {.inputs = {draw(s, 0, {rows, classes}, rng), targets(rows, classes, s.attrs.ignore_index, rng)},
-          .attrs = s.attrs, .no_grad = {false, true}};
+          .attrs = s.attrs,
+          .no_grad = {false, true}};
 }
 
 Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
@@ -409,11 +419,27 @@ Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
 ValidGenerator valid_generator(OpId id) {
   using enum OpId;
   switch (id) {
-    case neg: case abs: case exp: case log: case sqrt: case rsqrt: case relu: case gelu: case tanh:
-    case sigmoid: case clamp: case pow_scalar: case logical_not: case cast: case copy: case to_device:
-    case dropout:
-      return unary;
-    case fill: case uniform: case normal: case bernoulli: {
+    case neg:
+    case abs:
+    case exp:
+    case log:
+    case sqrt:
+    case rsqrt:
+    case relu:
+    case gelu:
+    case tanh:
+    case sigmoid:
+    case clamp:
+    case pow_scalar:
+    case logical_not:
+    case cast:
+    case copy:
+    case to_device:
+    case dropout: return unary;
+    case fill:
+    case uniform:
+    case normal:
+    case bernoulli: {
       // Outputs written through a stride-0 view would alias: the fills write distinct elements.
       return [](const Sample& s, Rng& rng, bool small) {
         Case c = unary(s, rng, small);
@@ -427,17 +453,30 @@ ValidGenerator valid_generator(OpId id) {
         c.expandable = false;
         return c;
       };
-    case add: case sub: case mul: case div: case pow: case gelu_backward: case eq: case ne: case lt: case le:
-    case gt: case ge: case logical_and: case logical_or: case where:
-      return broadcasting;
+    case add:
+    case sub:
+    case mul:
+    case div:
+    case pow:
+    case gelu_backward:
+    case eq:
+    case ne:
+    case lt:
+    case le:
+    case gt:
+    case ge:
+    case logical_and:
+    case logical_or:
+    case where: return broadcasting;
     case masked_fill: return masked_fill_case;
-    case sum: case mean:
-      return [](const Sample& s, Rng& rng, bool small) { return reduction(s, rng, small, false, false); };
-    case var:
-      return [](const Sample& s, Rng& rng, bool small) { return reduction(s, rng, small, false, true); };
-    case amax: case amin:
-      return [](const Sample& s, Rng& rng, bool small) { return reduction(s, rng, small, true, false); };
-    case max_dim: case min_dim: case argmax: return along_dim;
+    case sum:
+    case mean: return [](const Sample& s, Rng& rng, bool small) { return reduction(s, rng, small, false, false); };
+    case var: return [](const Sample& s, Rng& rng, bool small) { return reduction(s, rng, small, false, true); };
+    case amax:
+    case amin: return [](const Sample& s, Rng& rng, bool small) { return reduction(s, rng, small, true, false); };
+    case max_dim:
+    case min_dim:
+    case argmax: return along_dim;
     case view: return view_case;
     case permute: return permute_case;
     case slice: return slice_case;
@@ -449,9 +488,11 @@ ValidGenerator valid_generator(OpId id) {
     case scatter_add: return scatter_add_case;
     case topk: return topk_case;
     case one_hot: return one_hot_case;
-    case tril: case triu: return triangle_case;
+    case tril:
+    case triu: return triangle_case;
     case matmul: return matmul_case;
-    case softmax: case log_softmax: return softmax_case;
+    case softmax:
+    case log_softmax: return softmax_case;
     case layer_norm: return layer_norm_case;
     case layer_norm_backward: return layer_norm_backward_case;
     case embedding: return embedding_case;

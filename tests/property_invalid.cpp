@@ -36,7 +36,7 @@ class Cases {
  public:
   Cases(const Case& valid, Rng& rng) : valid_(valid), rng_(rng) {}
 
-  /// Input k replaced.
+  /// The valid call with input k replaced.
   Cases& input(const std::string& what, size_t k, const Tensor& t) {
     std::vector<Tensor> inputs = valid_.inputs;
     inputs[k] = t;
@@ -60,7 +60,7 @@ class Cases {
     int64_t bound = std::max<int64_t>(valid_.inputs[0].dim(), 1);
     Attrs attrs = valid_.attrs;
     attrs.dim = rng_.chance(0.5) ? bound + rng_.integer(0, 2) : -bound - 1 - rng_.integer(0, 2);
-    return attrs_(what, attrs);
+    return call(what, valid_.inputs, attrs);
   }
   /// Inputs a and b (positions ka, kb) of shapes that do not broadcast, dtypes kept.
   Cases& no_broadcast(size_t ka, size_t kb) {
@@ -78,7 +78,6 @@ class Cases {
   std::vector<Invalid> take() { return std::move(out_); }
 
  private:
-  Cases& attrs_(const std::string& what, const Attrs& attrs) { return call(what, valid_.inputs, attrs); }
   const Case& valid_;
   Rng& rng_;
   std::vector<Invalid> out_;
@@ -103,14 +102,20 @@ Tensor grown(const Tensor& t, int64_t d) {
   return filled(shape, t.dtype());
 }
 
-int64_t dim_of(const Case& c) { return (c.attrs.dim + std::max<int64_t>(c.inputs[0].dim(), 1)) % std::max<int64_t>(c.inputs[0].dim(), 1); }
+/// The case's attrs.dim in [0, rank) of input 0.
+int64_t dim_of(const Case& c) {
+  int64_t bound = std::max<int64_t>(c.inputs[0].dim(), 1);
+  return (c.attrs.dim + bound) % bound;
+}
 
 void unary_float(Cases& c) { c.dtype("int64 input", 0, DType::Int64).dtype("bool input", 0, DType::Bool); }
 
 void binary(Cases& c, bool arithmetic) {
   DType dtype = c.valid().inputs[0].dtype();
   c.dtype("dtypes differ", 1, is_floating(dtype) ? other_float(dtype) : DType::Float64);
-  if (arithmetic) c.call("bool operands", {as(c.valid().inputs[0], DType::Bool), as(c.valid().inputs[1], DType::Bool)}, c.valid().attrs);
+  if (arithmetic)
+    c.call("bool operands", {as(c.valid().inputs[0], DType::Bool), as(c.valid().inputs[1], DType::Bool)},
+           c.valid().attrs);
   c.no_broadcast(0, 1);
 }
 
@@ -123,7 +128,8 @@ void reduction(Cases& c, bool needs_float, bool needs_elements) {
   if (needs_elements) {
     Shape shape = x.shape();
     shape.push_back(0);
-    c.call("reduction over a size-0 dim", {filled(shape, x.dtype())}, with(c.valid().attrs, [](Attrs& a) { a.dims = {-1}; }));
+    c.call("reduction over a size-0 dim", {filled(shape, x.dtype())},
+           with(c.valid().attrs, [](Attrs& a) { a.dims = {-1}; }));
   }
 }
 
@@ -141,7 +147,14 @@ void index_ops(Cases& c, OpId id) {
   int64_t size = x.shape()[static_cast<size_t>(dim_of(v))];
   c.dtype("float index", 1, x.dtype() == DType::Int64 ? DType::Float64 : x.dtype());
   c.bad_dim("dim out of range");
-  c.call("0-dim x", [&] { std::vector<Tensor> in = v.inputs; in[0] = filled({}, x.dtype()); return in; }(), v.attrs);
+  c.call(
+      "0-dim x",
+      [&] {
+        std::vector<Tensor> in = v.inputs;
+        in[0] = filled({}, x.dtype());
+        return in;
+      }(),
+      v.attrs);
   Shape bad_shape = index.dim() == 0 ? Shape{1} : index.shape();
   if (shape_numel(bad_shape) == 0) bad_shape.assign(bad_shape.size(), 1);
   c.input("index past the end", 1, filled(bad_shape, DType::Int64, static_cast<double>(size + c.rng().integer(0, 3))));
@@ -170,73 +183,119 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
   const Tensor& x = v.inputs.empty() ? Tensor() : v.inputs[0];
   using enum OpId;
   switch (id) {
-    case exp: case log: case sqrt: case rsqrt: case gelu: case tanh: case sigmoid: case normal: case dropout:
+    case exp:
+    case log:
+    case sqrt:
+    case rsqrt:
+    case gelu:
+    case tanh:
+    case sigmoid:
+    case normal:
+    case dropout:
       unary_float(c);
       if (id == normal) c.expanded_output();
       if (id == normal) c.attrs("negative std", with(v.attrs, [](Attrs& a) { a.eps = -1; }));
       if (id == dropout)
-        for (double p : {-0.5, 1.5, std::nan("")}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
+        for (double p : {-0.5, 1.5, std::nan("")})
+          c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
       return c.take();
-    case neg: case abs: case relu: case pow_scalar: case clamp:
+    case neg:
+    case abs:
+    case relu:
+    case pow_scalar:
+    case clamp:
       c.dtype("bool input", 0, DType::Bool);
       if (id == clamp) {
         c.attrs("no bounds", with(v.attrs, [](Attrs& a) { a.min = a.max = std::nullopt; }));
         c.call("a bound int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.min = -kInf; }));
-        c.call("a bound int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.max = std::nan(""); }));
+        c.call("a bound int64 cannot hold", {as(x, DType::Int64)},
+               with(v.attrs, [](Attrs& a) { a.max = std::nan(""); }));
       }
       if (id == pow_scalar)
         for (double e : {-1.0, 0.5, kInf})
           c.call("int64 base with a negative or fractional exponent", {as(x, DType::Int64)},
                  with(v.attrs, [&](Attrs& a) { a.value = e; }));
       return c.take();
-    case add: case sub: case mul: case div: case pow: binary(c, true); return c.take();
-    case gelu_backward: binary(c, true); c.call("int64 operands", {as(x, DType::Int64), as(v.inputs[1], DType::Int64)}, v.attrs); return c.take();
-    case eq: case ne: case lt: case le: case gt: case ge: binary(c, false); return c.take();
-    case logical_and: case logical_or: c.no_broadcast(0, 1); return c.take();
+    case add:
+    case sub:
+    case mul:
+    case div:
+    case pow: binary(c, true); return c.take();
+    case gelu_backward:
+      binary(c, true);
+      c.call("int64 operands", {as(x, DType::Int64), as(v.inputs[1], DType::Int64)}, v.attrs);
+      return c.take();
+    case eq:
+    case ne:
+    case lt:
+    case le:
+    case gt:
+    case ge: binary(c, false); return c.take();
+    case logical_and:
+    case logical_or: c.no_broadcast(0, 1); return c.take();
     case where:
       c.dtype("float condition", 0, DType::Float64).no_broadcast(1, 2);
       c.dtype("operand dtypes differ", 2, v.inputs[1].dtype() == DType::Float64 ? DType::Float32 : DType::Float64);
       return c.take();
     case masked_fill: {
       c.dtype("int64 mask", 1, DType::Int64);
-      c.call("a value int64 cannot hold", {as(x, DType::Int64), v.inputs[1]}, with(v.attrs, [](Attrs& a) { a.value = kInf; }));
+      c.call("a value int64 cannot hold", {as(x, DType::Int64), v.inputs[1]},
+             with(v.attrs, [](Attrs& a) { a.value = kInf; }));
       c.input("mask of higher rank", 1, lifted(filled(x.shape(), DType::Bool)));
-      if (x.dim() > 0 && x.shape().back() > 0) c.input("mask of another size", 1, grown(filled(x.shape(), DType::Bool), x.dim() - 1));
+      if (x.dim() > 0 && x.shape().back() > 0)
+        c.input("mask of another size", 1, grown(filled(x.shape(), DType::Bool), x.dim() - 1));
       return c.take();
     }
-    case logical_not: case cast: case copy: return c.take();  // any input is fine
+    case logical_not:
+    case cast:
+    case copy: return c.take();  // any input is fine
     case fill:
       c.expanded_output();
       for (double value : {std::nan(""), kInf, 1e300})
         c.call("a value int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [&](Attrs& a) { a.value = value; }));
       return c.take();
     case to_device:
-      if (!cuda::is_available()) c.attrs("a CUDA target without a GPU", with(v.attrs, [](Attrs& a) { a.device = Device::cuda(); }));
+      if (!cuda::is_available())
+        c.attrs("a CUDA target without a GPU", with(v.attrs, [](Attrs& a) { a.device = Device::cuda(); }));
       return c.take();
     case arange:
       c.expanded_output().input("2-d tensor", 0, filled({2, 2}, x.dtype())).dtype("bool tensor", 0, DType::Bool);
       c.attrs("step 0", with(v.attrs, [](Attrs& a) { a.eps = 0; }));
       c.attrs("NaN start", with(v.attrs, [](Attrs& a) { a.value = std::nan(""); }));
-      c.call("values past int64", {filled({3}, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.value = 0; a.eps = 0x1p62; }));
+      c.call("values past int64", {filled({3}, DType::Int64)}, with(v.attrs, [](Attrs& a) {
+               a.value = 0;
+               a.eps = 0x1p62;
+             }));
       return c.take();
     case uniform:
       c.expanded_output().dtype("bool tensor", 0, DType::Bool);
       c.attrs("no upper bound", with(v.attrs, [](Attrs& a) { a.max = std::nullopt; }));
-      c.attrs("low above high", with(v.attrs, [](Attrs& a) { a.min = 2; a.max = 1; }));
-      c.attrs("an infinite bound", with(v.attrs, [](Attrs& a) { a.min = 0; a.max = kInf; }));
+      c.attrs("low above high", with(v.attrs, [](Attrs& a) {
+                a.min = 2;
+                a.max = 1;
+              }));
+      c.attrs("an infinite bound", with(v.attrs, [](Attrs& a) {
+                a.min = 0;
+                a.max = kInf;
+              }));
       c.call("an empty integer range", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.min = a.max = 3; }));
       return c.take();
     case bernoulli:
       c.expanded_output();
-      for (double p : {-0.1, 1.5, std::nan("")}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
+      for (double p : {-0.1, 1.5, std::nan("")})
+        c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
       return c.take();
     case sum: reduction(c, false, false); return c.take();
-    case mean: case var:
+    case mean:
+    case var:
       reduction(c, true, false);
       if (id == var) c.attrs("negative correction", with(v.attrs, [](Attrs& a) { a.correction = -1; }));
       return c.take();
-    case amax: case amin: reduction(c, false, true); return c.take();
-    case max_dim: case min_dim: case argmax: along_dim(c); return c.take();
+    case amax:
+    case amin: reduction(c, false, true); return c.take();
+    case max_dim:
+    case min_dim:
+    case argmax: along_dim(c); return c.take();
     case view:
       c.attrs("another element count", {.dims = {x.numel() + 1}});
       c.attrs("two -1", {.dims = {-1, -1, std::max<int64_t>(x.numel(), 1)}});
@@ -252,7 +311,9 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       return c.take();
     }
     case slice:
-      c.attrs("step 0", with(v.attrs, [](Attrs& a) { a.step = 0; })).attrs("negative step", with(v.attrs, [](Attrs& a) { a.step = -1; }));
+      c.attrs("step 0", with(v.attrs, [](Attrs& a) { a.step = 0; })).attrs("negative step", with(v.attrs, [](Attrs& a) {
+                                                                             a.step = -1;
+                                                                           }));
       c.input("0-dim input", 0, filled({}, x.dtype())).bad_dim("dim out of range");
       return c.take();
     case select: {
@@ -265,7 +326,11 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case expand: {
       Shape shape = x.shape();
       if (!shape.empty()) c.attrs("fewer dims", {.dims = Shape(shape.begin() + 1, shape.end())});
-      c.attrs("-1 for a new leading dim", {.dims = [&] { Shape s = shape; s.insert(s.begin(), -1); return s; }()});
+      c.attrs("-1 for a new leading dim", {.dims = [&] {
+                Shape s = shape;
+                s.insert(s.begin(), -1);
+                return s;
+              }()});
       c.call("a negative size", {filled({1}, x.dtype())}, {.dims = {-2}});
       for (size_t d = 0; d < shape.size(); ++d)
         if (shape[d] > 1) {
@@ -276,7 +341,8 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       return c.take();
     }
     case cat: {
-      c.call("no tensors", {}, v.attrs).call("0-dim tensors", {filled({}, x.dtype()), filled({}, x.dtype())}, {.dim = 0});
+      c.call("no tensors", {}, v.attrs)
+          .call("0-dim tensors", {filled({}, x.dtype()), filled({}, x.dtype())}, {.dim = 0});
       c.call("dtypes differ", {x, as(x, x.dtype() == DType::Int64 ? DType::Float64 : DType::Int64)}, v.attrs);
       c.call("ranks differ", {x, lifted(x)}, v.attrs).bad_dim("dim out of range");
       if (x.dim() > 1) {
@@ -285,7 +351,9 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       }
       return c.take();
     }
-    case index_select: case gather: case scatter_add: index_ops(c, id); return c.take();
+    case index_select:
+    case gather:
+    case scatter_add: index_ops(c, id); return c.take();
     case topk: {
       int64_t size = x.shape()[static_cast<size_t>(dim_of(v))];
       c.attrs("k larger than the dim", with(v.attrs, [&](Attrs& a) { a.k = size + 1; }));
@@ -300,7 +368,8 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       c.input("negative index", 0, filled({2}, DType::Int64, -1));
       c.call("output too large", {filled({4}, DType::Int64, 1)}, {.k = kHuge});
       return c.take();
-    case tril: case triu:
+    case tril:
+    case triu:
       c.input("1-d input", 0, filled({3}, x.dtype())).input("0-dim input", 0, filled({}, x.dtype()));
       return c.take();
     case matmul: {
@@ -311,46 +380,73 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       c.call("batches that do not broadcast", {filled({2, 1, 1}, x.dtype()), filled({3, 1, 1}, x.dtype())}, v.attrs);
       return c.take();
     }
-    case softmax: case log_softmax: c.dtype("int64 input", 0, DType::Int64).bad_dim("dim out of range"); return c.take();
+    case softmax:
+    case log_softmax: c.dtype("int64 input", 0, DType::Int64).bad_dim("dim out of range"); return c.take();
     case layer_norm: {
       Shape norm = v.attrs.dims;
       c.attrs("normalized_shape not at the end", with(v.attrs, [](Attrs& a) { a.dims.back() += 1; }));
       c.attrs("empty normalized_shape", with(v.attrs, [](Attrs& a) { a.dims = {}; }));
       c.attrs("negative eps", with(v.attrs, [](Attrs& a) { a.eps = -1; }));
-      c.input("weight of another shape", 1, lifted(v.inputs[1])).dtype("bias of another dtype", 2, other_float(x.dtype()));
-      c.call("int64 input", {as(x, DType::Int64), as(v.inputs[1], DType::Int64), as(v.inputs[2], DType::Int64)}, v.attrs);
+      c.input("weight of another shape", 1, lifted(v.inputs[1]))
+          .dtype("bias of another dtype", 2, other_float(x.dtype()));
+      c.call("int64 input", {as(x, DType::Int64), as(v.inputs[1], DType::Int64), as(v.inputs[2], DType::Int64)},
+             v.attrs);
       return c.take();
     }
     case layer_norm_backward:
-      c.input("mean of another shape", 2, lifted(v.inputs[2])).dtype("dout of another dtype", 0, other_float(x.dtype()));
-      c.input("weight of another shape", 4, lifted(v.inputs[4])).input("drstd of another shape", 6, lifted(v.inputs[6]));
+      c.input("mean of another shape", 2, lifted(v.inputs[2]))
+          .dtype("dout of another dtype", 0, other_float(x.dtype()));
+      c.input("weight of another shape", 4, lifted(v.inputs[4]))
+          .input("drstd of another shape", 6, lifted(v.inputs[6]));
       return c.take();
     case embedding: {
       int64_t rows = x.shape()[0];
-      c.input("1-d weight", 0, filled({rows}, x.dtype())).input("3-d weight", 0, lifted(x)).dtype("int64 weight", 0, DType::Int64);
+      c.input("1-d weight", 0, filled({rows}, x.dtype()))
+          .input("3-d weight", 0, lifted(x))
+          .dtype("int64 weight", 0, DType::Int64);
       c.dtype("float indices", 1, DType::Float64);
-      c.input("index >= rows", 1, filled({2}, DType::Int64, static_cast<double>(rows))).input("negative index", 1, filled({2}, DType::Int64, -1));
+      c.input("index >= rows", 1, filled({2}, DType::Int64, static_cast<double>(rows)))
+          .input("negative index", 1, filled({2}, DType::Int64, -1));
       return c.take();
     }
     case embedding_backward:
       c.input("dout of another shape", 0, lifted(x)).dtype("int64 dout", 0, DType::Int64);
-      c.attrs("negative row count", with(v.attrs, [](Attrs& a) { a.k = -1; a.ignore_index = -2; }));
+      c.attrs("negative row count", with(v.attrs, [](Attrs& a) {
+                a.k = -1;
+                a.ignore_index = -2;
+              }));
       c.attrs("padding index past the rows", with(v.attrs, [](Attrs& a) { a.ignore_index = a.k; }));
-      if (v.inputs[1].numel() > 0) c.input("index >= rows", 1, filled(v.inputs[1].shape(), DType::Int64, static_cast<double>(v.attrs.k)));
-      else c.call("index >= rows", {filled({2, 1}, x.dtype()), filled({2}, DType::Int64, static_cast<double>(v.attrs.k))}, v.attrs);
+      if (v.inputs[1].numel() > 0)
+        c.input("index >= rows", 1, filled(v.inputs[1].shape(), DType::Int64, static_cast<double>(v.attrs.k)));
+      else
+        c.call("index >= rows", {filled({2, 1}, x.dtype()), filled({2}, DType::Int64, static_cast<double>(v.attrs.k))},
+               v.attrs);
       return c.take();
-    case cross_entropy: case cross_entropy_backward: {
+    case cross_entropy:
+    case cross_entropy_backward: {
       size_t l = id == cross_entropy ? 0 : 1;  // position of the logits
       const Tensor& logits = v.inputs[l];
       int64_t rows = logits.shape()[0], classes = logits.shape()[1];
       c.input("1-d logits", l, filled({classes}, logits.dtype())).input("3-d logits", l, lifted(logits));
       c.input("no classes", l, filled({rows, 0}, logits.dtype())).dtype("int64 logits", l, DType::Int64);
-      c.input("target of another length", l + 1, filled({rows + 1}, DType::Int64)).dtype("float target", l + 1, DType::Float64);
+      c.input("target of another length", l + 1, filled({rows + 1}, DType::Int64))
+          .dtype("float target", l + 1, DType::Float64);
       double past = static_cast<double>(classes == v.attrs.ignore_index ? classes + 1 : classes);
-      c.call("target past the classes", [&] { std::vector<Tensor> in = v.inputs; in[l] = filled({2, classes}, logits.dtype());
-        in[l + 1] = filled({2}, DType::Int64, past); if (l == 1) in[0] = filled({2}, logits.dtype()); return in; }(), v.attrs);
-      for (double e : {-0.1, 1.5}) c.attrs("label_smoothing outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.label_smoothing = e; }));
-      if (l == 1) c.input("dloss of another length", 0, filled({rows + 1}, logits.dtype())).dtype("dloss of another dtype", 0, other_float(logits.dtype()));
+      c.call(
+          "target past the classes",
+          [&] {
+            std::vector<Tensor> in = v.inputs;
+            in[l] = filled({2, classes}, logits.dtype());
+            in[l + 1] = filled({2}, DType::Int64, past);
+            if (l == 1) in[0] = filled({2}, logits.dtype());
+            return in;
+          }(),
+          v.attrs);
+      for (double e : {-0.1, 1.5})
+        c.attrs("label_smoothing outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.label_smoothing = e; }));
+      if (l == 1)
+        c.input("dloss of another length", 0, filled({rows + 1}, logits.dtype()))
+            .dtype("dloss of another dtype", 0, other_float(logits.dtype()));
       return c.take();
     }
   }

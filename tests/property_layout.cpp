@@ -2,10 +2,10 @@
 
 #include "ops/reference.h"
 
-#include <algorithm>
-#include <cmath>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace mf::props {
@@ -67,7 +67,8 @@ Tensor view_of_buffer(const Tensor& buffer, const Recipe& recipe, const Shape& s
     view = view.slice(d, recipe.offset[i], recipe.offset[i] + length * recipe.step[i], recipe.step[i]);
   }
   Shape inverse(recipe.order.size());
-  for (size_t i = 0; i < recipe.order.size(); ++i) inverse[static_cast<size_t>(recipe.order[i])] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < recipe.order.size(); ++i)
+    inverse[static_cast<size_t>(recipe.order[i])] = static_cast<int64_t>(i);
   return view.permute(inverse).expand(shape);
 }
 

@@ -11,9 +11,9 @@ namespace mf::props {
 
 /// How one input is laid out. Dims listed in `expanded` hold one value repeated (stride 0).
 struct Recipe {
-  std::vector<bool> expanded;   // per logical dim
-  Shape order;                  // buffer dim i holds logical dim order[i]
-  Shape step, offset;           // per buffer dim
+  std::vector<bool> expanded;  // per logical dim
+  Shape order;                 // buffer dim i holds logical dim order[i]
+  Shape step, offset;          // per buffer dim
 };
 
 /// An input laid out by a recipe: `view` over `buffer`, whose other elements hold junk (NaN, or

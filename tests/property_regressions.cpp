@@ -86,12 +86,15 @@ TEST_CASE("in-place writes into expanded views are refused") {
 TEST_CASE("scalars an int64 tensor cannot hold are refused") {
   double inf = std::numeric_limits<double>::infinity();
   Tensor ids = from_vector<int64_t>({1, 2, 3});
-  CHECK_THROWS_WITH_AS(ids.clone().fill_(std::nan("")), doctest::Contains("fill: fill value nan is not representable"), Error);
+  CHECK_THROWS_WITH_AS(ids.clone().fill_(std::nan("")), doctest::Contains("fill: fill value nan is not representable"),
+                       Error);
   CHECK_THROWS_WITH_AS(ids.masked_fill(ones({3}, DType::Bool), 1e300), doctest::Contains("masked_fill: "), Error);
   CHECK_THROWS_WITH_AS(call(OpId::clamp, {ids}, {.max = inf}), doctest::Contains("clamp: max inf"), Error);
-  CHECK_THROWS_WITH_AS(call(OpId::pow_scalar, {ids}, {.value = inf}), doctest::Contains("pow_scalar: exponent inf"), Error);
+  CHECK_THROWS_WITH_AS(call(OpId::pow_scalar, {ids}, {.value = inf}), doctest::Contains("pow_scalar: exponent inf"),
+                       Error);
   CHECK_THROWS_WITH_AS(arange(0, 0x1p64, 0x1p62, DType::Int64), doctest::Contains("arange: last value"), Error);
-  CHECK_THROWS_WITH_AS(uniform({2}, 0, inf, DType::Float32), doctest::Contains("uniform: bounds must be finite"), Error);
+  CHECK_THROWS_WITH_AS(uniform({2}, 0, inf, DType::Float32), doctest::Contains("uniform: bounds must be finite"),
+                       Error);
   CHECK_THROWS_WITH_AS(var(f64({1, 2}, {2}), {}, -1), doctest::Contains("var: correction must be >= 0"), Error);
   // Float tensors take any of them.
   CHECK(std::isnan(full({1}, std::nan(""), DType::Float32).item<float>()));
@@ -101,5 +104,6 @@ TEST_CASE("scalars an int64 tensor cannot hold are refused") {
 TEST_CASE("slice with a step near INT64_MAX") {
   Tensor x = f64({1, 2, 3}, {3});
   check_close(x.slice(0, 0, 3, std::numeric_limits<int64_t>::max()), f64({1}, {1}), 0, 0);
-  check_close(x.slice(0, 1, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()), f64({2}, {1}), 0, 0);
+  check_close(x.slice(0, 1, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()), f64({2}, {1}), 0,
+              0);
 }

@@ -13,10 +13,10 @@
 #include "property_layout.h"
 #include "property_support.h"
 
-#include <cstdlib>
-#include <functional>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <cstdlib>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -58,11 +58,12 @@ std::vector<OpId> generated_ops() {
 }
 
 std::string attrs_str(const Attrs& a) {
-  return fmt::format("dims {} dim {} start {} end {} step {} k {} keepdim {} flag {} value {} eps {} min {} max {} "
-                     "correction {} ignore_index {} label_smoothing {} dtype {} seed {} counter {}",
-                     shape_str(a.dims), a.dim, a.start, a.end, a.step, a.k, a.keepdim, a.flag, a.value, a.eps,
-                     a.min ? fmt::format("{}", *a.min) : "none", a.max ? fmt::format("{}", *a.max) : "none",
-                     a.correction, a.ignore_index, a.label_smoothing, dtype_name(a.dtype), a.seed, a.counter);
+  return fmt::format(
+      "dims {} dim {} start {} end {} step {} k {} keepdim {} flag {} value {} eps {} min {} max {} "
+      "correction {} ignore_index {} label_smoothing {} dtype {} seed {} counter {}",
+      shape_str(a.dims), a.dim, a.start, a.end, a.step, a.k, a.keepdim, a.flag, a.value, a.eps,
+      a.min ? fmt::format("{}", *a.min) : "none", a.max ? fmt::format("{}", *a.max) : "none", a.correction,
+      a.ignore_index, a.label_smoothing, dtype_name(a.dtype), a.seed, a.counter);
 }
 
 std::string inputs_str(const std::vector<Tensor>& inputs) {
@@ -72,7 +73,8 @@ std::string inputs_str(const std::vector<Tensor>& inputs) {
 }
 
 std::string reproduce(OpId id, uint64_t seed) {
-  return fmt::format("op {}, seed {} (rerun: MF_PROPERTY_SEED={} build/tests/test_properties)", name_of(id), seed, seed);
+  return fmt::format("op {}, seed {} (rerun: MF_PROPERTY_SEED={} build/tests/test_properties)", name_of(id), seed,
+                     seed);
 }
 
 /// The chosen sample with each float input of a single value (a scalar sample) given the values of
@@ -200,67 +202,73 @@ void check_forward(OpId id, const Case& c, const std::vector<Tensor>& values, co
 TEST_CASE("every op has a random-case generator") {
   for (OpId id : all_ops()) {
     CAPTURE(name_of(id));
-    CHECK_MESSAGE(bool(valid_generator(id)), "op " << name_of(id) << " has no generator in tests/property_generators.cpp");
+    CHECK_MESSAGE(bool(valid_generator(id)),
+                  "op " << name_of(id) << " has no generator in tests/property_generators.cpp");
   }
 }
 
 TEST_CASE("every op matches its reference on random shapes, layouts and dtypes") {
   int64_t cases = 0;
-  for_each_case(1, false, [](const OpDef& def) { return bool(def.reference); }, [&](Drawn& d) {
-    std::vector<Recipe> recipes;
-    std::vector<Tensor> values;
-    for (const Tensor& x : d.c.inputs) {
-      recipes.push_back(random_recipe(x.shape(), d.rng, d.c.expandable, true));
-      values.push_back(collapsed(x, recipes.back()));
-    }
-    check_forward(d.id, d.c, values, recipes, DType::Float64, d.context);
-    check_forward(d.id, d.c, values, recipes, DType::Float32, d.context);
-    ++cases;
-  });
+  for_each_case(
+      1, false, [](const OpDef& def) { return bool(def.reference); },
+      [&](Drawn& d) {
+        std::vector<Recipe> recipes;
+        std::vector<Tensor> values;
+        for (const Tensor& x : d.c.inputs) {
+          recipes.push_back(random_recipe(x.shape(), d.rng, d.c.expandable, true));
+          values.push_back(collapsed(x, recipes.back()));
+        }
+        check_forward(d.id, d.c, values, recipes, DType::Float64, d.context);
+        check_forward(d.id, d.c, values, recipes, DType::Float32, d.context);
+        ++cases;
+      });
   MESSAGE(cases << " random cases (each in float64 and float32) over " << kOpCount << " ops, " << seeds().size()
                 << " seeds each");
 }
 
 TEST_CASE("every differentiable op's gradients match finite differences on random cases") {
   int64_t checked = 0;
-  for_each_case(2, true, [](const OpDef& def) { return def.backward != nullptr; }, [&](Drawn& d) {
-    const Case& c = d.c;
-    if (!c.gradcheck) return;
-    // Leaves are buffers laid out like the inputs (permuted, expanded: no junk to perturb); the
-    // views to the op's inputs are part of the function, so their backward rules are checked too.
-    // view refuses most permuted and expanded layouts (the forward test covers those).
-    bool plain = d.id == OpId::view;
-    std::vector<Recipe> recipes;
-    std::vector<Tensor> leaves;
-    int64_t elements = 0;
-    for (size_t k = 0; k < c.inputs.size(); ++k) {
-      Recipe recipe = random_recipe(c.inputs[k].shape(), d.rng, c.expandable && !plain, false);
-      if (plain) std::iota(recipe.order.begin(), recipe.order.end(), 0);
-      Laid laid = lay_out(collapsed(c.inputs[k], recipe), recipe);
-      if (laid.buffer.dtype() == DType::Float64 && !(k < c.no_grad.size() && c.no_grad[k]) &&
-          !integer_valued(laid.buffer)) {
-        laid.buffer.set_requires_grad();
-        elements += std::max<int64_t>(laid.buffer.numel(), 1);
-      }
-      recipes.push_back(recipe);
-      leaves.push_back(laid.buffer);
-    }
-    if (elements == 0 || elements > 400) return;  // nothing to differentiate, or too slow
-    auto fn = [&](const std::vector<Tensor>& in) {
-      std::vector<Tensor> views;
-      for (size_t k = 0; k < in.size(); ++k) views.push_back(view_of_buffer(in[k], recipes[k], c.inputs[k].shape()));
-      return call(d.id, views, c.attrs);
-    };
-    std::string failure;
-    try {
-      failure = autograd::gradcheck(fn, leaves);
-    } catch (const Error& error) {
-      failure = std::string("threw: ") + error.what();
-    }
-    ++checked;
-    CHECK_MESSAGE(failure.empty(), d.context << inputs_str(c.inputs) << "\n  attrs: " << attrs_str(c.attrs) << "\n  "
-                                             << failure);
-  });
+  for_each_case(
+      2, true, [](const OpDef& def) { return def.backward != nullptr; },
+      [&](Drawn& d) {
+        const Case& c = d.c;
+        if (!c.gradcheck) return;
+        // Leaves are buffers laid out like the inputs (permuted, expanded: no junk to perturb); the
+        // views to the op's inputs are part of the function, so their backward rules are checked too.
+        // view refuses most permuted and expanded layouts (the forward test covers those).
+        bool plain = d.id == OpId::view;
+        std::vector<Recipe> recipes;
+        std::vector<Tensor> leaves;
+        int64_t elements = 0;
+        for (size_t k = 0; k < c.inputs.size(); ++k) {
+          Recipe recipe = random_recipe(c.inputs[k].shape(), d.rng, c.expandable && !plain, false);
+          if (plain) std::iota(recipe.order.begin(), recipe.order.end(), 0);
+          Laid laid = lay_out(collapsed(c.inputs[k], recipe), recipe);
+          if (laid.buffer.dtype() == DType::Float64 && !(k < c.no_grad.size() && c.no_grad[k]) &&
+              !integer_valued(laid.buffer)) {
+            laid.buffer.set_requires_grad();
+            elements += std::max<int64_t>(laid.buffer.numel(), 1);
+          }
+          recipes.push_back(recipe);
+          leaves.push_back(laid.buffer);
+        }
+        if (elements == 0 || elements > 400) return;  // nothing to differentiate, or too slow
+        auto fn = [&](const std::vector<Tensor>& in) {
+          std::vector<Tensor> views;
+          for (size_t k = 0; k < in.size(); ++k)
+            views.push_back(view_of_buffer(in[k], recipes[k], c.inputs[k].shape()));
+          return call(d.id, views, c.attrs);
+        };
+        std::string failure;
+        try {
+          failure = autograd::gradcheck(fn, leaves);
+        } catch (const Error& error) {
+          failure = std::string("threw: ") + error.what();
+        }
+        ++checked;
+        CHECK_MESSAGE(failure.empty(),
+                      d.context << inputs_str(c.inputs) << "\n  attrs: " << attrs_str(c.attrs) << "\n  " << failure);
+      });
   MESSAGE(checked << " random gradient checks");
 }
 
@@ -300,7 +308,8 @@ TEST_CASE("every op refuses calls that break its contract with an mf::Error nami
   int64_t refusals = 0;
   for_each_case(3, true, any_op, [&](Drawn& d) {
     std::optional<std::vector<Invalid>> invalid = invalid_cases(d.id, d.c, d.rng);
-    REQUIRE_MESSAGE(invalid.has_value(), "op " << name_of(d.id) << " has no invalid cases in tests/property_invalid.cpp");
+    REQUIRE_MESSAGE(invalid.has_value(),
+                    "op " << name_of(d.id) << " has no invalid cases in tests/property_invalid.cpp");
     for (size_t k = 0; k < d.c.inputs.size(); ++k) {
       std::vector<Tensor> inputs = d.c.inputs;
       inputs[k] = Tensor();
@@ -310,8 +319,8 @@ TEST_CASE("every op refuses calls that break its contract with an mf::Error nami
       std::vector<Tensor> inputs = bad.as_laid_out ? bad.inputs : strided(bad.inputs, d.rng);
       std::string failure = refusal(d.id, inputs, bad.attrs);
       ++refusals;
-      CHECK_MESSAGE(failure.empty(), d.context << ": " << bad.what << inputs_str(inputs) << "\n  attrs: "
-                                               << attrs_str(bad.attrs) << "\n  " << failure);
+      CHECK_MESSAGE(failure.empty(), d.context << ": " << bad.what << inputs_str(inputs)
+                                               << "\n  attrs: " << attrs_str(bad.attrs) << "\n  " << failure);
     }
   });
   MESSAGE(refusals << " invalid calls refused");
@@ -332,11 +341,10 @@ void mutate(std::vector<Tensor>& inputs, Attrs& attrs, Rng& rng) {
     case 1: attrs.k = rng.pick(integers); break;
     case 2:
       attrs.dims.clear();
-      for (int64_t n = rng.integer(0, 4); n > 0; --n) attrs.dims.push_back(rng.chance(0.8) ? rng.integer(-5, 5) : rng.pick(integers));
+      for (int64_t n = rng.integer(0, 4); n > 0; --n)
+        attrs.dims.push_back(rng.chance(0.8) ? rng.integer(-5, 5) : rng.pick(integers));
       break;
-    case 3:
-      attrs.start = rng.pick(integers), attrs.end = rng.pick(integers), attrs.step = rng.pick(integers);
-      break;
+    case 3: attrs.start = rng.pick(integers), attrs.end = rng.pick(integers), attrs.step = rng.pick(integers); break;
     case 4: attrs.value = rng.pick(reals), attrs.eps = rng.pick(reals), attrs.label_smoothing = rng.pick(reals); break;
     case 5:
       attrs.correction = rng.pick(integers), attrs.ignore_index = rng.pick(integers);
@@ -352,9 +360,12 @@ void mutate(std::vector<Tensor>& inputs, Attrs& attrs, Rng& rng) {
     default: {  // another shape: one dim more, one fewer, or one size changed
       if (!inputs[k].defined()) break;
       Shape shape = inputs[k].shape();
-      if (shape.empty() || rng.chance(0.3)) shape.insert(shape.begin(), rng.integer(0, 3));
-      else if (rng.chance(0.4)) shape.erase(shape.begin() + rng.integer(0, static_cast<int64_t>(shape.size()) - 1));
-      else shape[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(shape.size()) - 1))] = rng.integer(0, 4);
+      if (shape.empty() || rng.chance(0.3))
+        shape.insert(shape.begin(), rng.integer(0, 3));
+      else if (rng.chance(0.4))
+        shape.erase(shape.begin() + rng.integer(0, static_cast<int64_t>(shape.size()) - 1));
+      else
+        shape[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(shape.size()) - 1))] = rng.integer(0, 4);
       inputs[k] = draw_like(inputs[k], shape, rng);
     }
   }
@@ -384,11 +395,13 @@ TEST_CASE("ops refuse inputs on two devices") {
     MESSAGE("SKIPPED: no GPU: mixed-device calls not run");
     return;
   }
-  for_each_case(5, true, [](const OpDef& def) { return !def.mixes_devices; }, [&](Drawn& d) {
-    if (d.c.inputs.size() < 2) return;
-    std::vector<Tensor> inputs = d.c.inputs;
-    inputs.back() = inputs.back().to(Device::cuda());
-    std::string failure = refusal(d.id, inputs, d.c.attrs);
-    CHECK_MESSAGE(failure.empty(), d.context << ", last input on cuda: " << failure);
-  });
+  for_each_case(
+      5, true, [](const OpDef& def) { return !def.mixes_devices; },
+      [&](Drawn& d) {
+        if (d.c.inputs.size() < 2) return;
+        std::vector<Tensor> inputs = d.c.inputs;
+        inputs.back() = inputs.back().to(Device::cuda());
+        std::string failure = refusal(d.id, inputs, d.c.attrs);
+        CHECK_MESSAGE(failure.empty(), d.context << ", last input on cuda: " << failure);
+      });
 }
