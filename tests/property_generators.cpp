@@ -324,7 +324,10 @@ Case softmax_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 0, small);
   Case c{.inputs = {draw(s, 0, shape, rng)},
          .attrs = {.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))}};
-  c.gradcheck = !has_neg_inf(s.inputs[0]) && s.gradcheck;
+  // Logits near +-1000 make log_softmax's outputs so large that finite differences lose their last
+  // digits to rounding: those samples check the forward only.
+  auto [lo, hi] = finite_range(s.inputs[0]);
+  c.gradcheck = !has_neg_inf(s.inputs[0]) && s.gradcheck && std::max(-lo, hi) < 100;
   return c;
 }
 
