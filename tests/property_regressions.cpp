@@ -49,7 +49,9 @@ TEST_CASE("shapes whose element count overflows are refused") {
   constexpr int64_t kHuge = int64_t{1} << 62;
   CHECK_THROWS_WITH_AS(Tensor::empty({kHuge, 4}), doctest::Contains("has too many elements"), Error);
   CHECK_THROWS_WITH_AS(Tensor::empty({kHuge}, DType::Float64), doctest::Contains("size in bytes"), Error);
-  CHECK(Tensor::empty({kHuge, 0}).numel() == 0);  // empty, however large the other size
+  CHECK(Tensor::empty({kHuge, 0}).numel() == 0);  // empty: no bytes, however large the other size
+  // Empty too, but its contiguous strides (sizes multiplied with 0 read as 1) would overflow.
+  CHECK_THROWS_WITH_AS(Tensor::empty({kHuge, 4, 0}), doctest::Contains("has too many elements"), Error);
   CHECK_THROWS_WITH_AS(one_hot(from_vector<int64_t>({1, 1, 1, 1}), kHuge), doctest::Contains("one_hot: "), Error);
   CHECK_THROWS_WITH_AS(Tensor::empty({0, 3}).view({kHuge, 8}), doctest::Contains("view: "), Error);
   CHECK_THROWS_WITH_AS(f64({1}, {1, 1}).expand({kHuge, kHuge}), doctest::Contains("expand: "), Error);

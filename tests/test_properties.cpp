@@ -4,7 +4,7 @@
 // against central finite differences in float64; and calls that break the op's contract, which must
 // raise mf::Error naming the op, never crash.
 //
-// MF_PROPERTY_SEEDS=N runs N seeds per op (default 16); MF_PROPERTY_SEED=S runs seed S alone, which
+// MF_PROPERTY_SEEDS=N runs N seeds per op (default 32); MF_PROPERTY_SEED=S runs seed S alone, which
 // is how a failure (its message names the op and the seed) is reproduced.
 #include <doctest/doctest.h>
 
@@ -30,7 +30,7 @@ namespace {
 std::vector<uint64_t> seeds() {
   if (const char* one = std::getenv("MF_PROPERTY_SEED")) return {std::strtoull(one, nullptr, 10)};
   const char* count = std::getenv("MF_PROPERTY_SEEDS");
-  int64_t n = count != nullptr ? std::strtoll(count, nullptr, 10) : 16;
+  int64_t n = count != nullptr ? std::strtoll(count, nullptr, 10) : 32;
   std::vector<uint64_t> out;
   for (int64_t s = 1; s <= n; ++s) out.push_back(static_cast<uint64_t>(s));
   return out;
