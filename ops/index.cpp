@@ -3,7 +3,8 @@
 // Kernels read their inputs through their own strides (one_hot aside), using one row walker: a
 // shape is visited one row (last dim) at a time, each operand's offset found from its strides.
 // Index values are data, so their range check happens in the kernel, serially and before any write,
-// so the error names the first bad value whatever the thread count. Outputs are written (=);
+// so the error names the first bad value whatever the thread count (where the output is empty, no
+// kernel runs, and the front checks them instead). Outputs are written (=);
 // scatter_add accumulates (+=) into its copy of x.
 #include "ops/families.h"
 #include "ops/loops.h"
