@@ -4,12 +4,28 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace mf {
 
 int64_t shape_numel(std::span<const int64_t> shape) {
   int64_t n = 1;
   for (int64_t size : shape) n *= size;
   return n;
+}
+
+int64_t checked_numel(std::span<const int64_t> shape, int64_t element_size) {
+  for (int64_t size : shape) MF_CHECK(size >= 0, "negative size in shape {}", shape_str(shape));
+  // The product with zeros read as ones is what contiguous_strides multiplies out: it must fit even
+  // for an empty tensor.
+  int64_t extent = 1, bytes = 0;
+  bool overflow = false;
+  for (int64_t size : shape) overflow |= __builtin_mul_overflow(extent, std::max<int64_t>(size, 1), &extent);
+  MF_CHECK(!overflow, "shape {} has too many elements (their count does not fit in 64 bits)", shape_str(shape));
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  MF_CHECK(!__builtin_mul_overflow(extent, element_size, &bytes),
+           "shape {} has too many elements (its size in bytes does not fit in 64 bits)", shape_str(shape));
+  return extent;
 }
 
 Shape contiguous_strides(std::span<const int64_t> shape) {

@@ -13,6 +13,10 @@ using Shape = std::vector<int64_t>;
 /// Product of the sizes (1 for a scalar's empty shape).
 int64_t shape_numel(std::span<const int64_t> shape);
 
+/// shape_numel for shapes from user input: throws mf::Error on a negative size, or when the element
+/// count (times `element_size` bytes) does not fit in int64, where shape_numel would overflow.
+int64_t checked_numel(std::span<const int64_t> shape, int64_t element_size = 1);
+
 /// Row-major strides of a contiguous tensor with this shape (non-negative sizes). Throws mf::Error
 /// naming the shape when they do not fit int64: when the product of the sizes, each 0 counted as 1,
 /// exceeds 2^63 - 1 (so an empty [0, 2^32, 2^32] is refused too).

@@ -13,12 +13,11 @@ TensorImpl::TensorImpl(std::shared_ptr<Storage> storage, Shape shape, Shape stri
 TensorImpl::~TensorImpl() = default;
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t size : shape) MF_CHECK(size >= 0, "empty: negative size in shape {}", shape_str(shape));
-  Shape strides = contiguous_strides(shape);  // first: it refuses shapes whose element count overflows
-  const int64_t numel = shape_numel(shape);
-  MF_CHECK(numel <= std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_size(dtype)),
-           "empty: shape {} of {} needs more than 2^63 bytes", shape_str(shape), dtype_name(dtype));
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(numel) * dtype_size(dtype), device);
+  // Checked: a product that wrapped around would allocate too little for the shape.
+  int64_t numel = checked_numel(shape, static_cast<int64_t>(dtype_size(dtype)));
+  Shape strides = contiguous_strides(shape);  // refuses empty shapes whose strides overflow, too
+  size_t nbytes = static_cast<size_t>(numel) * dtype_size(dtype);
+  auto storage = std::make_shared<Storage>(nbytes, device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, std::move(strides), 0, dtype));
 }
 

@@ -38,8 +38,11 @@ Operand operand(const Tensor& t) {
   int64_t rows = t.size(-2), cols = t.size(-1), row_stride = t.stride(-2), col_stride = t.stride(-1);
   if (std::optional<int64_t> batch = flat_batch_stride(t)) {
     // Row-major with leading dim ld is column-major transposed: no flag. A column-major view needs one.
-    if (col_stride == 1 || cols == 1) return {t, CUBLAS_OP_N, std::max({row_stride, cols, int64_t{1}}), *batch};
-    if (row_stride == 1 || rows == 1) return {t, CUBLAS_OP_T, std::max({col_stride, rows, int64_t{1}}), *batch};
+    // The leading dim must be at least the row length: expanded matrices (stride 0) are copied.
+    if ((col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= std::max(cols, int64_t{1})))
+      return {t, CUBLAS_OP_N, rows == 1 ? std::max(cols, int64_t{1}) : row_stride, *batch};
+    if ((row_stride == 1 || rows == 1) && (cols == 1 || col_stride >= std::max(rows, int64_t{1})))
+      return {t, CUBLAS_OP_T, cols == 1 ? std::max(rows, int64_t{1}) : col_stride, *batch};
   }
   Tensor dense = t.contiguous();
   return {dense, CUBLAS_OP_N, std::max<int64_t>(cols, 1), rows * cols};

@@ -150,6 +150,17 @@ KernelFn kernel_for(const OpDef& def, Device device) {
   return kernel;
 }
 
+/// In-place writes need one memory location per element: in an expanded view (stride 0 along a dim
+/// of size > 1) several elements share one, which threads would write in any order (PyTorch refuses
+/// such writes too).
+void check_writable(const Tensor& t) {
+  for (size_t d = 0; d < t.shape().size(); ++d)
+    MF_CHECK(t.strides()[d] != 0 || t.shape()[d] <= 1,
+             "cannot write in place into a tensor of shape {} with strides {}: it is expanded, so several of "
+             "its elements share one memory location (clone() it first)",
+             shape_str(t.shape()), shape_str(t.strides()));
+}
+
 bool all_empty(const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors)
     if (t.numel() != 0) return false;
@@ -212,6 +223,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
       KernelFn kernel = kernel_for(def, device);
       if (def.writes_input) {
+        check_writable(inputs[0]);
         outputs.push_back(inputs[0]);
       } else {
         Device out_device = def.mixes_devices ? attrs.device : device;
@@ -245,6 +257,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
     Device device = common_device(def, inputs, attrs);
     MF_CHECK(self.device() == device, "in-place target is on {} but the inputs are on {}", self.device().str(),
              device.str());
+    check_writable(self);
     std::vector<OutputSpec> specs = def.infer(inputs, attrs);
     MF_CHECK(specs.size() == 1 && specs[0].shape == self.shape(),
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),

@@ -2,6 +2,7 @@
 // casts and copies. Binary ops broadcast (NumPy rules); the public functions promote mixed dtypes with
 // a cast first, so kernels see one dtype (logical ops excepted: they read each operand as truthy).
 #include "ops/families.h"
+#include "ops/kernel_checks.h"
 #include "ops/loops.h"
 #include "ops/math.h"
 #include "ops/ops.h"
@@ -170,6 +171,7 @@ std::vector<Sample> pow_samples() {
 std::vector<OutputSpec> infer_pow_scalar(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
   MF_CHECK(x.dtype() != DType::Bool, "not defined for bool tensors (shape {})", shape_str(x.shape()));
+  detail::expect_representable(attrs.value, x.dtype(), "exponent");
   if (!is_floating(x.dtype()))
     MF_CHECK(attrs.value >= 0 && attrs.value == std::floor(attrs.value),
              "integer tensors (shape {}) need a non-negative integer exponent, got {}", shape_str(x.shape()),
@@ -295,6 +297,8 @@ std::vector<Tensor> reference_gelu_backward(const std::vector<Tensor>& in, const
 
 std::vector<OutputSpec> infer_clamp(const std::vector<Tensor>& in, const Attrs& attrs) {
   MF_CHECK(attrs.min || attrs.max, "at least one of min and max must be given");
+  if (attrs.min) detail::expect_representable(*attrs.min, in[0].dtype(), "min");
+  if (attrs.max) detail::expect_representable(*attrs.max, in[0].dtype(), "max");
   return infer_unary_same(in, attrs);
 }
 
@@ -436,7 +440,7 @@ std::vector<Tensor> reference_where(const std::vector<Tensor>& in, const Attrs&)
   return {reference::map(in, in[1].dtype(), [](std::span<const double> v) { return v[0] != 0 ? v[1] : v[2]; })};
 }
 
-std::vector<OutputSpec> infer_masked_fill(const std::vector<Tensor>& in, const Attrs&) {
+std::vector<OutputSpec> infer_masked_fill(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &mask = in[1];
   MF_CHECK(mask.dtype() == DType::Bool, "mask must be a bool tensor, got {} (shape {})", dtype_name(mask.dtype()),
            shape_str(mask.shape()));
@@ -445,6 +449,7 @@ std::vector<OutputSpec> infer_masked_fill(const std::vector<Tensor>& in, const A
     broadcasts = mask.size(-d) == 1 || mask.size(-d) == x.size(-d);
   MF_CHECK(broadcasts, "mask of shape {} does not broadcast to the input's shape {}", shape_str(mask.shape()),
            shape_str(x.shape()));
+  detail::expect_representable(attrs.value, x.dtype(), "fill value");
   return {{x.shape(), x.dtype()}};
 }
 

@@ -7,6 +7,7 @@
 // the public functions reserve from a Generator.
 #include "core/graph.h"
 #include "ops/families.h"
+#include "ops/kernel_checks.h"
 #include "ops/loops.h"
 #include "ops/ops.h"
 #include "ops/reference.h"
@@ -22,6 +23,11 @@ std::vector<OutputSpec> infer_in_place(const std::vector<Tensor>& in, const Attr
 }
 
 // ---- fill ---------------------------------------------------------------------------------------
+
+std::vector<OutputSpec> infer_fill(const std::vector<Tensor>& in, const Attrs& attrs) {
+  detail::expect_representable(attrs.value, in[0].dtype(), "fill value");
+  return infer_in_place(in, attrs);
+}
 
 void cpu_fill(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
@@ -62,6 +68,11 @@ std::vector<OutputSpec> infer_arange(const std::vector<Tensor>& in, const Attrs&
   MF_CHECK(t.dim() == 1, "fills a 1-D tensor, got shape {}", shape_str(t.shape()));
   MF_CHECK(t.dtype() != DType::Bool, "not defined for bool tensors");
   MF_CHECK(attrs.eps != 0, "step must be nonzero");
+  MF_CHECK(std::isfinite(attrs.value) && std::isfinite(attrs.eps), "start ({}) and step ({}) must be finite",
+           attrs.value, attrs.eps);
+  detail::expect_representable(attrs.value, t.dtype(), "start");
+  detail::expect_representable(attrs.value + static_cast<double>(std::max<int64_t>(t.numel() - 1, 0)) * attrs.eps,
+                               t.dtype(), "last value");
   return infer_in_place(in, attrs);
 }
 
@@ -93,7 +104,11 @@ std::vector<OutputSpec> infer_uniform(const std::vector<Tensor>& in, const Attrs
   const Tensor& t = in[0];
   MF_CHECK(t.dtype() != DType::Bool, "not defined for bool tensors");
   MF_CHECK(attrs.min && attrs.max, "needs both bounds (Attrs.min and Attrs.max)");
+  MF_CHECK(std::isfinite(*attrs.min) && std::isfinite(*attrs.max), "bounds must be finite, got [{}, {})", *attrs.min,
+           *attrs.max);
   MF_CHECK(*attrs.min <= *attrs.max, "low ({}) must not exceed high ({})", *attrs.min, *attrs.max);
+  detail::expect_representable(*attrs.min, t.dtype(), "low");
+  detail::expect_representable(*attrs.max, t.dtype(), "high");
   if (!is_floating(t.dtype()))
     MF_CHECK(*attrs.min < *attrs.max, "the integer range [{}, {}) is empty", *attrs.min, *attrs.max);
   return infer_in_place(in, attrs);
@@ -207,7 +222,7 @@ std::vector<Tensor> reference_bernoulli(const std::vector<Tensor>& in, const Att
 }  // namespace
 
 void register_fill_ops(Registry& r) {
-  r.define(OpId::fill, {.name = "fill", .infer = infer_in_place, .kernels = {cpu_fill}, .writes_input = true,
+  r.define(OpId::fill, {.name = "fill", .infer = infer_fill, .kernels = {cpu_fill}, .writes_input = true,
                         .samples = [] {
                           return std::vector<Sample>{
                               {"float", {reference::randn({3, 4}, 51)}, {.value = 2.5}},

@@ -3,7 +3,8 @@
 // Kernels read their inputs through their own strides (one_hot aside), using one row walker: a
 // shape is visited one row (last dim) at a time, each operand's offset found from its strides.
 // Index values are data, so their range check happens in the kernel, serially and before any write,
-// so the error names the first bad value whatever the thread count. Outputs are written (=);
+// so the error names the first bad value whatever the thread count (where the output is empty, no
+// kernel runs, and the front checks them instead). Outputs are written (=);
 // scatter_add accumulates (+=) into its copy of x.
 #include "ops/families.h"
 #include "ops/loops.h"
@@ -79,6 +80,12 @@ void check_index_range(const Tensor& index, int64_t dim, const Tensor& x) {
   int64_t size = x.shape()[dim];
   if (auto bad = first_out_of_range(index, size))
     fail("index {} is out of range for dim {} of size {} (shape {})", *bad, dim, size, shape_str(x.shape()));
+}
+
+/// For fronts: the dispatcher runs no kernel for an empty output, so index values the kernel would
+/// have checked are checked here (on a host copy), lest a call's validity hang on another dim's size.
+void check_index_range_for_empty(const Shape& out_shape, const Tensor& index, int64_t dim, const Tensor& x) {
+  if (shape_numel(out_shape) == 0 && index.numel() > 0) check_index_range(index.to(Device::cpu()), dim, x);
 }
 
 void check_index_tensor(const Tensor& index) {
@@ -194,6 +201,7 @@ std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const 
   MF_CHECK(index.dim() <= 1, "index must be 1-D, got shape {}", shape_str(index.shape()));
   Shape shape = x.shape();
   shape[dim] = index.numel();
+  check_index_range_for_empty(shape, index, dim, x);
   return {{shape, x.dtype()}};
 }
 
@@ -287,6 +295,7 @@ std::vector<OutputSpec> infer_scatter_add(const std::vector<Tensor>& in, const A
     MF_CHECK(index.shape()[d] <= src.shape()[d] && (d == dim || index.shape()[d] <= x.shape()[d]),
              "index of shape {} is larger than src {} or x {} in dim {}", shape_str(index.shape()),
              shape_str(src.shape()), shape_str(x.shape()), d);
+  check_index_range_for_empty(x.shape(), index, dim, x);
   return {{x.shape(), x.dtype()}};
 }
 

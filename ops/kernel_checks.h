@@ -1,10 +1,11 @@
-// Input checks and small helpers shared by the fused nn kernels (nn_ops.cpp, cross_entropy.cpp).
+// Input checks and small helpers shared by the op fronts and the fused nn kernels.
 #pragma once
 
 #include "core/graph.h"
 #include "core/tensor.h"
 #include "ops/loops.h"
 
+#include <cmath>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -40,6 +41,14 @@ inline std::optional<std::pair<int64_t, int64_t>> find_bad_index(const Tensor& i
   for (int64_t i = 0; i < host.numel(); ++i)
     if ((values[i] < 0 || values[i] >= high) && values[i] != skip) return std::pair{i, values[i]};
   return std::nullopt;
+}
+
+/// A scalar attribute written into, or compared with, elements of `dtype` must be representable
+/// there: converting NaN, an infinity or a value past int64's range to int64 is undefined behaviour.
+inline void expect_representable(double value, DType dtype, std::string_view what) {
+  if (dtype != DType::Int64) return;
+  MF_CHECK(std::isfinite(value) && value >= -0x1p63 && value < 0x1p63, "{} {} is not representable in an int64 tensor",
+           what, value);
 }
 
 inline void expect_int64(const Tensor& t, std::string_view name) {

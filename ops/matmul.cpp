@@ -37,10 +37,14 @@ struct MatrixLayout {
   int64_t ld;
 };
 
+/// BLAS needs a leading dimension of at least the row length: an expanded operand (stride 0 along a
+/// dim of size > 1) has none and must be copied first.
 std::optional<MatrixLayout> blas_layout(const Tensor& t) {
   int64_t rows = t.size(-2), cols = t.size(-1), row_stride = t.stride(-2), col_stride = t.stride(-1);
-  if (col_stride == 1 || cols == 1) return MatrixLayout{CblasNoTrans, std::max({row_stride, cols, int64_t{1}})};
-  if (row_stride == 1 || rows == 1) return MatrixLayout{CblasTrans, std::max({col_stride, rows, int64_t{1}})};
+  if ((col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= std::max(cols, int64_t{1})))
+    return MatrixLayout{CblasNoTrans, rows == 1 ? std::max(cols, int64_t{1}) : row_stride};
+  if ((row_stride == 1 || rows == 1) && (cols == 1 || col_stride >= std::max(rows, int64_t{1})))
+    return MatrixLayout{CblasTrans, cols == 1 ? std::max(rows, int64_t{1}) : col_stride};
   return std::nullopt;
 }
 
@@ -104,7 +108,10 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     const T* pa = static_cast<const T*>(a.raw_data());
     const T* pb = static_cast<const T*>(b.raw_data());
     T* pc = c.data_ptr<T>();
-    if (b_shared && a.is_contiguous()) {  // the batch folds into the rows of one GEMM
+    // The batch folds into the rows of one GEMM when a holds every batch's rows, one after another
+    // (a broadcast over the batch holds one batch's rows only).
+    bool a_full = std::equal(batch.begin(), batch.end(), a.shape().begin(), a.shape().end() - 2);
+    if (b_shared && a_full && a.is_contiguous()) {
       int64_t rows = c.numel() / m;
       if constexpr (std::is_same_v<T, float>)  // a linear layer over a few rows: W is not worth packing
         if (lb.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, pa, k, pb, lb.ld, pc, m)) return;

@@ -104,6 +104,11 @@ std::vector<OutputSpec> infer_float_reduction(const std::vector<Tensor>& in, con
   return {{plan_reduction(in[0], attrs.dims, attrs.keepdim).out_shape, in[0].dtype()}};
 }
 
+std::vector<OutputSpec> infer_var(const std::vector<Tensor>& in, const Attrs& attrs) {
+  MF_CHECK(attrs.correction >= 0, "correction must be >= 0, got {}", attrs.correction);
+  return infer_float_reduction(in, attrs);
+}
+
 std::vector<OutputSpec> infer_extreme(const std::vector<Tensor>& in, const Attrs& attrs) {
   ReducePlan plan = plan_reduction(in[0], attrs.dims, attrs.keepdim);
   check_not_empty(in[0], plan);
@@ -467,7 +472,7 @@ void register_reduction_ops(Registry& r) {
   r.define(OpId::mean, {.name = "mean", .infer = infer_float_reduction, .kernels = {cpu_reduce<MeanOp>},
                         .backward = mean_backward, .samples = reduction_samples,
                         .reference = reference_reduce<MeanFold>});
-  r.define(OpId::var, {.name = "var", .infer = infer_float_reduction, .kernels = {cpu_reduce<VarOp>},
+  r.define(OpId::var, {.name = "var", .infer = infer_var, .kernels = {cpu_reduce<VarOp>},
                        .backward = var_backward, .samples = var_samples, .reference = reference_reduce<VarFold>});
   r.define(OpId::amax, {.name = "amax", .infer = infer_extreme, .kernels = {cpu_reduce<ExtremeOp<true>, false>},
                         .backward = extreme_backward, .saves_outputs = true, .samples = extreme_samples,

@@ -18,18 +18,18 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 
 /// Resolves one -1 entry and checks the element count.
 Shape infer_view_shape(const Shape& requested, int64_t numel) {
-  Shape shape = requested;
-  int64_t known = 1;
+  Shape shape = requested, sizes = requested;  // sizes: the -1 entry as 1
   auto wildcard = shape.end();
   for (auto it = shape.begin(); it != shape.end(); ++it) {
     if (*it == -1) {
       MF_CHECK(wildcard == shape.end(), "shape {} has more than one -1", shape_str(requested));
       wildcard = it;
+      sizes[static_cast<size_t>(it - shape.begin())] = 1;
     } else {
       MF_CHECK(*it >= 0, "shape {} has a negative size", shape_str(requested));
-      known *= *it;
     }
   }
+  int64_t known = checked_numel(sizes);
   if (wildcard != shape.end()) {
     MF_CHECK(known != 0 && numel % known == 0, "shape {} is invalid for {} elements", shape_str(requested), numel);
     *wildcard = numel / known;
@@ -141,14 +141,15 @@ SliceRange checked_slice(const Tensor& x, const Attrs& attrs) {
   MF_CHECK(attrs.step > 0, "step must be positive, got {}", attrs.step);
   auto clamp_index = [&](int64_t i) { return std::clamp(i < 0 ? i + size : i, int64_t{0}, size); };
   int64_t start = clamp_index(attrs.start), end = std::max(start, clamp_index(attrs.end));
-  return {dim, start, (end - start + attrs.step - 1) / attrs.step, attrs.step};
+  // Not (end - start + step - 1) / step, which overflows for a step near INT64_MAX.
+  return {dim, start, end > start ? (end - start - 1) / attrs.step + 1 : 0, attrs.step};
 }
 
 Tensor view_slice(const Tensor& x, const Attrs& attrs) {
   SliceRange range = checked_slice(x, attrs);
   Shape shape = x.shape(), strides = x.strides();
   shape[range.dim] = range.length;
-  strides[range.dim] *= range.step;
+  if (range.length > 1) strides[range.dim] *= range.step;  // then step < size: no overflow
   return make_view(x, shape, strides, x.offset() + range.start * x.strides()[range.dim]);
 }
 
@@ -219,11 +220,14 @@ Tensor view_expand(const Tensor& x, const Attrs& attrs) {
     int64_t want = target[d] == -1 ? own : target[d];
     MF_CHECK(d >= lead || target[d] != -1, "-1 is not allowed for the new leading dim {} in {}", d,
              shape_str(target));
+    MF_CHECK(want >= 0, "cannot expand shape {} to {} (dim {}: negative size {})", shape_str(x.shape()),
+             shape_str(target), d, want);
     MF_CHECK(own == want || own == 1, "cannot expand shape {} to {} (dim {}: {} vs {})", shape_str(x.shape()),
              shape_str(target), d, own, want);
     shape[d] = want;
     if (d >= lead && own == want) strides[d] = x.strides()[d - lead];
   }
+  checked_numel(shape);  // every later numel() of the view must not overflow
   return make_view(x, shape, strides, x.offset());
 }
 
