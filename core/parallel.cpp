@@ -17,11 +17,14 @@ namespace {
 
 thread_local bool inside_parallel_region = false;
 
+constexpr int kMaxThreads = 4096;  // chunks per run fit the 16 bits the pool counts them in
+
 // Workers spin for a short while after each task before they sleep: the ops of a model step come
 // microseconds apart, and a condition-variable wake-up costs more than many small kernels. Chunks are
 // claimed, not assigned, so the caller takes every chunk no worker has woken up for; it never waits
-// on a sleeping thread. A claim is a compare-and-swap on one word holding (run id, next chunk), so a
-// late worker can never take a chunk of a run that has already moved on.
+// on a sleeping thread. A claim is a compare-and-swap on one word holding (run id, chunk count, next
+// chunk), so a late worker can never take a chunk of a run that has already moved on, nor judge a
+// run's chunks by another run's count.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) { start(threads); }
@@ -37,10 +40,9 @@ class ThreadPool {
   // Runs task(i) for each i in [0, count) once, on the caller and whichever workers are awake.
   void run(int count, const std::function<void(int)>& task) {
     task_.store(&task, std::memory_order_relaxed);
-    count_.store(count, std::memory_order_relaxed);
     finished_.store(0, std::memory_order_relaxed);
-    uint64_t run = (claims_.load(std::memory_order_relaxed) >> 32) + 1;
-    claims_.store(run << 32, std::memory_order_seq_cst);  // publishes task_ and count_
+    uint64_t run = run_of(claims_.load(std::memory_order_relaxed)) + 1;
+    claims_.store(run << 32 | static_cast<uint64_t>(count) << 16, std::memory_order_seq_cst);  // publishes task_
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard lock(mutex_);  // a worker between its check and its wait holds the mutex
       wake_.notify_all();
@@ -59,6 +61,8 @@ class ThreadPool {
   static constexpr auto kSpinBeforeSleep = std::chrono::microseconds(200);
 
   static uint64_t run_of(uint64_t claims) { return claims >> 32; }
+  static int count_of(uint64_t claims) { return static_cast<int>((claims >> 16) & 0xFFFF); }
+  static int next_of(uint64_t claims) { return static_cast<int>(claims & 0xFFFF); }
 
   // Backs off politely: a CPU pause, and a yield now and then in case the machine is oversubscribed.
   static void pause(int spins) {
@@ -72,8 +76,8 @@ class ThreadPool {
   void run_claimed(uint64_t run) {
     uint64_t claims = claims_.load(std::memory_order_acquire);
     while (run_of(claims) == run) {
-      auto index = static_cast<int>(claims & 0xFFFFFFFF);
-      if (index >= count_.load(std::memory_order_relaxed)) return;
+      int index = next_of(claims);
+      if (index >= count_of(claims)) return;
       if (!claims_.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel)) continue;
       inside_parallel_region = true;
       try {
@@ -127,10 +131,9 @@ class ThreadPool {
   std::mutex mutex_;  // guards error_ and the sleep / wake-up handshake
   std::condition_variable wake_;
   std::vector<std::thread> workers_;
-  // The current run's task and chunk count, published by the store to claims_ that starts the run.
+  // The current run's task, published by the store to claims_ that starts the run.
   std::atomic<const std::function<void(int)>*> task_{nullptr};
-  std::atomic<int> count_{0};
-  std::atomic<uint64_t> claims_{0};  // (run id << 32) | next unclaimed chunk
+  std::atomic<uint64_t> claims_{0};  // run id << 32 | chunk count << 16 | next unclaimed chunk
   std::atomic<int> finished_{0};     // chunks of the current run that have run
   std::atomic<int> sleepers_{0};
   std::atomic<bool> quit_{false};
@@ -138,7 +141,7 @@ class ThreadPool {
 };
 
 ThreadPool& pool() {
-  static ThreadPool instance(std::max(1u, std::thread::hardware_concurrency()));
+  static ThreadPool instance(std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, kMaxThreads));
   return instance;
 }
 
@@ -148,6 +151,7 @@ int intra_op_threads() { return pool().size(); }
 
 void set_intra_op_threads(int n) {
   MF_CHECK(n >= 1, "set_num_threads: thread count must be at least 1, got {}", n);
+  MF_CHECK(n <= kMaxThreads, "set_num_threads: thread count must be at most {}, got {}", kMaxThreads, n);
   if (n != pool().size()) pool().resize(n);
 }
 

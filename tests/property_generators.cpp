@@ -461,6 +461,7 @@ ValidGenerator valid_generator(OpId id) {
     case mul:
     case div:
     case pow:
+    case relu_backward:
     case gelu_backward:
     case eq:
     case ne:

@@ -221,6 +221,7 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case mul:
     case div:
     case pow: binary(c, true); return c.take();
+    case relu_backward:
     case gelu_backward:
       binary(c, true);
       c.call("int64 operands", {as(x, DType::Int64), as(v.inputs[1], DType::Int64)}, v.attrs);

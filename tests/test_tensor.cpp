@@ -121,12 +121,13 @@ TEST_CASE("empty refuses shapes whose strides or bytes overflow") {
   // Found with fuzz_safetensors: an empty tensor [0, 2^32, 2^32] holds no bytes, but its stride for
   // dim 0 would be 2^64, past int64 (signed overflow).
   CHECK_THROWS_WITH_AS(Tensor::empty({0, int64_t{1} << 32, int64_t{1} << 32}),
-                       doctest::Contains("shape [0, 4294967296, 4294967296] is too large: its strides overflow int64"),
-                       Error);
-  CHECK_THROWS_WITH_AS(zeros({int64_t{1} << 32, int64_t{1} << 32}), doctest::Contains("strides overflow int64"), Error);
+                       doctest::Contains("shape [0, 4294967296, 4294967296] has too many elements"), Error);
+  CHECK_THROWS_WITH_AS(zeros({int64_t{1} << 32, int64_t{1} << 32}), doctest::Contains("has too many elements"), Error);
   // 2^62 float64 elements are 2^65 bytes: the element count fits int64, the byte count does not.
   CHECK_THROWS_WITH_AS(Tensor::empty({int64_t{1} << 62}, DType::Float64),
-                       doctest::Contains("shape [4611686018427387904] of float64 needs more than 2^63 bytes"), Error);
+                       doctest::Contains("shape [4611686018427387904] has too many elements (its size in bytes does "
+                                         "not fit in 64 bits)"),
+                       Error);
   // The largest stride that fits is fine: [0, 2^31, 2^31] has strides [2^62, 2^31, 1].
   Tensor wide = Tensor::empty({0, int64_t{1} << 31, int64_t{1} << 31});
   CHECK(wide.strides() == Shape{int64_t{1} << 62, int64_t{1} << 31, 1});
