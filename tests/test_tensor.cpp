@@ -9,8 +9,10 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <set>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -284,6 +286,107 @@ TEST_CASE("caching allocator reuses freed blocks and empty_cache releases them")
     Tensor third = Tensor::empty(shape);
     CHECK(allocator.stats().system_allocations == after.system_allocations + 1);  // the pool was emptied
   }
+}
+
+namespace {
+
+/// A CachingAllocator over malloc that counts the blocks it holds from the system and can refuse
+/// allocations, so that every statistic can be checked against a hand count. Blocks are rounded up
+/// to multiples of 100 bytes.
+class CountingAllocator final : public CachingAllocator {
+ public:
+  CountingAllocator() : CachingAllocator("test device") {}
+  ~CountingAllocator() override { empty_cache(); }
+
+  size_t live_blocks = 0;  // taken from the system and not given back
+  int refusals = 0;        // the next `refusals` system allocations report out of memory
+
+ protected:
+  size_t block_size(size_t nbytes) const override { return std::max<size_t>(1, (nbytes + 99) / 100) * 100; }
+  void* system_allocate(size_t size) override {
+    if (refusals > 0) {
+      --refusals;
+      return nullptr;
+    }
+    ++live_blocks;
+    return std::malloc(size);
+  }
+  void system_free(std::span<void* const> blocks) override {
+    for (void* block : blocks) std::free(block);
+    live_blocks -= blocks.size();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("caching allocator statistics match a hand count") {
+  CountingAllocator allocator;
+  auto check_stats = [&](size_t allocated, size_t cached, size_t peak, size_t allocations, size_t hits) {
+    AllocatorStats s = allocator.stats();
+    CHECK(s.allocated_bytes == allocated);
+    CHECK(s.cached_bytes == cached);
+    CHECK(s.reserved_bytes() == allocated + cached);
+    CHECK(s.peak_allocated_bytes == peak);
+    CHECK(s.allocations == allocations);
+    CHECK(s.cache_hits == hits);
+    CHECK(s.system_allocations == allocations - hits);
+  };
+  void* a = allocator.allocate(10);  // a 100-byte block from the system
+  void* b = allocator.allocate(150);  // 200
+  check_stats(300, 0, 300, 2, 0);
+  allocator.deallocate(a, 10);
+  check_stats(200, 100, 300, 2, 0);
+  void* c = allocator.allocate(99);  // also a 100-byte block: a's, from the pool
+  CHECK(c == a);
+  check_stats(300, 0, 300, 3, 1);
+  allocator.deallocate(b, 150);
+  allocator.deallocate(c, 99);
+  check_stats(0, 300, 300, 3, 1);
+  allocator.reset_peak_stats();
+  check_stats(0, 300, 0, 3, 1);
+  void* d = allocator.allocate(250);  // no 300-byte block cached: from the system
+  check_stats(300, 300, 300, 4, 1);
+  CHECK(allocator.live_blocks == 3);
+
+  CHECK(allocator.empty_cache() == 300);  // the 100- and 200-byte blocks
+  check_stats(300, 0, 300, 4, 1);
+  CHECK(allocator.stats().system_frees == 2);
+  CHECK(allocator.live_blocks == 1);
+  CHECK(allocator.empty_cache() == 0);
+
+  // Out of memory: the cache is given back and the allocation tried again.
+  allocator.deallocate(d, 250);
+  allocator.refusals = 1;
+  void* e = allocator.allocate(50);
+  CHECK(allocator.stats().system_frees == 3);
+  check_stats(100, 0, 300, 5, 1);
+  // With nothing cached to give back, out of memory is an error naming the request and the device.
+  allocator.refusals = 1;
+  CHECK_THROWS_WITH_AS(allocator.allocate(1000),
+                       "out of memory: cannot allocate 1000 bytes on test device (100 bytes allocated, 0 cached)",
+                       Error);
+  allocator.deallocate(e, 50);
+}
+
+TEST_CASE("empty_cache releases exactly the cached bytes; memory_stats reports the CPU pool") {
+  empty_cache();
+  AllocatorStats start = memory_stats();
+  CHECK(start.cached_bytes == 0);
+  {
+    Tensor t = Tensor::empty({777'777});  // 3,111,108 bytes, rounded up to 4096: 3,112,960
+    CHECK(memory_stats().allocated_bytes == start.allocated_bytes + 3'112'960);
+  }
+  AllocatorStats freed = memory_stats();
+  CHECK(freed.allocated_bytes == start.allocated_bytes);
+  CHECK(freed.cached_bytes == 3'112'960);
+  CHECK(freed.allocations == start.allocations + 1);
+  CHECK(empty_cache(Device::cpu()) == 3'112'960);
+  CHECK(memory_stats().cached_bytes == 0);
+  CHECK(memory_stats().system_frees == freed.system_frees + 1);
+  reset_peak_memory_stats();
+  CHECK(memory_stats().peak_allocated_bytes == memory_stats().allocated_bytes);
+  if (!cuda::is_available())
+    CHECK_THROWS_WITH_AS(empty_cache(Device::cuda()), doctest::Contains("device cuda:0 is not available"), Error);
 }
 
 TEST_CASE("data pointers are 64-byte aligned") {
