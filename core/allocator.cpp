@@ -3,22 +3,32 @@
 #include "core/error.h"
 #include "core/storage.h"
 
+#include <bit>
 #include <cstdlib>
 
 namespace mf {
+
+size_t CachingAllocator::block_size(size_t nbytes) const {
+  size_t size = std::max<size_t>(nbytes, 1);
+  if (size > 4) {
+    const size_t step = std::bit_floor(size - 1) / 4;  // a quarter of the power of two below size
+    size = (size + step - 1) / step * step;
+  }
+  return (size + granule_ - 1) / granule_ * granule_;
+}
 
 void* CachingAllocator::allocate(size_t nbytes) {
   const size_t size = block_size(nbytes);
   {
     std::lock_guard lock(mutex_);
-    ++stats_.allocations;
-    if (auto it = free_.find(size); it != free_.end() && !it->second.empty()) {
+    // Best fit, but not more than twice the size: a small tensor must not pin a large block.
+    if (auto it = free_.lower_bound(size); it != free_.end() && it->first <= 2 * size) {
+      const size_t found = it->first;
       void* ptr = it->second.back();
       it->second.pop_back();
-      ++stats_.cache_hits;
-      stats_.cached_bytes -= size;
-      stats_.allocated_bytes += size;
-      stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+      if (it->second.empty()) free_.erase(it);
+      stats_.cached_bytes -= found;
+      count_allocation(ptr, found, true);
       return ptr;
     }
   }
@@ -27,15 +37,23 @@ void* CachingAllocator::allocate(size_t nbytes) {
   std::lock_guard lock(mutex_);
   MF_CHECK(ptr != nullptr, "out of memory: cannot allocate {} bytes on {} ({} bytes allocated, {} cached)", nbytes,
            device_, stats_.allocated_bytes, stats_.cached_bytes);
-  ++stats_.system_allocations;
-  stats_.allocated_bytes += size;
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  count_allocation(ptr, size, false);
   return ptr;
 }
 
-void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
-  const size_t size = block_size(nbytes);
+void CachingAllocator::count_allocation(void* ptr, size_t size, bool from_pool) {
+  in_use_.emplace(ptr, size);
+  ++stats_.allocations;
+  ++(from_pool ? stats_.cache_hits : stats_.system_allocations);
+  stats_.allocated_bytes += size;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+}
+
+void CachingAllocator::deallocate(void* ptr, size_t) {
   std::lock_guard lock(mutex_);
+  auto node = in_use_.extract(ptr);
+  MF_CHECK(!node.empty(), "{} allocator: freeing a block it did not hand out", device_);
+  const size_t size = node.mapped();
   free_[size].push_back(ptr);
   stats_.allocated_bytes -= size;
   stats_.cached_bytes += size;
@@ -76,15 +94,9 @@ namespace {
 
 class CachingCpuAllocator final : public CachingAllocator {
  public:
-  CachingCpuAllocator() : CachingAllocator("cpu") {}
+  CachingCpuAllocator() : CachingAllocator("cpu", kCpuAlignment) {}
 
  protected:
-  // Rounding sizes up makes blocks of nearly equal size share one free list.
-  size_t block_size(size_t nbytes) const override {
-    size_t granule = nbytes < (1u << 20) ? kCpuAlignment : 4096;
-    return (std::max<size_t>(nbytes, 1) + granule - 1) / granule * granule;
-  }
-
   void* system_allocate(size_t size) override { return std::aligned_alloc(kCpuAlignment, size); }
 
   void system_free(std::span<void* const> blocks) override {

@@ -1,7 +1,8 @@
-// Memory for tensors. Each device has one caching allocator: freed blocks stay in a pool keyed by
-// (rounded) size, so a training loop that allocates the same shapes every step stops calling the
-// system allocator after its first step. The pool only grows to the largest set of blocks of each size
-// that was live at once; empty_cache() gives it back, like torch.cuda.empty_cache().
+// Memory for tensors. Each device has one caching allocator: freed blocks stay in a pool for reuse,
+// so a training loop stops calling the system allocator after its first steps. Blocks come in size
+// classes, four per power of two, and a request takes the smallest cached block of its class or up to
+// twice its size: batches of varying shape then reuse each other's blocks, where a pool keyed by exact
+// size grows with every new shape. empty_cache() gives the pool back, like torch.cuda.empty_cache().
 #pragma once
 
 #include "core/device.h"
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace mf {
@@ -21,9 +23,9 @@ struct AllocatorStats {
   size_t allocated_bytes = 0;       // handed out and not yet returned
   size_t cached_bytes = 0;          // held in the pool for reuse
   size_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes since the start or reset_peak_stats()
-  size_t allocations = 0;           // allocate() calls
-  size_t cache_hits = 0;            // allocate() calls served from the pool
-  size_t system_allocations = 0;    // allocate() calls that reached the system (allocations - cache_hits)
+  size_t allocations = 0;           // blocks handed out by allocate()
+  size_t cache_hits = 0;            // of those, blocks that came from the pool
+  size_t system_allocations = 0;    // and blocks that came from the system (allocations - cache_hits)
   size_t system_frees = 0;          // blocks given back to the system by empty_cache()
 
   /// Bytes taken from the system and not given back: allocated + cached (PyTorch's "reserved").
@@ -35,7 +37,7 @@ class Allocator {
   virtual ~Allocator() = default;
   /// A block of at least `nbytes` (a zero-byte request still returns a unique non-null pointer).
   virtual void* allocate(size_t nbytes) = 0;
-  /// Returns a block from allocate() with the same `nbytes`.
+  /// Returns a block from allocate() (`nbytes` as requested).
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   /// Gives every cached block back to the system; returns the bytes released (the cached_bytes before).
   virtual size_t empty_cache() = 0;
@@ -44,12 +46,13 @@ class Allocator {
   virtual void reset_peak_stats() = 0;
 };
 
-/// The pool and statistics that the CPU and CUDA allocators share; a device supplies the system calls
-/// and its size rounding. Thread-safe.
+/// The pool and statistics that the CPU and CUDA allocators share; a device supplies the system calls.
+/// Bytes are counted in block sizes: a request served by a larger cached block counts the whole block.
+/// Thread-safe.
 class CachingAllocator : public Allocator {
  public:
-  /// `device` names the device in out-of-memory errors.
-  explicit CachingAllocator(std::string device) : device_(std::move(device)) {}
+  /// `device` names the device in out-of-memory errors; every block size is a multiple of `granule`.
+  CachingAllocator(std::string device, size_t granule) : device_(std::move(device)), granule_(granule) {}
   ~CachingAllocator() override = default;
 
   void* allocate(size_t nbytes) final;
@@ -58,9 +61,12 @@ class CachingAllocator : public Allocator {
   AllocatorStats stats() const final;
   void reset_peak_stats() final;
 
+  /// The size of the block that serves a request of `nbytes`: its size class (the next of 1.25, 1.5,
+  /// 1.75 or 2 times a power of two), rounded up to the granule. Such a request may also be served by
+  /// a cached block of up to twice this size.
+  size_t block_size(size_t nbytes) const;
+
  protected:
-  /// The size of the block that serves a request of `nbytes` (blocks of one size share a free list).
-  virtual size_t block_size(size_t nbytes) const = 0;
   /// A fresh block of `size` bytes, or nullptr when the device is out of memory (any other failure
   /// throws mf::Error).
   virtual void* system_allocate(size_t size) = 0;
@@ -68,12 +74,16 @@ class CachingAllocator : public Allocator {
   virtual void system_free(std::span<void* const> blocks) = 0;
 
  private:
+  /// Records `ptr`, a block of `size` bytes, as handed out; needs mutex_.
+  void count_allocation(void* ptr, size_t size, bool from_pool);
   /// Moves every cached block out of the pool (the caller frees them); needs mutex_.
   std::vector<void*> take_cached();
 
   std::string device_;
+  size_t granule_;
   mutable std::mutex mutex_;
-  std::map<size_t, std::vector<void*>> free_;  // block size -> cached blocks
+  std::map<size_t, std::vector<void*>> free_;  // block size -> cached blocks (no empty lists)
+  std::unordered_map<void*, size_t> in_use_;   // block -> its size
   AllocatorStats stats_;
 };
 

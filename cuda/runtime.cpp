@@ -52,15 +52,14 @@ void check_device(int device) {
            d.count);
 }
 
-/// Rounds requests up to 512 bytes; the pool and statistics are core's. Every kernel on a device runs
+/// Blocks are multiples of 512 bytes; the pool and statistics are core's. Every kernel on a device runs
 /// on that device's one stream, so a block freed by the host is safe to hand out again at once: the
 /// next user's work is queued behind the last one's.
 class CudaCachingAllocator final : public CachingAllocator {
  public:
-  explicit CudaCachingAllocator(int device) : CachingAllocator(fmt::format("cuda:{}", device)), device_(device) {}
+  explicit CudaCachingAllocator(int device) : CachingAllocator(fmt::format("cuda:{}", device), 512), device_(device) {}
 
  protected:
-  size_t block_size(size_t nbytes) const override { return std::max<size_t>(512, (nbytes + 511) / 512 * 512); }
 
   void* system_allocate(size_t size) override {
     MF_CUDA_CHECK(cudaSetDevice(device_));
