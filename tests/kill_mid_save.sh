@@ -17,11 +17,12 @@ rounds=12
 mid_save=0
 
 for round in $(seq 1 "$rounds"); do
+  rm -f "$dir/log"  # else the wait below could see the last round's log before the new writer truncates it
   "$writer" write "$path" "$megabytes" >"$dir/log" 2>&1 &
   pid=$!
   # Wait for a first save of this round, so each kill lands on a later save over an existing file.
   for _ in $(seq 1 600); do
-    grep -q '^saved' "$dir/log" && break
+    grep -qs '^saved' "$dir/log" && break
     sleep 0.05
   done
   sleep "0.$((RANDOM % 400))"
