@@ -4,6 +4,7 @@
 #include "core/json_brief.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -177,14 +179,50 @@ std::vector<TensorRecordView> views_of(std::span<const TensorRecord> records) {
   return views;
 }
 
+// This host's name as temporary file names spell it. Process ids identify a writer only on the host
+// that ran it, so a temporary file is only ever judged stale on its own host (file systems can be shared).
+const std::string& host_name() {
+  static const std::string name = [] {
+    std::array<char, 256> buffer{};
+    if (::gethostname(buffer.data(), buffer.size() - 1) != 0) return std::string("localhost");
+    return std::string(buffer.data());
+  }();
+  return name;
+}
+
+// Deletes the temporary files of `target` (TARGET.tmp.HOST.PID.N) that writers on this host left when
+// they were killed mid-save: those whose process no longer exists. A live writer's file, or another
+// host's, is never touched. Best effort: a file that cannot be listed or removed is left alone.
+void remove_stale_temp_files(const std::filesystem::path& target) {
+  namespace fs = std::filesystem;
+  const std::string prefix = target.filename().string() + ".tmp." + host_name() + ".";
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::vector<fs::path> stale;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    pid_t pid = 0;
+    const char* first = name.data() + prefix.size();
+    const char* last = name.data() + name.size();
+    auto [next, parse_error] = std::from_chars(first, last, pid);
+    if (parse_error != std::errc() || next == last || *next != '.' || pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(it->path());  // EPERM: alive, not ours
+  }
+  for (const fs::path& path : stale) fs::remove(path, error);
+}
+
 // A new file beside the target that deletes itself unless commit() renamed it over the target.
+// Its name holds the host and process id, so that a later write can recognise it as stale when this
+// process is killed before it could clean up.
 class TempFile {
  public:
   explicit TempFile(const std::filesystem::path& target) : target_(target.string()) {
+    remove_stale_temp_files(target);
     static std::atomic<uint64_t> counter{0};
     // O_EXCL makes the name ours; a clash (a file left by a crashed process) just moves on.
     for (int attempt = 0; fd_ < 0; ++attempt) {
-      path_ = fmt::format("{}.tmp.{}.{}", target_, ::getpid(), counter++);
+      path_ = fmt::format("{}.tmp.{}.{}.{}", target_, host_name(), ::getpid(), counter++);
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd_ < 0 && (errno != EEXIST || attempt == 100))
         fail_io("creating", errno);

@@ -103,9 +103,11 @@ SafetensorsContents parse_safetensors(std::span<const std::byte> bytes, std::str
                                       const SafetensorsReadOptions& options = {});
 
 /// Writes a safetensors file atomically: the bytes of serialize_safetensors go to a new temporary
-/// file in the target's directory, which is fsync'ed and then renamed over `path`. On any failure
-/// the temporary file is removed and whatever was at `path` is left untouched. Throws mf::Error
-/// naming the path and the system's reason.
+/// file in the target's directory (`path`.tmp.HOST.PID.N, unique per writer), which is fsync'ed and
+/// then renamed over `path`, and the directory is fsync'ed. On any failure the temporary file is
+/// removed and whatever was at `path` is left untouched; a process killed mid-save leaves its
+/// temporary file, which readers never look at and the next write to `path` on the same host deletes
+/// (once no process with that id is running). Throws mf::Error naming the path and the system's reason.
 void write_safetensors(const std::filesystem::path& path, std::span<const TensorRecordView> records,
                        const SafetensorsMetadata& metadata = {});
 /// write_safetensors for owned records.

@@ -52,79 +52,42 @@ void check_device(int device) {
            d.count);
 }
 
-/// Rounds requests up to 512 bytes and keeps freed blocks per size for reuse. Every kernel on a device
-/// runs on that device's one stream, so a block freed by the host is safe to hand out again at once:
-/// the next user's work is queued behind the last one's.
-class CachingAllocator final : public Allocator {
+/// Blocks are multiples of 512 bytes; the pool and statistics are core's. Every kernel on a device runs
+/// on that device's one stream, so a block freed by the host is safe to hand out again at once: the
+/// next user's work is queued behind the last one's.
+class CudaCachingAllocator final : public CachingAllocator {
  public:
-  explicit CachingAllocator(int device) : device_(device) {}
+  explicit CudaCachingAllocator(int device) : CachingAllocator(fmt::format("cuda:{}", device), 512), device_(device) {}
 
-  void* allocate(size_t nbytes) override {
-    size_t size = rounded(nbytes);
-    std::lock_guard lock(mutex_);
+ protected:
+
+  void* system_allocate(size_t size) override {
+    MF_CUDA_CHECK(cudaSetDevice(device_));
     void* ptr = nullptr;
-    if (auto it = free_.find(size); it != free_.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-      stats_.cached_bytes -= size;
-    } else {
-      MF_CUDA_CHECK(cudaSetDevice(device_));
-      cudaError_t status = cudaMalloc(&ptr, size);
-      if (status == cudaErrorMemoryAllocation && stats_.cached_bytes > 0) {
-        cudaGetLastError();
-        release_cached();  // retry once with the cache given back
-        status = cudaMalloc(&ptr, size);
-      }
-      if (status != cudaSuccess)
-        fail("cudaMalloc of {} bytes on cuda:{} failed: {} ({} bytes allocated, {} cached)", size, device_,
-             cudaGetErrorString(status), stats_.allocated_bytes, stats_.cached_bytes);
-      ++stats_.system_allocations;
+    cudaError_t status = cudaMalloc(&ptr, size);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it: the pool retries after emptying its cache, or reports out of memory
+      return nullptr;
     }
-    stats_.allocated_bytes += size;
-    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    if (status != cudaSuccess)
+      fail("cudaMalloc of {} bytes on cuda:{} failed: {}", size, device_, cudaGetErrorString(status));
     return ptr;
   }
 
-  void deallocate(void* ptr, size_t nbytes) override {
-    size_t size = rounded(nbytes);
-    std::lock_guard lock(mutex_);
-    free_[size].push_back(ptr);
-    stats_.allocated_bytes -= size;
-    stats_.cached_bytes += size;
-  }
-
-  void empty_cache() override {
-    std::lock_guard lock(mutex_);
-    release_cached();
-  }
-
-  AllocatorStats stats() const override {
-    std::lock_guard lock(mutex_);
-    return stats_;
+  void system_free(std::span<void* const> blocks) override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream(device_));  // queued kernels may still read the blocks
+    for (void* block : blocks) cudaFree(block);
   }
 
  private:
-  static size_t rounded(size_t nbytes) { return std::max<size_t>(512, (nbytes + 511) / 512 * 512); }
-
-  void release_cached() {
-    cudaSetDevice(device_);
-    cudaStreamSynchronize(stream(device_));
-    for (auto& [size, blocks] : free_)
-      for (void* block : blocks) cudaFree(block);
-    free_.clear();
-    stats_.cached_bytes = 0;
-  }
-
   int device_;
-  mutable std::mutex mutex_;
-  std::map<size_t, std::vector<void*>> free_;
-  AllocatorStats stats_;
 };
 
 /// Per-device state, created on first use and kept for the life of the process (freeing CUDA objects
 /// during static destruction races the driver's own teardown).
 struct DeviceState {
-  std::unique_ptr<CachingAllocator> allocator;
+  std::unique_ptr<CudaCachingAllocator> allocator;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
 };
@@ -139,7 +102,7 @@ DeviceState& state(int device) {
     auto fresh = std::make_unique<DeviceState>();
     MF_CUDA_CHECK(cudaSetDevice(device));
     MF_CUDA_CHECK(cudaStreamCreateWithFlags(&fresh->stream, cudaStreamNonBlocking));
-    fresh->allocator = std::make_unique<CachingAllocator>(device);
+    fresh->allocator = std::make_unique<CudaCachingAllocator>(device);
     s = fresh.release();
   }
   return *s;

@@ -110,6 +110,24 @@ TEST_CASE("without a GPU, CUDA tensors fail with a clear error and the CPU path 
   CHECK(y.sum().item<double>() == 12.0);  // 6 elements of 1 + 1
 }
 
+TEST_CASE("the CUDA allocator caches freed blocks and empty_cache gives them back") {
+  if (!cuda::is_available()) {
+    MESSAGE("SKIPPED: no GPU: the CUDA allocator's cache is not checked");
+    return;
+  }
+  empty_cache(kGpu);
+  const AllocatorStats start = memory_stats(kGpu);
+  { Tensor t = Tensor::empty({1000}, DType::Float32, kGpu); }  // 4,000 bytes: a 4,096-byte block
+  const AllocatorStats freed = memory_stats(kGpu);
+  CHECK(freed.allocated_bytes == start.allocated_bytes);
+  CHECK(freed.cached_bytes == 4096);
+  CHECK(freed.system_allocations == start.system_allocations + 1);
+  { Tensor t = Tensor::empty({1000}, DType::Float32, kGpu); }
+  CHECK(memory_stats(kGpu).cache_hits == freed.cache_hits + 1);
+  CHECK(empty_cache(kGpu) == 4096);
+  CHECK(memory_stats(kGpu).cached_bytes == 0);
+}
+
 TEST_CASE("ops without a CUDA kernel are listed and refused by name") {
   std::vector<std::string> missing = cuda::missing_ops();
   std::string list;

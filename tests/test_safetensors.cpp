@@ -5,8 +5,10 @@
 #include "miniflow.h"
 
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -170,6 +172,34 @@ TEST_CASE("files round-trip through write_safetensors and read_safetensors") {
   const std::vector<TensorRecord> smaller = {{"x", DType::Float64, {1}, bytes_of<double>({2.0})}};
   mf::write_safetensors(path, smaller);
   CHECK(read_file_bytes(path) == mf::serialize_safetensors(smaller));
+}
+
+TEST_CASE("a write deletes the temporary files of killed writers on this host, and no others") {
+  TempDir dir;
+  const std::filesystem::path path = dir.path / "model.safetensors";
+  std::array<char, 256> host{};
+  REQUIRE(::gethostname(host.data(), host.size() - 1) == 0);
+  // A process id that surely runs no process: a child that has exited and been reaped.
+  const pid_t dead = ::fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+  const std::string ours = "model.safetensors.tmp." + std::string(host.data()) + ".";
+  const std::vector<std::string> kept = {
+      ours + std::to_string(::getpid()) + ".7",  // this process: another thread may be writing it
+      ours + "1.0",                              // init is alive
+      "model.safetensors.tmp.some-other-host." + std::to_string(dead) + ".0",  // its pids mean nothing here
+      "other.safetensors.tmp." + std::string(host.data()) + "." + std::to_string(dead) + ".0",  // another target
+  };
+  for (const std::string& name : kept) write_file_bytes(dir.path / name, bytes_of("partial"));
+  write_file_bytes(dir.path / (ours + std::to_string(dead) + ".3"), bytes_of("partial"));
+
+  mf::write_safetensors(path, sample_records());
+  std::vector<std::string> expected = kept;
+  expected.push_back("model.safetensors");
+  std::sort(expected.begin(), expected.end());
+  CHECK(dir.entries() == expected);  // only the dead writer's file is gone
+  CHECK(mf::read_safetensors(path).records.size() == sample_records().size());
 }
 
 TEST_CASE("bytes match what Python's safetensors writes") {

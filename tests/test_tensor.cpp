@@ -9,8 +9,10 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <set>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -301,6 +303,130 @@ TEST_CASE("caching allocator reuses freed blocks and empty_cache releases them")
     Tensor third = Tensor::empty(shape);
     CHECK(allocator.stats().system_allocations == after.system_allocations + 1);  // the pool was emptied
   }
+}
+
+namespace {
+
+/// A CachingAllocator over malloc (granule 64 bytes) that counts the blocks it holds from the system
+/// and can refuse allocations, so that every statistic can be checked against a hand count.
+class CountingAllocator final : public CachingAllocator {
+ public:
+  CountingAllocator() : CachingAllocator("test device", 64) {}
+  ~CountingAllocator() override { empty_cache(); }
+
+  size_t live_blocks = 0;  // taken from the system and not given back
+  int refusals = 0;        // the next `refusals` system allocations report out of memory
+
+ protected:
+  void* system_allocate(size_t size) override {
+    if (refusals > 0) {
+      --refusals;
+      return nullptr;
+    }
+    ++live_blocks;
+    return std::malloc(size);
+  }
+  void system_free(std::span<void* const> blocks) override {
+    for (void* block : blocks) std::free(block);
+    live_blocks -= blocks.size();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("block sizes: four size classes per power of two, rounded up to the granule") {
+  CountingAllocator allocator;
+  // Up to 4 * 64 bytes the granule decides; above, n in (2^k, 2^(k+1)] rounds up to a multiple of
+  // 2^k / 4: 1000 is in (512, 1024] -> multiple of 128 -> 1024; 1025 -> multiple of 256 -> 1280;
+  // 1100 and 1280 -> 1280 too; 3,111,108 is in (2^21, 2^22] -> multiple of 2^19 = 524,288 -> 6 * 2^19.
+  const std::vector<std::pair<size_t, size_t>> expected = {
+      {0, 64},      {1, 64},      {64, 64},     {65, 128},    {150, 192},           {256, 256},
+      {257, 320},   {320, 320},   {321, 384},   {1000, 1024}, {1025, 1280},         {1100, 1280},
+      {1280, 1280}, {1281, 1536}, {1792, 1792}, {1793, 2048}, {3'111'108, 3'145'728}};
+  for (auto [request, block] : expected) {
+    CAPTURE(request);
+    CHECK(allocator.block_size(request) == block);
+  }
+}
+
+TEST_CASE("caching allocator statistics match a hand count") {
+  CountingAllocator allocator;
+  auto check_stats = [&](size_t allocated, size_t cached, size_t peak, size_t allocations, size_t hits) {
+    AllocatorStats s = allocator.stats();
+    CHECK(s.allocated_bytes == allocated);
+    CHECK(s.cached_bytes == cached);
+    CHECK(s.reserved_bytes() == allocated + cached);
+    CHECK(s.peak_allocated_bytes == peak);
+    CHECK(s.allocations == allocations);
+    CHECK(s.cache_hits == hits);
+    CHECK(s.system_allocations == allocations - hits);
+  };
+  void* a = allocator.allocate(10);    // a 64-byte block from the system
+  void* b = allocator.allocate(1100);  // 1280
+  check_stats(1344, 0, 1344, 2, 0);
+  allocator.deallocate(a, 10);
+  check_stats(1280, 64, 1344, 2, 0);
+  void* c = allocator.allocate(60);  // also a 64-byte block: a's, from the pool
+  CHECK(c == a);
+  check_stats(1344, 0, 1344, 3, 1);
+  allocator.deallocate(b, 1100);
+  void* e = allocator.allocate(1000);  // a 1024-byte block, but b's 1280 bytes are at most twice that
+  CHECK(e == b);
+  check_stats(1344, 0, 1344, 4, 2);  // counted as 1280 bytes
+  allocator.deallocate(e, 1000);
+  allocator.deallocate(c, 60);
+  check_stats(0, 1344, 1344, 4, 2);
+  allocator.reset_peak_stats();
+  check_stats(0, 1344, 0, 4, 2);
+  void* d = allocator.allocate(500);  // 512 bytes: the cached 1280 is more than twice that, so from the system
+  check_stats(512, 1344, 512, 5, 2);
+  CHECK(allocator.live_blocks == 3);
+
+  CHECK(allocator.empty_cache() == 1344);  // the 64- and 1280-byte blocks
+  check_stats(512, 0, 512, 5, 2);
+  CHECK(allocator.stats().system_frees == 2);
+  CHECK(allocator.live_blocks == 1);
+  CHECK(allocator.empty_cache() == 0);
+
+  // Out of memory: the cache is given back and the allocation tried again.
+  allocator.deallocate(d, 500);
+  allocator.refusals = 1;
+  void* f = allocator.allocate(50);
+  CHECK(allocator.stats().system_frees == 3);
+  CHECK(allocator.live_blocks == 1);
+  check_stats(64, 0, 512, 6, 2);
+  // With nothing cached to give back, out of memory is an error naming the request and the device.
+  allocator.refusals = 1;
+  CHECK_THROWS_WITH_AS(allocator.allocate(1000),
+                       "out of memory: cannot allocate 1000 bytes on test device (64 bytes allocated, 0 cached)",
+                       Error);
+  check_stats(64, 0, 512, 6, 2);  // a failed allocation counts nothing
+  int foreign = 0;
+  CHECK_THROWS_WITH_AS(allocator.deallocate(&foreign, sizeof foreign),
+                       "test device allocator: freeing a block it did not hand out", Error);
+  allocator.deallocate(f, 50);
+  check_stats(0, 64, 512, 6, 2);
+}
+
+TEST_CASE("empty_cache releases exactly the cached bytes; memory_stats reports the CPU pool") {
+  empty_cache();
+  AllocatorStats start = memory_stats();
+  CHECK(start.cached_bytes == 0);
+  {
+    Tensor t = Tensor::empty({777'777});  // 3,111,108 bytes: a 3,145,728-byte block (see block sizes)
+    CHECK(memory_stats().allocated_bytes == start.allocated_bytes + 3'145'728);
+  }
+  AllocatorStats freed = memory_stats();
+  CHECK(freed.allocated_bytes == start.allocated_bytes);
+  CHECK(freed.cached_bytes == 3'145'728);
+  CHECK(freed.allocations == start.allocations + 1);
+  CHECK(empty_cache(Device::cpu()) == 3'145'728);
+  CHECK(memory_stats().cached_bytes == 0);
+  CHECK(memory_stats().system_frees == freed.system_frees + 1);
+  reset_peak_memory_stats();
+  CHECK(memory_stats().peak_allocated_bytes == memory_stats().allocated_bytes);
+  if (!cuda::is_available())
+    CHECK_THROWS_WITH_AS(empty_cache(Device::cuda()), doctest::Contains("device cuda:0 is not available"), Error);
 }
 
 TEST_CASE("data pointers are 64-byte aligned") {
