@@ -647,6 +647,25 @@ TEST_CASE("dtype errors name the op, the dtypes and the call site") {
   CHECK_THROWS_WITH_AS(multiply(), expected.c_str(), mf::Error);
 }
 
+namespace {
+
+/// Largest |matmul(a, b) - a b| over float32 [n, k] a and [k, m] b, the product summed naively in double.
+double matmul_error_vs_naive(const mf::Tensor& a, const mf::Tensor& b) {
+  int64_t n = a.size(0), k = a.size(1), m = b.size(1);
+  std::vector<float> c = mf::matmul(a, b).to_vector<float>();
+  std::vector<float> as = a.contiguous().to_vector<float>(), bs = b.contiguous().to_vector<float>();
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      double expected = 0;
+      for (int64_t p = 0; p < k; ++p) expected += double{as[i * k + p]} * double{bs[p * m + j]};
+      worst = std::max(worst, std::abs(double{c[i * m + j]} - expected));
+    }
+  return worst;
+}
+
+}  // namespace
+
 TEST_CASE("a matmul split across threads by rows or by columns equals the naive product") {
   // Large enough (> 2^18 multiply-adds) for the pool to split each GEMM: n >= m splits the rows of C,
   // n < m its columns. Operands also come as transposed views, which reach BLAS as transpose flags.
@@ -658,16 +677,7 @@ TEST_CASE("a matmul split across threads by rows or by columns equals the naive 
       CAPTURE(transposed);
       mf::Tensor a = transposed ? mf::randn({k, n}).t() : mf::randn({n, k});
       mf::Tensor b = transposed ? mf::randn({m, k}).t() : mf::randn({k, m});
-      std::vector<float> c = mf::matmul(a, b).to_vector<float>();
-      std::vector<float> as = a.contiguous().to_vector<float>(), bs = b.contiguous().to_vector<float>();
-      double worst = 0;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-          double expected = 0;
-          for (int64_t p = 0; p < k; ++p) expected += double{as[i * k + p]} * double{bs[p * m + j]};
-          worst = std::max(worst, std::abs(double{c[i * m + j]} - expected));
-        }
-      CHECK(worst < 1e-4);
+      CHECK(matmul_error_vs_naive(a, b) < 1e-4);
     }
   mf::set_intra_op_threads(previous);
 }
@@ -685,17 +695,7 @@ TEST_CASE("a linear layer over few rows (the decoding path) equals the naive pro
       CAPTURE(threads);
       CAPTURE(n);
       CAPTURE(m);
-      mf::Tensor x = mf::randn({n, k}), w = mf::randn({m, k});
-      std::vector<float> c = mf::matmul(x, w.t()).to_vector<float>();
-      std::vector<float> xs = x.to_vector<float>(), ws = w.to_vector<float>();
-      double worst = 0;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-          double expected = 0;
-          for (int64_t p = 0; p < k; ++p) expected += double{xs[i * k + p]} * double{ws[j * k + p]};
-          worst = std::max(worst, std::abs(double{c[i * m + j]} - expected));
-        }
-      CHECK(worst < 1e-4);
+      CHECK(matmul_error_vs_naive(mf::randn({n, k}), mf::randn({m, k}).t()) < 1e-4);
     }
   mf::set_intra_op_threads(previous);
 }
