@@ -120,6 +120,21 @@ cmp -s "$work/diverge.safetensors" "$work/diverge.before" && ok "--detect-anomal
 head -n 30 "$work/train.tgt" >"$work/short.tgt"
 expect 1 "line counts differ" "has 42 lines but .* has 30; .* ends after line 30" "$tool" --train-src "$work/train.src" --train-tgt "$work/short.tgt"
 expect 1 "missing file" "$work/missing.de" "$tool" --train-src "$work/missing.de" --train-tgt "$work/train.tgt"
+# A checkpoint whose saved progress says batch -1 (edited by hand, or hostile) is refused, not indexed.
+python3 - "$work/ckpt.safetensors" "$work/negative.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+progress = json.loads(header["__metadata__"]["train_transformer.progress"])
+progress["batch"] = -1
+header["__metadata__"]["train_transformer.progress"] = json.dumps(progress)
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+expect 1 "a negative batch in the saved progress" "corrupt training progress: epoch [0-9]+ and batch -1 must not be negative" \
+  "$tool" "${tiny[@]}" --checkpoint "$work/negative.safetensors" --resume
 head -c 2000 "$work/ckpt.safetensors" >"$work/corrupt.safetensors"
 expect 1 "corrupt checkpoint" "corrupt.safetensors" "$tool" "${tiny[@]}" --checkpoint "$work/corrupt.safetensors" --resume
 # --device cuda trains on a GPU where there is one, and otherwise is refused (exit 1) saying why.

@@ -1,5 +1,7 @@
 #include "tools/train_loop.h"
 
+#include "core/json_brief.h"
+
 #include "core/graph.h"
 #include "models/batching.h"
 #include "models/bleu.h"
@@ -99,10 +101,12 @@ Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesyst
     for (auto& [key, value] : given.items())
       MF_CHECK(saved.at(key) == value,
                "checkpoint '{}' was trained with --{} {}, but this run has {}; resume with the same settings",
-               path.string(), flag_name(key), saved.at(key).dump(), value.dump());
+               path.string(), flag_name(key), detail::brief_json(saved.at(key)), value.dump());
     Progress p;
     p.epoch = j.at("epoch").get<int64_t>();
     p.batch = j.at("batch").get<int64_t>();
+    MF_CHECK(p.epoch >= 0 && p.batch >= 0, "checkpoint '{}' has corrupt training progress: epoch {} and batch {} "
+             "must not be negative", path.string(), p.epoch, p.batch);
     p.loss_sum = j.at("loss_sum").get<double>();
     p.loss_tokens = j.at("loss_tokens").get<int64_t>();
     p.curve_sum = j.at("curve_sum").get<double>();
