@@ -24,7 +24,9 @@ void philox_fill_scalar(uint64_t key, uint64_t counter, int64_t blocks, uint32_t
 
 // The vector variants run Philox::block's rounds on one block per 32-bit lane, words in separate
 // registers (c0..c3), then transpose so that each block's four words land next to each other.
-// mul_epu32 multiplies the even lanes only, so the odd lanes go through a 32-bit shift.
+// mul_epu32 multiplies the even lanes only, so the odd lanes go through a 32-bit shift. The two
+// variants spell the same rounds with their own intrinsics: GCC refuses to inline ISA-specific
+// helpers into one shared template (target specific option mismatch), so they cannot share it.
 
 [[gnu::target("avx512f"), gnu::always_inline]] inline void mulhilo(__m512i a, __m512i m, __m512i& hi, __m512i& lo) {
   __m512i even = _mm512_mul_epu32(a, m), high = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
