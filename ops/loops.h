@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 #include "ops/simd.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <tuple>
@@ -54,26 +55,36 @@ struct LoopPlan {
   int64_t inner() const { return shape.back(); }
   int64_t outer() const { return shape.back() == 0 ? 0 : shape_numel(shape) / shape.back(); }
 
-  /// Calls run(ptrs, inner_strides, n) for every innermost run, rows split across threads.
+  /// Calls run(ptrs, inner_strides, length) for every innermost run, rows split across threads. When
+  /// there are fewer rows than threads (a contiguous tensor is a single run), each run is cut into
+  /// pieces as well, so that every thread gets a share.
   template <typename Run>
   void for_each_run(Run&& run) const {
-    int64_t n = inner();
+    int64_t n = inner(), rows = outer();
+    int64_t threads = intra_op_threads();
+    int64_t pieces = rows >= threads ? 1 : std::clamp<int64_t>(n / kParallelGrain, 1, threads);
+    constexpr int64_t kPieceAlign = 64;  // elements: pieces start on cache-line and vector boundaries
+    int64_t piece = pieces == 1 ? n : ((n + pieces - 1) / pieces + kPieceAlign - 1) & ~(kPieceAlign - 1);
+    if (piece > 0) pieces = (n + piece - 1) / piece;  // rounding up may leave fewer pieces
     std::array<int64_t, N> inner_strides;
     for (size_t k = 0; k < N; ++k) inner_strides[k] = strides[k].back();
     size_t outer_dims = shape.size() - 1;
-    parallel_for(0, outer(), std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)),
-                 [&](int64_t row_begin, int64_t row_end) {
+    parallel_for(0, rows * pieces, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(piece, 1)),
+                 [&](int64_t item_begin, int64_t item_end) {
                    Shape index(outer_dims, 0);
-                   int64_t rest = row_begin;
+                   int64_t rest = item_begin / pieces;
                    for (size_t d = outer_dims; d-- > 0;) {
                      index[d] = rest % shape[d];
                      rest /= shape[d];
                    }
-                   for (int64_t row = row_begin; row < row_end; ++row) {
+                   for (int64_t item = item_begin; item < item_end; ++item) {
+                     int64_t start = item % pieces * piece;
                      std::array<char*, N> ptrs = base;
+                     for (size_t k = 0; k < N; ++k) ptrs[k] += start * inner_strides[k];
                      for (size_t d = 0; d < outer_dims; ++d)
                        for (size_t k = 0; k < N; ++k) ptrs[k] += index[d] * strides[k][d];
-                     run(ptrs, inner_strides, n);
+                     run(ptrs, inner_strides, std::min(piece, n - start));
+                     if (item % pieces != pieces - 1) continue;
                      for (size_t d = outer_dims; d-- > 0;) {
                        if (++index[d] < shape[d]) break;
                        index[d] = 0;

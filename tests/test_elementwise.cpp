@@ -236,6 +236,30 @@ TEST_CASE("random draws: same seed, same numbers; successive draws differ") {
   check_close(single, twice.to(DType::Float32), 0, 1.0 / (1 << 24));
 }
 
+TEST_CASE("elementwise ops over a few long runs split each run across threads, every element once") {
+  // A contiguous tensor is one run, and a [2, n] operand broadcast against [2, 1] two: with more
+  // threads than runs, the pool cuts each run into pieces. Odd lengths leave a short last piece.
+  int threads = get_num_threads();
+  for (int count : {2, 3, 8}) {
+    set_num_threads(count);
+    CAPTURE(count);
+    for (int64_t n : {int64_t{200003}, int64_t{65536 * 3 + 1}}) {
+      Tensor x = arange(0, static_cast<double>(2 * n), 1, DType::Float32).reshape({2, n});
+      Tensor row_bias = f64({0.5, -0.25}, {2, 1}).to(DType::Float32);
+      std::vector<float> relu_of = relu(x - static_cast<double>(n)).to_vector<float>();
+      std::vector<float> plus = (x + row_bias).to_vector<float>();
+      bool all_match = true;
+      for (int64_t i = 0; i < 2 * n; ++i) {
+        float value = static_cast<float>(i);
+        all_match = all_match && relu_of[i] == std::max(value - static_cast<float>(n), 0.0f) &&
+                    plus[i] == value + (i < n ? 0.5f : -0.25f);
+      }
+      CHECK(all_match);
+    }
+  }
+  set_num_threads(threads);
+}
+
 TEST_CASE("random draws do not depend on the thread count") {
   int threads = get_num_threads();
   Generator g1(3), g2(3);
