@@ -7,6 +7,7 @@
 #include "ops/reference.h"
 #include "ops/skinny_gemm.h"
 
+#include "core/graph.h"
 #include "core/parallel.h"
 
 #include <cblas.h>
@@ -138,6 +139,45 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
   });
 }
 
+/// c = a @ b for 2-D float operands on one thread, c contiguous and allocated by the caller.
+void gemm_2d(Tensor a, Tensor b, Tensor& c) {
+  if (!blas_layout(a)) a = a.contiguous();
+  if (!blas_layout(b)) b = b.contiguous();
+  MatrixLayout la = *blas_layout(a), lb = *blas_layout(b);
+  visit_floating(c.dtype(), [&]<typename T>() {
+    gemm<T>(la.trans, lb.trans, c.size(0), c.size(1), a.size(1), static_cast<const T*>(a.raw_data()), la.ld,
+            static_cast<const T*>(b.raw_data()), lb.ld, c.data_ptr<T>(), c.size(1));
+  });
+}
+
+/// Below this many multiply-adds per product, the two products of a linear layer's backward run
+/// one after the other, each split over the pool.
+constexpr double kConcurrentBackwardWork = 1 << 22;
+
+/// A linear layer's backward on two threads: dA = dC @ B^T and dB = A^T @ dC are independent and
+/// equally big, so each thread runs one of them whole, packing each operand once, where splitting
+/// both products packs their shared operands on both threads. Only for two threads (the pool does
+/// not split into teams), and not when the backward is itself recorded (create_graph), which needs
+/// matmul's own graph nodes.
+bool linear_backward_concurrently(const Tensor& rows, const Tensor& b, const Tensor& drows, Tensor& da, Tensor& db) {
+  int64_t n = rows.size(0), k = rows.size(1), m = b.size(1);
+  if (intra_op_threads() != 2 || grad_mode_enabled() || !rows.device().is_cpu() || !b.device().is_cpu() ||
+      !drows.device().is_cpu() || static_cast<double>(n) * k * m < kConcurrentBackwardWork)
+    return false;
+  bool transposed_matrix = !b.is_contiguous() && b.t().is_contiguous();
+  da = Tensor::empty({n, k}, rows.dtype());
+  db = Tensor::empty(transposed_matrix ? Shape{m, k} : Shape{k, m}, rows.dtype());
+  parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t product = begin; product < end; ++product) {
+      if (product == 0) gemm_2d(drows, b.t(), da);
+      else if (transposed_matrix) gemm_2d(drows.t(), rows, db);  // dW for the x @ W^T of a linear layer
+      else gemm_2d(rows.t(), drows, db);
+    }
+  });
+  if (transposed_matrix) db = db.t();
+  return true;
+}
+
 // dA = dC @ B^T, dB = A^T @ dC. When B is one matrix shared by a batch of A, dB is one GEMM over
 // the flattened batch instead of a batch of products summed afterwards. When that matrix is the
 // transposed view of a contiguous W (linear's x @ W^T), dB comes out as the transposed view of a
@@ -145,6 +185,10 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
 std::vector<Tensor> matmul_backward(const GradContext& ctx) {
   const Tensor &a = ctx.inputs[0], &b = ctx.inputs[1], &dout = ctx.grads[0];
   Tensor da, db;
+  if (b.dim() == 2 && ctx.needs_grad[0] && ctx.needs_grad[1]) {
+    Tensor rows = a.reshape({-1, a.size(-1)}), drows = dout.reshape({-1, dout.size(-1)});  // [N, k], [N, m]
+    if (linear_backward_concurrently(rows, b, drows, da, db)) return {da.reshape(a.shape()), db};
+  }
   if (ctx.needs_grad[0]) da = matmul(dout, b.transpose(-1, -2));
   if (ctx.needs_grad[1]) {
     if (b.dim() == 2) {

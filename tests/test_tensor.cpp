@@ -682,6 +682,30 @@ TEST_CASE("a matmul split across threads by rows or by columns equals the naive 
   mf::set_intra_op_threads(previous);
 }
 
+TEST_CASE("a linear layer's backward on two threads, one product each, equals the one-thread backward") {
+  // Big enough (>= 2^22 multiply-adds) for matmul's backward to run dA and dB side by side, each on
+  // one thread; on one thread the same two products run one after the other, through the same BLAS
+  // calls, so the gradients match bit for bit. Both the transposed weight of x @ W^T and a plain
+  // right operand are covered.
+  int previous = mf::intra_op_threads();
+  for (bool transposed : {true, false}) {
+    CAPTURE(transposed);
+    mf::Tensor x = mf::randn({2, 80, 256}), weight = transposed ? mf::randn({300, 256}) : mf::randn({256, 300});
+    mf::Tensor upstream = mf::randn({2, 80, 300});  // 160 rows: past the skinny kernel
+    std::vector<std::vector<float>> grads;
+    for (int threads : {1, 2}) {
+      mf::set_intra_op_threads(threads);
+      mf::Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
+      (mf::matmul(xs, transposed ? ws.t() : ws) * upstream).sum().backward();
+      grads.push_back(xs.grad().to_vector<float>());
+      grads.push_back(ws.grad().to_vector<float>());
+    }
+    CHECK(grads[0] == grads[2]);
+    CHECK(grads[1] == grads[3]);
+  }
+  mf::set_intra_op_threads(previous);
+}
+
 TEST_CASE("a linear layer over few rows (the decoding path) equals the naive product") {
   // x @ W^T with W [m, k] contiguous and at most 128 rows of x takes a kernel of its own on AVX-512
   // CPUs (ops/skinny_gemm.cpp); rows beyond a 16-lane slice, W rows beyond a block of 8 and odd k
