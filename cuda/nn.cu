@@ -161,12 +161,11 @@ void embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out,
 // ---- dropout --------------------------------------------------------------------------------------
 
 template <typename T>
-__global__ void dropout_kernel(const T* inp, T* out, T* mask, int64_t numel, uint64_t seed, uint64_t counter,
-                               double p, T scale) {
+__global__ void dropout_kernel(const T* inp, T* out, int64_t numel, uint64_t seed, uint64_t counter, double p,
+                               T scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < numel; i += int64_t{gridDim.x} * blockDim.x) {
     auto bits = Philox::block(seed, 0, counter + static_cast<uint64_t>(i / 4));
-    mask[i] = static_cast<double>(uniform_float(bits[i % 4])) >= p ? scale : T{0};
-    out[i] = inp[i] * mask[i];
+    out[i] = inp[i] * (static_cast<double>(uniform_float(bits[i % 4])) >= p ? scale : T{0});
   }
 }
 
@@ -176,7 +175,7 @@ void dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attr
   visit_floating(x.dtype(), [&]<typename T>() {
     T scale = p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T{0};
     dropout_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream(x.device().index)>>>(
-        x.data_ptr<T>(), out[0].data_ptr<T>(), out[1].data_ptr<T>(), x.numel(), attrs.seed, attrs.counter, p, scale);
+        x.data_ptr<T>(), out[0].data_ptr<T>(), x.numel(), attrs.seed, attrs.counter, p, scale);
   });
   check_launch("dropout");
 }

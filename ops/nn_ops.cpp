@@ -444,16 +444,16 @@ std::vector<Sample> embedding_backward_samples() {
 }
 
 // ---- dropout ------------------------------------------------------------------------------------
-// Input x; Attrs.value = p, Attrs.seed/counter = the Philox stream. Outputs out and mask, both of x's
-// shape and dtype: mask holds the scale each element got (0 or 1/(1-p)), so out = x * mask and
-// dx = dout * mask = dropout(dout) on the same stream. Element i keeps when word i % 4 of Philox
-// block (seed, counter + i / 4), as a uniform on [0, 1), is >= p: the mask depends on the stream
-// alone, never on the thread count.
+// Input x; Attrs.value = p, Attrs.seed/counter = the Philox stream. Output out = x * mask, where the
+// mask holds the scale each element gets (0 or 1/(1-p)) and is never stored: dx = dout * mask =
+// dropout(dout) on the same stream. Element i keeps when word i % 4 of Philox block
+// (seed, counter + i / 4), as a uniform on [0, 1), is >= p: the mask depends on the stream alone,
+// never on the thread count.
 
 std::vector<OutputSpec> infer_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
   expect_float(in[0], "input");
   MF_CHECK(attrs.value >= 0 && attrs.value <= 1, "probability p must be in [0, 1], got {}", attrs.value);
-  return {{in[0].shape(), in[0].dtype()}, {in[0].shape(), in[0].dtype()}};
+  return {{in[0].shape(), in[0].dtype()}};
 }
 
 void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
@@ -466,7 +466,7 @@ void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
   constexpr int64_t kBatchBlocks = 64;  // Philox words made per batch: 1 KiB on the stack
   visit_floating(x.dtype(), [&]<typename T>() {
     const T* inp = x.data_ptr<T>();  // [numel]
-    T *o = out[0].data_ptr<T>(), *mask = out[1].data_ptr<T>();
+    T* o = out[0].data_ptr<T>();
     T scale = p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T{0};
     parallel_for(0, blocks, grain_for(4), [&](int64_t begin, int64_t end) {
       cpu::with_widest_isa([&]<int>() MF_LAMBDA_INLINE {
@@ -476,12 +476,9 @@ void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
           philox_fill(attrs.seed, attrs.counter + static_cast<uint64_t>(first), count, words);
           int64_t n = std::min(4 * count, numel - base);
           const T* __restrict x_run = inp + base;
-          T* __restrict mask_run = mask + base;
           T* __restrict out_run = o + base;
           for (int64_t j = 0; j < n; ++j) {  // a multiply, not a select: that vectorises
-            T keep = scale * static_cast<T>((words[j] >> 8) >= threshold);
-            mask_run[j] = keep;
-            out_run[j] = x_run[j] * keep;
+            out_run[j] = x_run[j] * (scale * static_cast<T>((words[j] >> 8) >= threshold));
           }
         }
       });
@@ -496,14 +493,13 @@ std::vector<Tensor> dropout_rule(const GradContext& ctx) {
 }
 
 std::vector<Tensor> reference_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
-  std::vector<double> xs = in[0].to_vector<double>(), out, mask;
+  std::vector<double> xs = in[0].to_vector<double>(), out;
   for (size_t i = 0; i < xs.size(); ++i) {
     uint32_t bits = Philox::block(attrs.seed, 0, attrs.counter + i / 4)[i % 4];
     bool keep = static_cast<double>(uniform_float(bits)) >= attrs.value;
-    mask.push_back(keep ? 1 / (1 - attrs.value) : 0.0);
-    out.push_back(xs[i] * mask.back());
+    out.push_back(keep ? xs[i] * (1 / (1 - attrs.value)) : 0.0);
   }
-  return {reference::make(in[0].shape(), in[0].dtype(), out), reference::make(in[0].shape(), in[0].dtype(), mask)};
+  return {reference::make(in[0].shape(), in[0].dtype(), out)};
 }
 
 std::vector<Sample> dropout_samples() {
