@@ -1,4 +1,4 @@
-// matmul on cuBLAS: a [..., N, K] @ b [..., K, M] -> out [..., N, M], batch dims broadcast, as one
+// matmul and linear on cuBLAS: a [..., N, K] @ b [..., K, M] -> out [..., N, M], batch dims broadcast, as one
 // strided-batched GEMM. cuBLAS is column-major, so the row-major product is computed as
 // out^T = b^T a^T (operands swapped); a transposed view is passed as a transpose flag, a broadcast
 // batch as batch stride 0, and only layouts neither covers are copied first.
@@ -53,10 +53,11 @@ int to_int(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
+/// c = a b, or c += a b for beta = 1.
 template <typename T>
 void gemm(cublasHandle_t handle, const Operand& a, const Operand& b, T* c, int64_t n, int64_t m, int64_t k,
-          int64_t batch) {
-  const T one = 1, zero = 0;
+          int64_t batch, T beta = 0) {
+  const T one = 1;
   const T* pa = static_cast<const T*>(a.t.raw_data());
   const T* pb = static_cast<const T*>(b.t.raw_data());
   // Column-major: C^T [M, N] = op(B^T) [M, K] * op(A^T) [K, N].
@@ -64,10 +65,10 @@ void gemm(cublasHandle_t handle, const Operand& a, const Operand& b, T* c, int64
   int lda = to_int(a.ld, "lda"), ldb = to_int(b.ld, "ldb");
   if constexpr (std::is_same_v<T, float>)
     MF_CUBLAS_CHECK(cublasSgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, pb, ldb, b.batch_stride, pa, lda,
-                                              a.batch_stride, &zero, c, im, m * n, ib));
+                                              a.batch_stride, &beta, c, im, m * n, ib));
   else
     MF_CUBLAS_CHECK(cublasDgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, pb, ldb, b.batch_stride, pa, lda,
-                                              a.batch_stride, &zero, c, im, m * n, ib));
+                                              a.batch_stride, &beta, c, im, m * n, ib));
 }
 
 void matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
@@ -90,8 +91,23 @@ void matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs
   visit_floating(c.dtype(), [&]<typename T>() { gemm<T>(handle, a, b, c.data_ptr<T>(), n, m, k, shape_numel(batch)); });
 }
 
+/// x [..., K] @ weight [M, K]^T + bias [M]: C starts as the bias in every row, and the GEMM adds to it.
+void linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  Tensor& c = out[0];  // [..., M], contiguous
+  if (c.numel() == 0) return;
+  int64_t m = c.size(-1), n = c.numel() / m, k = in[1].size(1);
+  c.copy_(in[2].expand(c.shape()));
+  if (k == 0) return;
+  Operand a = operand(in[0].reshape({n, k})), b = operand(in[1].t());
+  cublasHandle_t handle = cublas(c.device().index);
+  visit_floating(c.dtype(), [&]<typename T>() { gemm<T>(handle, a, b, c.data_ptr<T>(), n, m, k, 1, T{1}); });
+}
+
 }  // namespace
 
-void register_matmul(Registry& r) { r.set_kernel(OpId::matmul, DeviceType::CUDA, matmul); }
+void register_matmul(Registry& r) {
+  r.set_kernel(OpId::matmul, DeviceType::CUDA, matmul);
+  r.set_kernel(OpId::linear, DeviceType::CUDA, linear);
+}
 
 }  // namespace mf::cuda

@@ -13,17 +13,6 @@ namespace {
 const char* py_bool(bool value) { return value ? "True" : "False"; }
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site) {
-  MF_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got {} at {}", shape_str(weight.shape()),
-           format_location(site));
-  MF_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
-           "linear: input {} has {} features in its last dim, but weight {} expects {} at {}",
-           shape_str(x.shape()), x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1),
-           format_location(site));
-  Tensor out = matmul(x, weight.t(site), site);  // [..., out]
-  return bias.defined() ? add(out, bias, site) : out;
-}
-
 // ---- Linear -------------------------------------------------------------------------------------
 
 Linear::Linear(const LinearOptions& options) : Module("Linear"), options_(options) {

@@ -6,6 +6,7 @@
 
 #include "core/tensor.h"
 #include "nn/module.h"
+#include "ops/ops.h"
 
 #include <optional>
 #include <string>
@@ -13,8 +14,8 @@
 namespace mf::nn {
 
 /// x @ weight^T + bias (torch.nn.functional.linear): x [..., in], weight [out, in], bias [out] or
-/// undefined -> [..., out]. The transpose reaches the GEMM as a flag, not a copy.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Site site = Site::current());
+/// undefined -> [..., out]. The transpose reaches the GEMM as a flag, and the bias goes into the GEMM.
+using mf::linear;
 
 struct LinearOptions {
   int64_t in_features = 0;

@@ -3,6 +3,7 @@
 // OpenBLAS runs single-threaded inside miniflow's one pool: batches split by element, single
 // products by blocks of rows or columns.
 #include "ops/families.h"
+#include "ops/loops.h"
 #include "ops/ops.h"
 #include "ops/reference.h"
 #include "ops/skinny_gemm.h"
@@ -49,13 +50,14 @@ std::optional<MatrixLayout> blas_layout(const Tensor& t) {
   return std::nullopt;
 }
 
+/// c = a b, or c += a b for beta = 1.
 template <typename T>
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T* c, int64_t ldc) {
+          const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0) {
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
 // OpenBLAS runs single-threaded and miniflow's own pool splits the work: OpenBLAS's idle threads spin
@@ -70,21 +72,21 @@ constexpr double kParallelGemmWork = 1 << 18;
 /// (sharing B, k x m) when n >= m, else by columns (sharing A, n x k).
 template <typename T>
 void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-                   const T* b, int64_t ldb, T* c, int64_t ldc) {
+                   const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0) {
   int64_t threads = intra_op_threads();
   if (threads == 1 || static_cast<double>(n) * m * k < kParallelGemmWork) {
-    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc);
+    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc, beta);
     return;
   }
   if (n >= m) {
     parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* rows = a + (ta == CblasNoTrans ? lo * lda : lo);  // row lo of op(A)
-      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc);
+      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc, beta);
     });
   } else {
     parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* columns = b + (tb == CblasNoTrans ? lo : lo * ldb);  // column lo of op(B)
-      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc);
+      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc, beta);
     });
   }
 }
@@ -127,7 +129,7 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
         offset_b += rest % batch[d] * b_batch[d];
         rest /= batch[d];
       }
-      run(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m);
+      run(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m, T{0});
     };
     if (count < intra_op_threads()) {  // few products: split each one
       for (int64_t i = 0; i < count; ++i) product(i, parallel_gemm<T>);
@@ -137,6 +139,11 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
       for (int64_t i = lo; i < hi; ++i) product(i, gemm<T>);
     });
   });
+}
+
+/// t [..., k] as the rows of a matrix [N, k] (reshape({-1, k}) cannot say N when k is 0).
+Tensor as_rows(const Tensor& t) {
+  return t.reshape({shape_numel(std::span(t.shape()).first(t.shape().size() - 1)), t.size(-1)});
 }
 
 /// c = a @ b for 2-D float operands on one thread, c contiguous and allocated by the caller.
@@ -186,13 +193,13 @@ std::vector<Tensor> matmul_backward(const GradContext& ctx) {
   const Tensor &a = ctx.inputs[0], &b = ctx.inputs[1], &dout = ctx.grads[0];
   Tensor da, db;
   if (b.dim() == 2 && ctx.needs_grad[0] && ctx.needs_grad[1]) {
-    Tensor rows = a.reshape({-1, a.size(-1)}), drows = dout.reshape({-1, dout.size(-1)});  // [N, k], [N, m]
+    Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]
     if (linear_backward_concurrently(rows, b, drows, da, db)) return {da.reshape(a.shape()), db};
   }
   if (ctx.needs_grad[0]) da = matmul(dout, b.transpose(-1, -2));
   if (ctx.needs_grad[1]) {
     if (b.dim() == 2) {
-      Tensor rows = a.reshape({-1, a.size(-1)}), drows = dout.reshape({-1, dout.size(-1)});  // [N, k], [N, m]
+      Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]
       bool transposed_matrix = !b.is_contiguous() && b.t().is_contiguous();
       db = transposed_matrix ? matmul(drows.t(), rows).t() : matmul(rows.t(), drows);  // [k, m]
     } else {
@@ -222,6 +229,87 @@ std::vector<Tensor> reference_matmul(const std::vector<Tensor>& in, const Attrs&
   return {reference::make(shape, a.dtype(), values)};
 }
 
+
+// ---- linear ---------------------------------------------------------------------------------------
+// x [..., K] @ weight [M, K]^T + bias [M] -> [..., M]: torch.nn.functional.linear with a bias, as one
+// op so that the bias goes into the GEMM rather than a pass of its own.
+
+std::vector<OutputSpec> infer_linear(const std::vector<Tensor>& in, const Attrs&) {
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
+  MF_CHECK(x.dim() >= 1 && weight.dim() == 2 && bias.dim() == 1,
+           "expects input [..., in], weight [out, in] and bias [out], got {}, {} and {}", shape_str(x.shape()),
+           shape_str(weight.shape()), shape_str(bias.shape()));
+  MF_CHECK(x.dtype() == weight.dtype() && x.dtype() == bias.dtype() && is_floating(x.dtype()),
+           "expects float32 or float64 operands of one dtype, got {}, {} and {}", dtype_name(x.dtype()),
+           dtype_name(weight.dtype()), dtype_name(bias.dtype()));
+  MF_CHECK(x.size(-1) == weight.size(1) && bias.size(0) == weight.size(0),
+           "input {}, weight {} and bias {} do not fit: weight must be [{}, {}] and bias [{}]", shape_str(x.shape()),
+           shape_str(weight.shape()), shape_str(bias.shape()), bias.size(0), x.size(-1), weight.size(0));
+  Shape shape = x.shape();
+  shape.back() = weight.size(0);
+  return {{shape, x.dtype()}};
+}
+
+void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  Tensor x = in[0].contiguous(), weight_t = in[1].t(), bias = in[2].contiguous();  // weight_t: [K, M]
+  Tensor& c = out[0];                                                                 // [..., M], contiguous
+  if (c.numel() == 0) return;
+  int64_t k = weight_t.size(0), m = weight_t.size(1), rows = c.numel() / m;
+  if (!blas_layout(weight_t)) weight_t = weight_t.contiguous();
+  MatrixLayout lw = *blas_layout(weight_t);
+  visit_floating(c.dtype(), [&]<typename T>() {
+    const T* px = static_cast<const T*>(x.raw_data());
+    const T* pw = static_cast<const T*>(weight_t.raw_data());
+    const T* pb = static_cast<const T*>(bias.raw_data());
+    T* pc = c.data_ptr<T>();
+    if constexpr (std::is_same_v<T, float>)  // a few rows: W is not worth packing (see matmul)
+      if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m)) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < m; ++j) pc[r * m + j] += pb[j];
+        return;
+      }
+    // C starts as the bias in every row and the GEMM adds x W^T to it (beta = 1): BLAS then skips
+    // zeroing C, and no pass adds the bias afterwards.
+    parallel_for(0, rows, std::max<int64_t>(1, cpu::kParallelGrain / m),
+                 [&](int64_t lo, int64_t hi) { for (int64_t r = lo; r < hi; ++r) std::copy(pb, pb + m, pc + r * m); });
+    if (k > 0) parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, T{1});
+  });
+}
+
+// dx = dout @ W, dW = dout^T @ x over the flattened rows, dbias = dout summed over the rows.
+std::vector<Tensor> linear_backward(const GradContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &weight = ctx.inputs[1], &dout = ctx.grads[0];
+  Tensor rows = as_rows(x), drows = as_rows(dout);  // [N, K], [N, M]
+  Tensor dx, dweight, dbias;
+  if (ctx.needs_grad[0] && ctx.needs_grad[1] &&
+      linear_backward_concurrently(rows, weight.t(), drows, dx, dweight)) {
+    dx = dx.reshape(x.shape());
+    dweight = dweight.t();
+  } else {
+    if (ctx.needs_grad[0]) dx = matmul(dout, weight);
+    if (ctx.needs_grad[1]) dweight = matmul(drows.t(), rows);
+  }
+  if (ctx.needs_grad[2]) dbias = drows.sum({0});
+  return {dx, dweight, dbias};
+}
+
+std::vector<Tensor> reference_linear(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor &x = in[0], &weight = in[1], &bias = in[2];
+  Shape shape = infer_linear(in, attrs)[0].shape;
+  std::vector<double> values;
+  reference::for_each_index(shape, [&](const Shape& index) {
+    Shape at_x = index;
+    int64_t j = index.back();
+    double total = bias.at<double>({j});
+    for (int64_t p = 0; p < weight.size(1); ++p) {
+      at_x.back() = p;
+      total += x.at<double>(at_x) * weight.at<double>({j, p});
+    }
+    values.push_back(total);
+  });
+  return {reference::make(shape, x.dtype(), values)};
+}
+
 }  // namespace
 
 void register_linalg_ops(Registry& r) {
@@ -235,6 +323,16 @@ void register_linalg_ops(Registry& r) {
         {"transposed view", {reference::randn({4, 3}, 79).t(), reference::randn({5, 4}, 80).t()}},
     };
   }, .reference = reference_matmul});
+  r.define(OpId::linear, {.name = "linear", .infer = infer_linear, .kernels = {cpu_linear},
+                          .backward = linear_backward, .samples = [] {
+    return std::vector<Sample>{
+        {"2-d", {reference::randn({3, 4}, 81), reference::randn({5, 4}, 82), reference::randn({5}, 83)}},
+        {"batched", {reference::randn({2, 3, 4}, 84), reference::randn({2, 4}, 85), reference::randn({2}, 86)}},
+        {"1-d input", {reference::randn({4}, 87), reference::randn({3, 4}, 88), reference::randn({3}, 89)}},
+        {"transposed weight view", {reference::randn({3, 4}, 90), reference::randn({4, 5}, 91).t(),
+                                    reference::randn({5}, 92)}},
+    };
+  }, .reference = reference_linear});
 }
 
 // ---- public API -----------------------------------------------------------------------------------
@@ -251,5 +349,15 @@ Tensor matmul(const Tensor& a, const Tensor& b, Site site) {
 }
 
 Tensor Tensor::matmul(const Tensor& other, Site site) const { return mf::matmul(*this, other, site); }
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site) {
+  MF_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got {} at {}", shape_str(weight.shape()),
+           format_location(site));
+  MF_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
+           "linear: input {} has {} features in its last dim, but weight {} expects {} at {}", shape_str(x.shape()),
+           x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1), format_location(site));
+  if (!bias.defined()) return matmul(x, weight.t(site), site);  // [..., out]
+  return call1(OpId::linear, {x, weight, bias}, {}, site);
+}
 
 }  // namespace mf

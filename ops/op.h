@@ -37,7 +37,7 @@ namespace mf {
   /* indexing and joining */                                                                       \
   X(cat) X(index_select) X(gather) X(scatter_add) X(topk) X(one_hot) X(tril) X(triu)                \
   /* linear algebra and fused nn ops */                                                            \
-  X(matmul) X(softmax) X(log_softmax) X(layer_norm) X(layer_norm_backward)                         \
+  X(matmul) X(linear) X(softmax) X(log_softmax) X(layer_norm) X(layer_norm_backward)               \
   X(embedding) X(embedding_backward) X(dropout) X(cross_entropy) X(cross_entropy_backward)
 // clang-format on
 

@@ -113,6 +113,8 @@ Tensor triu(const Tensor& x, int64_t diagonal = 0, Site site = Site::current());
 // ---- linear algebra and fused nn ops ------------------------------------------------------------
 /// torch.matmul semantics: 1-D operands are promoted and squeezed back, batch dims broadcast.
 Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
+/// x @ weight^T + bias (torch::linear): x [..., in], weight [out, in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Site site = Site::current());
 Tensor softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 Tensor log_softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 /// Normalises over the last normalized_shape.size() dims, then scales by weight and adds bias

@@ -320,6 +320,13 @@ Case matmul_case(const Sample& s, Rng& rng, bool small) {
   return {.inputs = {draw(s, 0, operand(n, k), rng), draw(s, 1, operand(k, m), rng)}};
 }
 
+Case linear_case(const Sample& s, Rng& rng, bool small) {
+  Shape x_shape = random_shape(rng, 0, 2, small);
+  int64_t k = random_size(rng, 4), m = random_size(rng, 4);
+  x_shape.push_back(k);
+  return {.inputs = {draw(s, 0, x_shape, rng), draw(s, 1, {m, k}, rng), draw(s, 2, {m}, rng)}};
+}
+
 Case softmax_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 0, small);
   Case c{.inputs = {draw(s, 0, shape, rng)},
@@ -495,6 +502,7 @@ ValidGenerator valid_generator(OpId id) {
     case tril:
     case triu: return triangle_case;
     case matmul: return matmul_case;
+    case linear: return linear_case;
     case softmax:
     case log_softmax: return softmax_case;
     case layer_norm: return layer_norm_case;

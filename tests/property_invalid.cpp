@@ -381,6 +381,14 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       c.call("batches that do not broadcast", {filled({2, 1, 1}, x.dtype()), filled({3, 1, 1}, x.dtype())}, v.attrs);
       return c.take();
     }
+    case linear: {
+      const Tensor &weight = v.inputs[1], &bias = v.inputs[2];
+      c.input("0-dim input", 0, filled({}, x.dtype())).input("weight of another in-size", 1, grown(weight, 1));
+      c.input("1-d weight", 1, filled({x.shape().back()}, x.dtype())).input("bias of another size", 2, grown(bias, 0));
+      c.dtype("dtypes differ", 2, other_float(bias.dtype()));
+      c.call("int64 operands", {as(x, DType::Int64), as(weight, DType::Int64), as(bias, DType::Int64)}, v.attrs);
+      return c.take();
+    }
     case softmax:
     case log_softmax: c.dtype("int64 input", 0, DType::Int64).bad_dim("dim out of range"); return c.take();
     case layer_norm: {

@@ -188,6 +188,40 @@ TEST_CASE("Linear gradcheck over weight and bias") {
 
 // ---- Embedding ----------------------------------------------------------------------------------
 
+TEST_CASE("the fused linear op equals matmul + bias, forward and backward, on every kernel path") {
+  // The fused op starts C as the bias and lets the GEMM add x W^T (beta = 1); few rows take the
+  // skinny kernel and add the bias after; on two threads the backward runs dx and dW side by side.
+  // Each must give what the unfused composition x @ W^T + b gives, within float32 rounding.
+  int threads = get_num_threads();
+  struct Case {
+    Shape x;
+    int64_t out;
+  };
+  for (int count : {1, 2})
+    for (Case c : {Case{{3, 5}, 4}, Case{{2, 40, 64}, 48}, Case{{300, 256}, 320}, Case{{4, 0}, 3}}) {
+      set_num_threads(count);
+      CAPTURE(count);
+      CAPTURE(shape_str(c.x));
+      Tensor x = randn(c.x), weight = randn({c.out, c.x.back()}), bias = randn({c.out});
+      Shape out_shape = c.x;
+      out_shape.back() = c.out;
+      Tensor upstream = randn(out_shape);
+      std::vector<Tensor> fused_grads, plain_grads;
+      Tensor fused, plain;
+      for (bool use_fused : {true, false}) {
+        Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
+        Tensor bs = bias.clone().set_requires_grad();
+        Tensor y = use_fused ? nn::linear(xs, ws, bs) : matmul(xs, ws.t()) + bs;
+        (y * upstream).sum().backward();
+        (use_fused ? fused : plain) = y;
+        (use_fused ? fused_grads : plain_grads) = {xs.grad(), ws.grad(), bs.grad()};
+      }
+      check_close(fused, plain, 1e-5, 1e-5);
+      for (size_t i = 0; i < 3; ++i) check_close(fused_grads[i], plain_grads[i], 1e-5, 1e-4);
+    }
+  set_num_threads(threads);
+}
+
 TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient") {
   nn::Embedding table({.num_embeddings = 4, .embedding_dim = 3, .padding_idx = 0});
   check_close(table.weight.select(0, 0), zeros({3}), 0, 0);
