@@ -106,13 +106,22 @@ void map(Tensor& out, const std::array<const Tensor*, sizeof...(In)>& inputs, Fn
   plan.for_each_run([&](const std::array<char*, N>& ptrs, const std::array<int64_t, N>& strides, int64_t n) {
     [&]<size_t... I>(std::index_sequence<I...>) {
       Out* o = reinterpret_cast<Out*>(ptrs[0]);
-      bool contiguous = strides[0] == sizeof(Out) && ((strides[I + 1] == sizeof(In)) && ...);
-      if (contiguous) {
-        std::tuple<const In*...> in{reinterpret_cast<const In*>(ptrs[I + 1])...};
-        // Compiled for the widest vectors the CPU has, where the compiler vectorises the loop.
+      std::tuple<const In*...> in{reinterpret_cast<const In*>(ptrs[I + 1])...};
+      // Inputs contiguous along the run, or one of them a single value broadcast over it (a scalar
+      // operand, a row statistic): bit k of Broadcast marks input k as that value, so the loop
+      // keeps it in a register. Compiled for the widest vectors the CPU has.
+      auto vector_loop = [&]<unsigned Broadcast>() {
         with_widest_isa([&]<int>() MF_LAMBDA_INLINE {
-          for (int64_t i = 0; i < n; ++i) o[i] = fn(std::get<I>(in)[i]...);
+          for (int64_t i = 0; i < n; ++i) o[i] = fn(std::get<I>(in)[(Broadcast >> I & 1) ? 0 : i]...);
         });
+      };
+      unsigned broadcast = 0;
+      bool vectorisable = strides[0] == sizeof(Out);
+      ((strides[I + 1] == 0 ? void(broadcast |= 1u << I) : void(vectorisable &= strides[I + 1] == sizeof(In))), ...);
+      if (vectorisable && broadcast == 0) {
+        vector_loop.template operator()<0>();
+      } else if (vectorisable && (broadcast & (broadcast - 1)) == 0) {  // exactly one broadcast input
+        ((broadcast == 1u << I ? vector_loop.template operator()<1u << I>() : void()), ...);
       } else {
         for (int64_t i = 0; i < n; ++i)
           *reinterpret_cast<Out*>(ptrs[0] + i * strides[0]) =
