@@ -262,15 +262,18 @@ void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     const T* pw = static_cast<const T*>(weight_t.raw_data());
     const T* pb = static_cast<const T*>(bias.raw_data());
     T* pc = c.data_ptr<T>();
+    int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / m);
     if constexpr (std::is_same_v<T, float>)  // a few rows: W is not worth packing (see matmul)
       if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m)) {
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < m; ++j) pc[r * m + j] += pb[j];
+        parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r)
+            for (int64_t j = 0; j < m; ++j) pc[r * m + j] += pb[j];
+        });
         return;
       }
     // C starts as the bias in every row and the GEMM adds x W^T to it (beta = 1): BLAS then skips
     // zeroing C, and no pass adds the bias afterwards.
-    parallel_for(0, rows, std::max<int64_t>(1, cpu::kParallelGrain / m),
+    parallel_for(0, rows, grain,
                  [&](int64_t lo, int64_t hi) { for (int64_t r = lo; r < hi; ++r) std::copy(pb, pb + m, pc + r * m); });
     if (k > 0) parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, T{1});
   });
