@@ -1,6 +1,6 @@
 // CUDA kernels of cross_entropy and its backward op, fused as on the CPU (ops/cross_entropy.cpp
-// documents the formulas): one block per row of logits [N, C] computes a max-shifted log-sum-exp in
-// double, then the row's loss or gradient.
+// documents the formulas): one block per row of logits [N, C]. The forward computes a max-shifted
+// log-sum-exp in double, then the row's loss; the backward reuses that log-sum-exp.
 #include "cuda/fold.cuh"
 #include "cuda/kernels.h"
 #include "ops/kernel_checks.h"
@@ -30,11 +30,11 @@ __device__ double log_sum_exp(const T* row, int64_t C) {
 }
 
 template <typename T>
-__global__ void cross_entropy_kernel(const T* x, const int64_t* t, T* loss, int64_t N, int64_t C, double e,
-                                     int64_t ignore_index) {
+__global__ void cross_entropy_kernel(const T* x, const int64_t* t, T* loss, T* lse_out, int64_t N, int64_t C,
+                                     double e, int64_t ignore_index) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     if (t[n] == ignore_index) {  // the same for the whole block, so no thread skips a barrier alone
-      if (threadIdx.x == 0) loss[n] = T{0};
+      if (threadIdx.x == 0) loss[n] = lse_out[n] = T{0};
       continue;
     }
     const T* row = x + n * C;  // [C]
@@ -42,13 +42,17 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* t, T* loss, int6
     double logits_sum = BlockFold<T>{row, C, 1}(T{0}, Plus{}, Identity{});
     double value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
     if (e != 0) value += e * (lse - logits_sum / static_cast<double>(C));
-    if (threadIdx.x == 0) loss[n] = static_cast<T>(value);
+    if (threadIdx.x == 0) {
+      loss[n] = static_cast<T>(value);
+      lse_out[n] = static_cast<T>(lse);
+    }
   }
 }
 
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* dl, const T* x, const int64_t* t, T* dx, int64_t N, int64_t C,
-                                              double e, int64_t ignore_index) {
+__global__ void cross_entropy_backward_kernel(const T* dl, const T* x, const int64_t* t, const T* lse_of,
+                                              const T* dlse, T* dx, int64_t N, int64_t C, double e,
+                                              int64_t ignore_index) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     T* drow = dx + n * C;  // [C]
     if (t[n] == ignore_index) {
@@ -56,10 +60,10 @@ __global__ void cross_entropy_backward_kernel(const T* dl, const T* x, const int
       continue;
     }
     const T* row = x + n * C;
-    auto lse = static_cast<T>(log_sum_exp(row, C));
-    T g = dl[n], share = static_cast<T>(e / static_cast<double>(C)), hit = g * static_cast<T>(1 - e);
+    T lse = lse_of[n], g = dl[n], g_softmax = g + dlse[n], hit = g * static_cast<T>(1 - e);
+    T g_share = g * static_cast<T>(e / static_cast<double>(C));
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T value = g * (exp(row[c] - lse) - share);
+      T value = g_softmax * exp(row[c] - lse) - g_share;
       drow[c] = c == t[n] ? value - hit : value;
     }
   }
@@ -70,19 +74,19 @@ void cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
   int64_t N = logits.size(0), C = logits.size(1);
   visit_floating(logits.dtype(), [&]<typename T>() {
     cross_entropy_kernel<T><<<blocks_for_rows(N), kThreads, 0, stream(logits.device().index)>>>(
-        logits.data_ptr<T>(), target.data_ptr<int64_t>(), out[0].data_ptr<T>(), N, C, attrs.label_smoothing,
-        attrs.ignore_index);
+        logits.data_ptr<T>(), target.data_ptr<int64_t>(), out[0].data_ptr<T>(), out[1].data_ptr<T>(), N, C,
+        attrs.label_smoothing, attrs.ignore_index);
   });
   check_launch("cross_entropy");
 }
 
 void cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]);
+  Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]), lse = dense(in[3]), dlse = dense(in[4]);
   int64_t N = logits.size(0), C = logits.size(1);
   visit_floating(logits.dtype(), [&]<typename T>() {
     cross_entropy_backward_kernel<T><<<blocks_for_rows(N), kThreads, 0, stream(logits.device().index)>>>(
-        dloss.data_ptr<T>(), logits.data_ptr<T>(), target.data_ptr<int64_t>(), out[0].data_ptr<T>(), N, C,
-        attrs.label_smoothing, attrs.ignore_index);
+        dloss.data_ptr<T>(), logits.data_ptr<T>(), target.data_ptr<int64_t>(), lse.data_ptr<T>(), dlse.data_ptr<T>(),
+        out[0].data_ptr<T>(), N, C, attrs.label_smoothing, attrs.ignore_index);
   });
   check_launch("cross_entropy_backward");
 }

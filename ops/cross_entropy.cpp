@@ -17,10 +17,12 @@ using cpu::load;
 using cpu::pack_map;
 using cpu::pack_sum;
 
-// Inputs logits [N, C] and int64 target [N], Attrs.ignore_index and Attrs.label_smoothing = e; output
-// the per-row loss [N]: (1 - e) * -log p[target] + e * mean_c(-log p_c), 0 where target == ignore_index.
-// cross_entropy_backward: inputs dloss [N], logits, target; output
-// dlogits = dloss * (softmax - (1 - e) * onehot(target) - e / C), zero rows where ignored.
+// Inputs logits [N, C] and int64 target [N], Attrs.ignore_index and Attrs.label_smoothing = e; outputs
+// the per-row loss [N]: (1 - e) * -log p[target] + e * mean_c(-log p_c), and lse [N]: the row's
+// log-sum-exp, log p_c = logits_c - lse; both 0 where target == ignore_index.
+// cross_entropy_backward: inputs dloss [N], logits, target, lse, dlse [N]; output
+// dlogits = dloss * (softmax - (1 - e) * onehot(target) - e / C) + dlse * softmax, zero rows where
+// ignored, with softmax = exp(logits - lse): the forward's lse spares the backward two passes a row.
 
 void check_cross_entropy(const Tensor& logits, const Tensor& target, const Attrs& attrs) {
   expect_float(logits, "logits");
@@ -39,14 +41,18 @@ void check_cross_entropy(const Tensor& logits, const Tensor& target, const Attrs
 
 std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
   check_cross_entropy(in[0], in[1], attrs);
-  return {{{in[0].size(0)}, in[0].dtype()}};
+  return {{{in[0].size(0)}, in[0].dtype()}, {{in[0].size(0)}, in[0].dtype()}};
 }
 
 /// log(sum_c exp(row_c)), shifted by the row's max so that exp cannot overflow; W-byte vectors.
 template <int W, typename T>
 MF_INLINE double log_sum_exp(const T* row, int64_t C) {
   T top = cpu::row_extreme<true, W>(row, C);
-  double total = pack_sum<T, W>(C, [=]<typename V>(int64_t c) { return exp_of(load<V>(row + c) - top); });
+  // Lambdas that take packs are inlined by force: called out of line from ISA-specific code, a pack
+  // argument or result would cross a call between code built for different vector widths.
+  double total = pack_sum<T, W>(C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+    return exp_of(load<V>(row + c) - top);
+  });
   return static_cast<double>(top) + std::log(total);
 }
 
@@ -57,21 +63,23 @@ void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, 
   visit_floating(logits.dtype(), [&]<typename T>() {
     const T* x = logits.data_ptr<T>();                // [N, C]
     const int64_t* t = target.data_ptr<int64_t>();  // [N]
-    T* loss = out[0].data_ptr<T>();                   // [N]
+    T *loss = out[0].data_ptr<T>(), *lse_out = out[1].data_ptr<T>();  // [N] each
     parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
       cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
         for (int64_t n = begin; n < end; ++n) {
           if (t[n] == attrs.ignore_index) {
-            loss[n] = T{0};
+            loss[n] = lse_out[n] = T{0};
             continue;
           }
           const T* row = x + n * C;
           double lse = log_sum_exp<W>(row, C), value = (1 - e) * (lse - static_cast<double>(row[t[n]]));
           if (e != 0) {
-            double logits_sum = pack_sum<T, W>(C, [=]<typename V>(int64_t c) { return load<V>(row + c); });
+            double logits_sum =
+                pack_sum<T, W>(C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE { return load<V>(row + c); });
             value += e * (lse - logits_sum / static_cast<double>(C));
           }
           loss[n] = static_cast<T>(value);
+          lse_out[n] = static_cast<T>(lse);
         }
       });
     });
@@ -79,7 +87,8 @@ void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, 
 }
 
 std::vector<Tensor> cross_entropy_rule(const GradContext& ctx) {
-  return {call1(OpId::cross_entropy_backward, {ctx.grads[0], ctx.inputs[0], ctx.inputs[1]}, ctx.attrs, ctx.site),
+  return {call1(OpId::cross_entropy_backward,
+                {ctx.grads[0], ctx.inputs[0], ctx.inputs[1], ctx.outputs[1], ctx.grads[1]}, ctx.attrs, ctx.site),
           Tensor()};
 }
 
@@ -97,19 +106,22 @@ std::vector<double> reference_log_probs(const Tensor& logits, int64_t n) {
 std::vector<Tensor> reference_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &logits = in[0], &target = in[1];
   double e = attrs.label_smoothing;
-  std::vector<double> losses;
+  std::vector<double> losses, lses;
   for (int64_t n = 0; n < logits.size(0); ++n) {
     int64_t t = target.at<int64_t>({n});
     if (t == attrs.ignore_index) {
       losses.push_back(0);
+      lses.push_back(0);
       continue;
     }
     std::vector<double> log_probs = reference_log_probs(logits, n);
     double smooth = 0;
     for (double lp : log_probs) smooth -= lp / static_cast<double>(log_probs.size());
     losses.push_back(-(1 - e) * log_probs[t] + e * smooth);
+    lses.push_back(logits.at<double>({n, 0}) - log_probs[0]);
   }
-  return {reference::make({logits.size(0)}, logits.dtype(), losses)};
+  return {reference::make({logits.size(0)}, logits.dtype(), losses),
+          reference::make({logits.size(0)}, logits.dtype(), lses)};
 }
 
 /// Targets in [0, C) with row `ignored` set to ignore_index -100.
@@ -134,15 +146,19 @@ std::vector<OutputSpec> infer_cross_entropy_backward(const std::vector<Tensor>& 
   const Tensor &dloss = in[0], &logits = in[1];
   check_cross_entropy(logits, in[2], attrs);
   expect_tensor(dloss, "dloss", {logits.size(0)}, logits.dtype());
+  expect_tensor(in[3], "lse", {logits.size(0)}, logits.dtype());
+  expect_tensor(in[4], "dlse", {logits.size(0)}, logits.dtype());
   return {{logits.shape(), logits.dtype()}};
 }
 
 void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]);
+  Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]), lses = dense(in[3]),
+         dlses = dense(in[4]);
   int64_t N = logits.size(0), C = logits.size(1);
   double e = attrs.label_smoothing, uniform_share = e / static_cast<double>(C);
   visit_floating(logits.dtype(), [&]<typename T>() {
     const T* dl = dloss.data_ptr<T>();               // [N]
+    const T *lse_of = lses.data_ptr<T>(), *dlse = dlses.data_ptr<T>();  // [N] each
     const T* x = logits.data_ptr<T>();               // [N, C]
     const int64_t* t = target.data_ptr<int64_t>();  // [N]
     T* dx = out[0].data_ptr<T>();                    // [N, C]
@@ -155,8 +171,10 @@ void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tenso
             continue;
           }
           const T* row = x + n * C;
-          auto lse = static_cast<T>(log_sum_exp<W>(row, C)), g = dl[n], share = static_cast<T>(uniform_share);
-          pack_map<W>(drow, C, [=]<typename V>(int64_t c) { return g * (exp_of(load<V>(row + c) - lse) - share); });
+          T lse = lse_of[n], g = dl[n], g_softmax = g + dlse[n], g_share = g * static_cast<T>(uniform_share);
+          pack_map<W>(drow, C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+            return g_softmax * exp_of(load<V>(row + c) - lse) - g_share;
+          });
           drow[t[n]] -= g * static_cast<T>(1 - e);
         }
       });
@@ -165,30 +183,39 @@ void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tenso
 }
 
 std::vector<Tensor> reference_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
-  const Tensor &dloss = in[0], &logits = in[1], &target = in[2];
+  const Tensor &dloss = in[0], &logits = in[1], &target = in[2], &lse = in[3], &dlse = in[4];
   int64_t C = logits.size(1);
   double e = attrs.label_smoothing;
   std::vector<double> grads;
   for (int64_t n = 0; n < logits.size(0); ++n) {
     int64_t t = target.at<int64_t>({n});
-    std::vector<double> log_probs = reference_log_probs(logits, n);
     for (int64_t c = 0; c < C; ++c) {
       double smoothed_target = (c == t ? 1 - e : 0.0) + e / static_cast<double>(C);
-      double grad = dloss.at<double>({n}) * (std::exp(log_probs[c]) - smoothed_target);
+      double softmax = std::exp(logits.at<double>({n, c}) - lse.at<double>({n}));
+      double grad = dloss.at<double>({n}) * (softmax - smoothed_target) + dlse.at<double>({n}) * softmax;
       grads.push_back(t == attrs.ignore_index ? 0.0 : grad);
     }
   }
   return {reference::make(logits.shape(), logits.dtype(), grads)};
 }
 
+/// Inputs of cross_entropy_backward: dloss and dlse drawn, lse the forward's for these logits.
+std::vector<Tensor> backward_inputs(const Tensor& logits, const Tensor& target, uint64_t seed) {
+  int64_t N = logits.size(0);
+  std::vector<double> lses;
+  for (int64_t n = 0; n < N; ++n) lses.push_back(logits.at<double>({n, 0}) - reference_log_probs(logits, n)[0]);
+  return {reference::randn({N}, seed), logits, target, reference::make({N}, logits.dtype(), lses),
+          reference::randn({N}, seed + 1)};
+}
+
 std::vector<Sample> cross_entropy_backward_samples() {
   return {
-      {"plain", {reference::randn({4}, 481), reference::randn({4, 5}, 482), reference::randint({4}, 5, 483)}},
+      {"plain", backward_inputs(reference::randn({4, 5}, 482), reference::randint({4}, 5, 483), 481)},
       {"ignored row, label smoothing 0.1",
-       {reference::randn({6}, 484), reference::randn({6, 4}, 485), targets_with_ignored(6, 4, 486, 3)},
+       backward_inputs(reference::randn({6, 4}, 485), targets_with_ignored(6, 4, 486, 3), 484),
        {.label_smoothing = 0.1}},
-      {"large logits", {reference::randn({3}, 487), reference::uniform({3, 7}, 50, 90, 488),
-                        reference::randint({3}, 7, 489)},
+      {"large logits",
+       backward_inputs(reference::uniform({3, 7}, 50, 90, 488), reference::randint({3}, 7, 489), 490),
        {.label_smoothing = 0.3}},
   };
 }
@@ -198,6 +225,7 @@ std::vector<Sample> cross_entropy_backward_samples() {
 void register_loss_ops(Registry& r) {
   r.define(OpId::cross_entropy, {.name = "cross_entropy", .infer = infer_cross_entropy,
                                  .kernels = {cpu_cross_entropy}, .backward = cross_entropy_rule,
+                                 .saves_outputs = true, .first_saved_output = 1,
                                  .samples = cross_entropy_samples, .reference = reference_cross_entropy});
   // Not differentiable itself: its samples check the forward only.
   r.define(OpId::cross_entropy_backward,
@@ -217,8 +245,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
            "cross_entropy: target of shape {} does not match logits of shape {} (expected target shape {}) at {}",
            shape_str(target.shape()), shape_str(logits.shape()), shape_str(batch), format_location(site));
   int64_t N = shape_numel(batch), C = logits.size(-1);
-  Tensor losses = call1(OpId::cross_entropy, {logits.reshape({N, C}, site), target.reshape({N}, site)},
-                        {.label_smoothing = label_smoothing, .ignore_index = ignore_index}, site);  // [N]
+  Tensor losses = call(OpId::cross_entropy, {logits.reshape({N, C}, site), target.reshape({N}, site)},
+                       {.label_smoothing = label_smoothing, .ignore_index = ignore_index}, site)[0];  // [N]
   switch (reduction) {
     case Reduction::None: return losses.reshape(batch, site);
     case Reduction::Sum: return losses.sum({}, false, site);

@@ -74,7 +74,10 @@ class OpNode final : public Node {
       for (const Tensor& t : inputs) saved_inputs_.push_back({t, t.storage()->version()});
     // Outputs are saved detached: holding an output's own grad_fn here would be a reference cycle.
     if (def_.saves_outputs)
-      for (const Tensor& t : outputs) saved_outputs_.push_back({t.detach(), t.storage()->version()});
+      for (size_t i = 0; i < outputs.size(); ++i)
+        saved_outputs_.push_back(i < def_.first_saved_output
+                                     ? SavedTensor{}
+                                     : SavedTensor{outputs[i].detach(), outputs[i].storage()->version()});
   }
 
  private:
@@ -82,6 +85,10 @@ class OpNode final : public Node {
     std::vector<Tensor> tensors;
     tensors.reserve(saved.size());
     for (const SavedTensor& s : saved) {
+      if (!s.tensor.defined()) {  // an output the op does not keep
+        tensors.emplace_back();
+        continue;
+      }
       uint32_t now = s.tensor.storage()->version();
       MF_CHECK(now == s.version, "a tensor saved for backward was modified in place afterwards (version {} now, "
                "{} when saved)", now, s.version);

@@ -120,6 +120,9 @@ struct OpDef {
   BackwardFn backward = nullptr;
   bool saves_inputs = true;
   bool saves_outputs = false;
+  /// With saves_outputs: outputs before this one are not kept and reach backward undefined
+  /// (cross_entropy keeps its row log-sum-exps, not the loss its caller may modify in place).
+  size_t first_saved_output = 0;
   /// Input 0 is written in place and is the op's only output (fill, uniform, ...).
   bool writes_input = false;
   /// Inputs may live on different devices (to_device).

@@ -419,8 +419,16 @@ Case cross_entropy_case(const Sample& s, Rng& rng, bool small) {
 
 Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = random_size(rng, small ? 3 : 5), classes = rng.integer(1, 6);
-  return {.inputs = {draw(s, 0, {rows}, rng), draw(s, 1, {rows, classes}, rng),
-                     targets(rows, classes, s.attrs.ignore_index, rng)},
+  Tensor logits = draw(s, 1, {rows, classes}, rng);
+  std::vector<double> lses;  // each row's log-sum-exp, as the forward gives it
+  for (int64_t n = 0; n < rows; ++n) {
+    double top = -INFINITY, total = 0;
+    for (int64_t c = 0; c < classes; ++c) top = std::max(top, logits.at<double>({n, c}));
+    for (int64_t c = 0; c < classes; ++c) total += std::exp(logits.at<double>({n, c}) - top);
+    lses.push_back(top + std::log(total));
+  }
+  return {.inputs = {draw(s, 0, {rows}, rng), logits, targets(rows, classes, s.attrs.ignore_index, rng),
+                     reference::make({rows}, logits.dtype(), lses), draw(s, 4, {rows}, rng)},
           .attrs = s.attrs};
 }
 

@@ -447,15 +447,18 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
             std::vector<Tensor> in = v.inputs;
             in[l] = filled({2, classes}, logits.dtype());
             in[l + 1] = filled({2}, DType::Int64, past);
-            if (l == 1) in[0] = filled({2}, logits.dtype());
+            if (l == 1) in[0] = in[3] = in[4] = filled({2}, logits.dtype());
             return in;
           }(),
           v.attrs);
       for (double e : {-0.1, 1.5})
         c.attrs("label_smoothing outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.label_smoothing = e; }));
-      if (l == 1)
+      if (l == 1) {
         c.input("dloss of another length", 0, filled({rows + 1}, logits.dtype()))
             .dtype("dloss of another dtype", 0, other_float(logits.dtype()));
+        c.input("lse of another length", 3, filled({rows + 1}, logits.dtype()))
+            .dtype("dlse of another dtype", 4, other_float(logits.dtype()));
+      }
       return c.take();
     }
   }
