@@ -66,9 +66,22 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
   for (size_t i = 0; i < grad_outputs.size(); ++i)
     if (!grad_outputs[i].defined() && is_floating(node.output_dtypes[i]))
       grad_outputs[i] = zeros(node.output_shapes[i], node.output_dtypes[i], node.device);
+  // Gradients already summed for an input that the node may add into in place (a linear layer's
+  // dX GEMM then runs with beta = 1, skipping a zeroed buffer and an add). Not in anomaly mode,
+  // which must see what the node itself produced.
+  std::vector<Tensor> sums(node.next_edges.size());
+  for (size_t i = 0; i < sums.size() && !is_anomaly_enabled(); ++i) {
+    const Edge& edge = node.next_edges[i];
+    auto it = edge.node ? pending.find(edge.node.get()) : pending.end();
+    if (it == pending.end() || edge.output_nr >= it->second.size()) continue;
+    Tensor& slot = it->second[edge.output_nr];
+    if (slot.defined() && owns_storage_alone(slot) && slot.shape() == node.input_shapes[i] &&
+        slot.dtype() == node.input_dtypes[i])
+      sums[i] = slot;
+  }
   std::vector<Tensor> grad_inputs;
   try {
-    grad_inputs = node.apply(grad_outputs);
+    grad_inputs = node.apply(grad_outputs, sums);
     // Consumed: dropping them now frees memory early, and a gradient that is a view of one (the
     // transpose in linear's x @ W^T) then owns its storage alone and reaches a leaf without a copy.
     grad_outputs.clear();
@@ -90,6 +103,7 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
     const Edge& edge = node.next_edges[i];
     Tensor& g = grad_inputs[i];
     if (!g.defined() || !edge.is_valid()) continue;
+    if (sums[i].defined() && g.is_same(sums[i])) continue;  // added into the slot already
     if (edge.node) {
       auto& slots = pending[edge.node.get()];
       slots.resize(edge.node->num_outputs);

@@ -51,13 +51,13 @@ class OpNode final : public Node {
  public:
   OpNode(const OpDef& def, const Attrs& attrs) : def_(def), attrs_(attrs) {}
 
-  std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) override {
+  std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs, const std::vector<Tensor>& sums) override {
     MF_CHECK(!released, "backward through the graph a second time, but its saved tensors were already freed; "
              "pass retain_graph = true to the first backward");
     std::vector<Tensor> inputs = unpack(saved_inputs_), outputs = unpack(saved_outputs_);
     std::vector<bool> needs_grad;
     for (const Edge& edge : next_edges) needs_grad.push_back(edge.is_valid());
-    GradContext ctx{grad_outputs, inputs, outputs, attrs_, needs_grad, site};
+    GradContext ctx{grad_outputs, inputs, outputs, attrs_, needs_grad, site, sums};
     return def_.backward(ctx);
   }
 

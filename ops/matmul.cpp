@@ -146,14 +146,14 @@ Tensor as_rows(const Tensor& t) {
   return t.reshape({shape_numel(std::span(t.shape()).first(t.shape().size() - 1)), t.size(-1)});
 }
 
-/// c = a @ b for 2-D float operands on one thread, c contiguous and allocated by the caller.
-void gemm_2d(Tensor a, Tensor b, Tensor& c) {
+/// c = a @ b (or c += a @ b) for 2-D float operands on one thread, c contiguous.
+void gemm_2d(Tensor a, Tensor b, Tensor& c, bool accumulate = false) {
   if (!blas_layout(a)) a = a.contiguous();
   if (!blas_layout(b)) b = b.contiguous();
   MatrixLayout la = *blas_layout(a), lb = *blas_layout(b);
   visit_floating(c.dtype(), [&]<typename T>() {
     gemm<T>(la.trans, lb.trans, c.size(0), c.size(1), a.size(1), static_cast<const T*>(a.raw_data()), la.ld,
-            static_cast<const T*>(b.raw_data()), lb.ld, c.data_ptr<T>(), c.size(1));
+            static_cast<const T*>(b.raw_data()), lb.ld, c.data_ptr<T>(), c.size(1), T(accumulate));
   });
 }
 
@@ -165,22 +165,27 @@ constexpr double kConcurrentBackwardWork = 1 << 22;
 /// equally big, so each thread runs one of them whole, packing each operand once, where splitting
 /// both products packs their shared operands on both threads. Only for two threads (the pool does
 /// not split into teams), and not when the backward is itself recorded (create_graph), which needs
-/// matmul's own graph nodes.
-bool linear_backward_concurrently(const Tensor& rows, const Tensor& b, const Tensor& drows, Tensor& da, Tensor& db) {
+/// matmul's own graph nodes. `a_sum` is A's gradient summed so far (GradContext::sums), or undefined:
+/// where it fits, dA is added into it (beta = 1) and da is that very tensor; else da has a_shape.
+bool linear_backward_concurrently(const Tensor& rows, const Tensor& b, const Tensor& drows, const Tensor& a_sum,
+                                  const Shape& a_shape, Tensor& da, Tensor& db) {
   int64_t n = rows.size(0), k = rows.size(1), m = b.size(1);
   if (intra_op_threads() != 2 || grad_mode_enabled() || !rows.device().is_cpu() || !b.device().is_cpu() ||
       !drows.device().is_cpu() || static_cast<double>(n) * k * m < kConcurrentBackwardWork)
     return false;
   bool transposed_matrix = !b.is_contiguous() && b.t().is_contiguous();
-  da = Tensor::empty({n, k}, rows.dtype());
+  bool into_sum = a_sum.defined() && a_sum.device().is_cpu() && a_sum.is_contiguous() &&
+                  a_sum.dtype() == rows.dtype() && a_sum.numel() == n * k;
+  Tensor da_rows = into_sum ? a_sum.reshape({n, k}) : Tensor::empty({n, k}, rows.dtype());  // a view of a_sum
   db = Tensor::empty(transposed_matrix ? Shape{m, k} : Shape{k, m}, rows.dtype());
   parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
     for (int64_t product = begin; product < end; ++product) {
-      if (product == 0) gemm_2d(drows, b.t(), da);
+      if (product == 0) gemm_2d(drows, b.t(), da_rows, into_sum);
       else if (transposed_matrix) gemm_2d(drows.t(), rows, db);  // dW for the x @ W^T of a linear layer
       else gemm_2d(rows.t(), drows, db);
     }
   });
+  da = into_sum ? a_sum : da_rows.reshape(a_shape);
   if (transposed_matrix) db = db.t();
   return true;
 }
@@ -194,7 +199,7 @@ std::vector<Tensor> matmul_backward(const GradContext& ctx) {
   Tensor da, db;
   if (b.dim() == 2 && ctx.needs_grad[0] && ctx.needs_grad[1]) {
     Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]
-    if (linear_backward_concurrently(rows, b, drows, da, db)) return {da.reshape(a.shape()), db};
+    if (linear_backward_concurrently(rows, b, drows, ctx.sums[0], a.shape(), da, db)) return {da, db};
   }
   if (ctx.needs_grad[0]) da = matmul(dout, b.transpose(-1, -2));
   if (ctx.needs_grad[1]) {
@@ -285,8 +290,7 @@ std::vector<Tensor> linear_backward(const GradContext& ctx) {
   Tensor rows = as_rows(x), drows = as_rows(dout);  // [N, K], [N, M]
   Tensor dx, dweight, dbias;
   if (ctx.needs_grad[0] && ctx.needs_grad[1] &&
-      linear_backward_concurrently(rows, weight.t(), drows, dx, dweight)) {
-    dx = dx.reshape(x.shape());
+      linear_backward_concurrently(rows, weight.t(), drows, ctx.sums[0], x.shape(), dx, dweight)) {
     dweight = dweight.t();
   } else {
     if (ctx.needs_grad[0]) dx = matmul(dout, weight);

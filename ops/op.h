@@ -89,6 +89,9 @@ struct GradContext {
   const Attrs& attrs;
   const std::vector<bool>& needs_grad;  // per input
   Site site;
+  /// Per input: the gradient summed for it so far, where the rule may add its own in place and
+  /// return this tensor (undefined where it may not).
+  const std::vector<Tensor>& sums;
 };
 
 /// One test case for the registry-driven suite. Float inputs are float64; the suite also runs them

@@ -706,6 +706,38 @@ TEST_CASE("a linear layer's backward on two threads, one product each, equals th
   mf::set_intra_op_threads(previous);
 }
 
+TEST_CASE("a product's input gradient added in place into the gradient summed so far is the plain sum") {
+  // x feeds a residual and a big product: on two threads the product's dX GEMM adds itself into the
+  // gradient the residual already left for x (beta = 1) instead of a fresh buffer summed afterwards.
+  // Both orders of use, a linear layer and a plain matmul, against one thread (no adding in place).
+  int previous = mf::intra_op_threads();
+  mf::Tensor x = mf::randn({2, 80, 256}), weight = mf::randn({300, 256}), bias = mf::randn({300});
+  mf::Tensor back = mf::randn({300, 256}), upstream = mf::randn({2, 80, 256});
+  std::vector<std::vector<float>> grads;
+  for (int threads : {1, 2})
+    for (bool linear_first : {true, false}) {
+      mf::set_intra_op_threads(threads);
+      mf::Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
+      mf::Tensor hidden = xs.tanh();  // not a leaf: its gradient is summed in the engine's slots
+      mf::Tensor h = mf::linear(hidden, ws, bias);  // [2, 80, 300]
+      mf::Tensor y = linear_first ? mf::matmul(h, back) + hidden : hidden + mf::matmul(h, back);
+      (mf::matmul(y.relu(), back.t()) * h + y.sum() * 1e-3).sum().backward();
+      grads.push_back(xs.grad().to_vector<float>());
+      grads.push_back(ws.grad().to_vector<float>());
+    }
+  for (size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    const std::vector<float> &one = grads[i], &two = grads[i + 4];
+    double worst = 0, scale = 0;
+    for (size_t j = 0; j < one.size(); ++j) {
+      worst = std::max(worst, std::abs(double{one[j]} - double{two[j]}));
+      scale = std::max(scale, std::abs(double{one[j]}));
+    }
+    CHECK(worst <= 1e-5 * scale);
+  }
+  mf::set_intra_op_threads(previous);
+}
+
 TEST_CASE("a linear layer over few rows (the decoding path) equals the naive product") {
   // x @ W^T with W [m, k] contiguous and at most 128 rows of x takes a kernel of its own on AVX-512
   // CPUs (ops/skinny_gemm.cpp); rows beyond a 16-lane slice, W rows beyond a block of 8 and odd k
