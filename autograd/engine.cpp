@@ -82,9 +82,6 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
   std::vector<Tensor> grad_inputs;
   try {
     grad_inputs = node.apply(grad_outputs, sums);
-    // Consumed: dropping them now frees memory early, and a gradient that is a view of one (the
-    // transpose in linear's x @ W^T) then owns its storage alone and reaches a leaf without a copy.
-    grad_outputs.clear();
     MF_CHECK(grad_inputs.size() == node.next_edges.size(), "returned {} gradients for {} inputs", grad_inputs.size(),
              node.next_edges.size());
     for (size_t i = 0; i < grad_inputs.size(); ++i) {
@@ -95,15 +92,26 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
     }
     if (is_anomaly_enabled()) [[unlikely]]
       check_gradients(node, grad_inputs, grad_outputs);
+    // Consumed: dropping them now frees memory early, and a gradient that is a view of one (the
+    // transpose in linear's x @ W^T) then owns its storage alone and reaches a leaf without a copy.
+    grad_outputs.clear();
   } catch (const Error& error) {
     throw Error(fmt::format("{}: {}", describe(node), error.what()));
   }
+  // Which inputs the node added into their sums; then the extra handles go, so that the routing
+  // below may still add into those slots in place.
+  std::vector<bool> added(sums.size());
+  for (size_t i = 0; i < sums.size(); ++i) {
+    added[i] = sums[i].defined() && grad_inputs[i].is_same(sums[i]);
+    if (added[i]) grad_inputs[i] = Tensor();
+  }
+  sums.clear();
   if (!retain_graph) node.release_saved();
   for (size_t i = 0; i < grad_inputs.size(); ++i) {
     const Edge& edge = node.next_edges[i];
     Tensor& g = grad_inputs[i];
     if (!g.defined() || !edge.is_valid()) continue;
-    if (sums[i].defined() && g.is_same(sums[i])) continue;  // added into the slot already
+    if (added[i]) continue;  // in the slot already
     if (edge.node) {
       auto& slots = pending[edge.node.get()];
       slots.resize(edge.node->num_outputs);

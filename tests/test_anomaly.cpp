@@ -145,6 +145,17 @@ TEST_CASE("backward: the node whose rule makes inf or NaN is named with its forw
   CHECK(x3.grad().to_vector<double>() == std::vector<double>{kInf, 0.25});
 }
 
+TEST_CASE("backward: a node that only passes on the NaN or inf it was given is not blamed") {
+  // y = 2 x with an incoming gradient [NaN, inf]: mul's rule gives [NaN, inf], which it received.
+  autograd::DetectAnomalyGuard guard;
+  Tensor x = f64({1, 2}).set_requires_grad();
+  Tensor y = x * 2.0;
+  y.backward(f64({std::nan(""), kInf}));
+  std::vector<double> grad = x.grad().to_vector<double>();
+  CHECK(std::isnan(grad[0]));
+  CHECK(grad[1] == kInf);
+}
+
 TEST_CASE("turning anomaly mode on does not change a finite computation, bit for bit") {
   // A Transformer step exercises masks (-1e9), dropout, softmax, layer norm and cross-entropy: no
   // false alarm, and the loss and every gradient are identical with the checks on.
