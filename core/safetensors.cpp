@@ -207,6 +207,11 @@ void remove_stale_temp_files(const std::filesystem::path& target) {
     const char* last = name.data() + name.size();
     auto [next, parse_error] = std::from_chars(first, last, pid);
     if (parse_error != std::errc() || next == last || *next != '.' || pid <= 0 || pid == ::getpid()) continue;
+    // Exactly PID.N: a host named HOST.<digits> writes names that start with this prefix too.
+    uint64_t counter = 0;
+    if (auto [end, counter_error] = std::from_chars(next + 1, last, counter);
+        counter_error != std::errc() || end != last)
+      continue;
     if (::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(it->path());  // EPERM: alive, not ours
   }
   for (const fs::path& path : stale) fs::remove(path, error);

@@ -598,6 +598,10 @@ TEST_CASE("clip_grad_norm_ with error_if_nonfinite names the norm and the gradie
   std::vector<Tensor> inf_ps = {param({0}, {5}), param({0, 0}, {-inf, 1})};
   CHECK_THROWS_WITH_AS(optim::clip_grad_norm_(inf_ps, 1.0, optim::kInfNorm, true),
                        doctest::Contains("the total inf-norm of the gradients is inf (from gradient 1 of 2"), Error);
+  // The 0.5-norm (sum sqrt|g|)^2 of two gradients of 1e308: the sum 2e154 is finite, its square is not.
+  std::vector<Tensor> huge = {param({0}, {1e308}), param({0}, {1e308})};
+  CHECK_THROWS_WITH_AS(optim::clip_grad_norm_(huge, 1.0, 0.5, true),
+                       doctest::Contains("is inf (the root of a finite sum overflowed)"), Error);
   std::vector<Tensor> finite = {param({0, 0}, {-7, 3}), param({0}, {5})};
   CHECK(optim::clip_grad_norm_(finite, 3.5, optim::kInfNorm, true) == 7.0);
   double c = 3.5 / (7 + 1e-6);

@@ -190,6 +190,7 @@ TEST_CASE("a write deletes the temporary files of killed writers on this host, a
       ours + "1.0",                              // init is alive
       "model.safetensors.tmp.some-other-host." + std::to_string(dead) + ".0",  // its pids mean nothing here
       "other.safetensors.tmp." + std::string(host.data()) + "." + std::to_string(dead) + ".0",  // another target
+      ours + std::to_string(dead) + "." + std::to_string(dead) + ".0",  // host HOST.<dead>'s writer
   };
   for (const std::string& name : kept) write_file_bytes(dir.path / name, bytes_of("partial"));
   write_file_bytes(dir.path / (ours + std::to_string(dead) + ".3"), bytes_of("partial"));
