@@ -1,6 +1,6 @@
 // Vector building blocks for CPU row kernels, on GCC vector types: loads and stores go through
 // memcpy (unaligned, no aliasing questions), and code written once as always-inline templates compiles
-// for the instruction set of each caller (see softmax.cpp's per-ISA variants).
+// for the instruction set of each caller (see with_widest_isa below).
 #pragma once
 
 #include <algorithm>
@@ -10,10 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
-
-// GCC warns that passing wide vectors by value changes the ABI on targets without AVX; every function
-// here is always inlined into a caller compiled for its ISA, so no such call exists.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace mf {
 namespace cpu {

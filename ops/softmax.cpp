@@ -131,48 +131,16 @@ MF_INLINE void softmax_items(const T* inp, T* out, const ReduceLayout& layout, i
   }
 }
 
-template <typename T, bool Log>
-using ItemsFn = void (*)(const T*, T*, const ReduceLayout&, int64_t, int64_t);
-
-template <typename T, bool Log>
-void items_baseline(const T* inp, T* out, const ReduceLayout& layout, int64_t begin, int64_t end) {
-  softmax_items<16, Log>(inp, out, layout, begin, end);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-template <typename T, bool Log>
-[[gnu::target("avx2,fma")]] void items_avx2(const T* inp, T* out, const ReduceLayout& layout, int64_t begin,
-                                             int64_t end) {
-  softmax_items<32, Log>(inp, out, layout, begin, end);
-}
-
-template <typename T, bool Log>
-[[gnu::target("avx512f")]] void items_avx512(const T* inp, T* out, const ReduceLayout& layout, int64_t begin,
-                                              int64_t end) {
-  softmax_items<64, Log>(inp, out, layout, begin, end);
-}
-#endif
-
-/// The widest variant this CPU runs.
-template <typename T, bool Log>
-ItemsFn<T, Log> pick_items() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f")) return items_avx512<T, Log>;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return items_avx2<T, Log>;
-#endif
-  return items_baseline<T, Log>;
-}
-
 template <bool Log>
 void cpu_softmax(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   if (in[0].numel() == 0) return;
   ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, false));
   visit_floating(in[0].dtype(), [&]<typename T>() {
-    static const ItemsFn<T, Log> items = pick_items<T, Log>();
     const T* inp = layout.data.data_ptr<T>();  // [outer, N, inner]
     T* o = out[0].data_ptr<T>();               // [outer, N, inner]
-    parallel_for(0, layout.items(), layout.grain(),
-                 [&](int64_t begin, int64_t end) { items(inp, o, layout, begin, end); });
+    parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) {
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE { softmax_items<W, Log>(inp, o, layout, begin, end); });
+    });
   });
 }
 
