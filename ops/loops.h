@@ -77,14 +77,15 @@ struct LoopPlan {
                      index[d] = rest % shape[d];
                      rest /= shape[d];
                    }
-                   for (int64_t item = item_begin; item < item_end; ++item) {
-                     int64_t start = item % pieces * piece;
+                   for (int64_t item = item_begin, part = item_begin % pieces; item < item_end; ++item) {
+                     int64_t start = part * piece;
                      std::array<char*, N> ptrs = base;
                      for (size_t k = 0; k < N; ++k) ptrs[k] += start * inner_strides[k];
                      for (size_t d = 0; d < outer_dims; ++d)
                        for (size_t k = 0; k < N; ++k) ptrs[k] += index[d] * strides[k][d];
                      run(ptrs, inner_strides, std::min(piece, n - start));
-                     if (item % pieces != pieces - 1) continue;
+                     if (++part < pieces) continue;
+                     part = 0;
                      for (size_t d = outer_dims; d-- > 0;) {
                        if (++index[d] < shape[d]) break;
                        index[d] = 0;

@@ -161,19 +161,25 @@ void gemm_2d(Tensor a, Tensor b, Tensor& c, bool accumulate = false) {
 /// one after the other, each split over the pool.
 constexpr double kConcurrentBackwardWork = 1 << 22;
 
-/// A linear layer's backward on two threads: dA = dC @ B^T and dB = A^T @ dC are independent and
-/// equally big, so each thread runs one of them whole, packing each operand once, where splitting
-/// both products packs their shared operands on both threads. Only for two threads (the pool does
-/// not split into teams), and not when the backward is itself recorded (create_graph), which needs
-/// matmul's own graph nodes. `a_sum` is A's gradient summed so far (GradContext::sums), or undefined:
-/// where it fits, dA is added into it (beta = 1) and da is that very tensor; else da has a_shape.
-bool linear_backward_concurrently(const Tensor& rows, const Tensor& b, const Tensor& drows, const Tensor& a_sum,
-                                  const Shape& a_shape, Tensor& da, Tensor& db) {
-  int64_t n = rows.size(0), k = rows.size(1), m = b.size(1);
-  if (intra_op_threads() != 2 || grad_mode_enabled() || !rows.device().is_cpu() || !b.device().is_cpu() ||
-      !drows.device().is_cpu() || static_cast<double>(n) * k * m < kConcurrentBackwardWork)
+/// Whether b is the transposed view of a contiguous matrix (the W^T of linear's x @ W^T).
+bool is_transposed_matrix(const Tensor& b) { return !b.is_contiguous() && b.t().is_contiguous(); }
+
+/// A linear layer's backward on two threads: dA = dC @ B^T and dB = A^T @ dC (over a's rows) are
+/// independent and equally big, so each thread runs one of them whole, packing each operand once,
+/// where splitting both products packs their shared operands on both threads. Only for two threads
+/// (the pool does not split into teams), and not when the backward is itself recorded
+/// (create_graph), which needs matmul's own graph nodes. `a_sum` is A's gradient summed so far
+/// (GradContext::sums), or undefined: where it fits, dA is added into it (beta = 1) and da is that
+/// very tensor. Returns false, computing nothing, where the pair does not run.
+bool linear_backward_concurrently(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& a_sum,
+                                  Tensor& da, Tensor& db) {
+  int64_t k = b.size(0), m = b.size(1);
+  if (intra_op_threads() != 2 || grad_mode_enabled() || !a.device().is_cpu() || !b.device().is_cpu() ||
+      !dout.device().is_cpu() || static_cast<double>(a.numel()) * m < kConcurrentBackwardWork)
     return false;
-  bool transposed_matrix = !b.is_contiguous() && b.t().is_contiguous();
+  Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]
+  int64_t n = rows.size(0);
+  bool transposed_matrix = is_transposed_matrix(b);
   bool into_sum = a_sum.defined() && a_sum.device().is_cpu() && a_sum.is_contiguous() &&
                   a_sum.dtype() == rows.dtype() && a_sum.numel() == n * k;
   Tensor da_rows = into_sum ? a_sum.reshape({n, k}) : Tensor::empty({n, k}, rows.dtype());  // a view of a_sum
@@ -185,7 +191,7 @@ bool linear_backward_concurrently(const Tensor& rows, const Tensor& b, const Ten
       else gemm_2d(rows.t(), drows, db);
     }
   });
-  da = into_sum ? a_sum : da_rows.reshape(a_shape);
+  da = into_sum ? a_sum : da_rows.reshape(a.shape());
   if (transposed_matrix) db = db.t();
   return true;
 }
@@ -197,16 +203,14 @@ bool linear_backward_concurrently(const Tensor& rows, const Tensor& b, const Ten
 std::vector<Tensor> matmul_backward(const GradContext& ctx) {
   const Tensor &a = ctx.inputs[0], &b = ctx.inputs[1], &dout = ctx.grads[0];
   Tensor da, db;
-  if (b.dim() == 2 && ctx.needs_grad[0] && ctx.needs_grad[1]) {
-    Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]
-    if (linear_backward_concurrently(rows, b, drows, ctx.sums[0], a.shape(), da, db)) return {da, db};
-  }
+  if (b.dim() == 2 && ctx.needs_grad[0] && ctx.needs_grad[1] &&
+      linear_backward_concurrently(a, b, dout, ctx.sums[0], da, db))
+    return {da, db};
   if (ctx.needs_grad[0]) da = matmul(dout, b.transpose(-1, -2));
   if (ctx.needs_grad[1]) {
     if (b.dim() == 2) {
       Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]
-      bool transposed_matrix = !b.is_contiguous() && b.t().is_contiguous();
-      db = transposed_matrix ? matmul(drows.t(), rows).t() : matmul(rows.t(), drows);  // [k, m]
+      db = is_transposed_matrix(b) ? matmul(drows.t(), rows).t() : matmul(rows.t(), drows);  // [k, m]
     } else {
       db = matmul(a.transpose(-1, -2), dout);
     }
@@ -257,8 +261,7 @@ std::vector<OutputSpec> infer_linear(const std::vector<Tensor>& in, const Attrs&
 
 void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
   Tensor x = in[0].contiguous(), weight_t = in[1].t(), bias = in[2].contiguous();  // weight_t: [K, M]
-  Tensor& c = out[0];                                                                 // [..., M], contiguous
-  if (c.numel() == 0) return;
+  Tensor& c = out[0];  // [..., M], contiguous and not empty (the dispatcher skips empty outputs)
   int64_t k = weight_t.size(0), m = weight_t.size(1), rows = c.numel() / m;
   if (!blas_layout(weight_t)) weight_t = weight_t.contiguous();
   MatrixLayout lw = *blas_layout(weight_t);
@@ -287,14 +290,14 @@ void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
 // dx = dout @ W, dW = dout^T @ x over the flattened rows, dbias = dout summed over the rows.
 std::vector<Tensor> linear_backward(const GradContext& ctx) {
   const Tensor &x = ctx.inputs[0], &weight = ctx.inputs[1], &dout = ctx.grads[0];
-  Tensor rows = as_rows(x), drows = as_rows(dout);  // [N, K], [N, M]
+  Tensor drows = as_rows(dout);  // [N, M]
   Tensor dx, dweight, dbias;
   if (ctx.needs_grad[0] && ctx.needs_grad[1] &&
-      linear_backward_concurrently(rows, weight.t(), drows, ctx.sums[0], x.shape(), dx, dweight)) {
+      linear_backward_concurrently(x, weight.t(), dout, ctx.sums[0], dx, dweight)) {
     dweight = dweight.t();
   } else {
     if (ctx.needs_grad[0]) dx = matmul(dout, weight);
-    if (ctx.needs_grad[1]) dweight = matmul(drows.t(), rows);
+    if (ctx.needs_grad[1]) dweight = matmul(drows.t(), as_rows(x));
   }
   if (ctx.needs_grad[2]) dbias = drows.sum({0});
   return {dx, dweight, dbias};
