@@ -11,12 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 
-if ! command -v valgrind >/dev/null; then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
-  $sudo apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends valgrind || exit 1
-fi
+bash tools/install_packages.sh valgrind || exit 1
 
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
