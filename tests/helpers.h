@@ -30,6 +30,12 @@ inline void check_close(const Tensor& actual, const Tensor& expected, double rto
   }
 }
 
+/// Restores the thread count a test found, however the test ends.
+struct ThreadCountGuard {
+  int saved = get_num_threads();
+  ~ThreadCountGuard() { set_num_threads(saved); }
+};
+
 /// A float64 tensor from values, for hand-worked expectations.
 inline Tensor f64(const std::vector<double>& values, const Shape& shape = {}) {
   return from_vector(values, shape);

@@ -15,6 +15,7 @@
 #include <vector>
 
 using namespace mf;
+using mf::testing::ThreadCountGuard;
 
 namespace {
 
@@ -73,11 +74,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 /// Restores the pool's size when a test ends.
-struct ThreadCountGuard {
-  int saved = get_num_threads();
-  ~ThreadCountGuard() { set_num_threads(saved); }
-};
-
 /// Every value of `tensors` in order, widened to double (exact for float32).
 std::vector<double> flat(const std::vector<Tensor>& tensors) {
   std::vector<double> values;

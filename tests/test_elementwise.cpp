@@ -13,6 +13,7 @@
 using namespace mf;
 using mf::testing::check_close;
 using mf::testing::f64;
+using mf::testing::ThreadCountGuard;
 
 namespace {
 
@@ -239,7 +240,7 @@ TEST_CASE("random draws: same seed, same numbers; successive draws differ") {
 TEST_CASE("elementwise ops over a few long runs split each run across threads, every element once") {
   // A contiguous tensor is one run, and a [2, n] operand broadcast against [2, 1] two: with more
   // threads than runs, the pool cuts each run into pieces. Odd lengths leave a short last piece.
-  int threads = get_num_threads();
+  ThreadCountGuard restore_threads;
   for (int count : {2, 3, 8}) {
     set_num_threads(count);
     CAPTURE(count);
@@ -257,17 +258,15 @@ TEST_CASE("elementwise ops over a few long runs split each run across threads, e
       CHECK(all_match);
     }
   }
-  set_num_threads(threads);
 }
 
 TEST_CASE("random draws do not depend on the thread count") {
-  int threads = get_num_threads();
+  ThreadCountGuard restore_threads;
   Generator g1(3), g2(3);
   set_num_threads(1);
   std::vector<double> one = randn({200001}, DType::Float32, Device::cpu(), &g1).to_vector<double>();
   set_num_threads(4);
   std::vector<double> four = randn({200001}, DType::Float32, Device::cpu(), &g2).to_vector<double>();
-  set_num_threads(threads);
   CHECK(one == four);
 }
 

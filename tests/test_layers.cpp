@@ -9,6 +9,7 @@
 using namespace mf;
 using mf::testing::check_close;
 using mf::testing::f64;
+using mf::testing::ThreadCountGuard;
 
 namespace {
 
@@ -192,7 +193,7 @@ TEST_CASE("the fused linear op equals matmul + bias, forward and backward, on ev
   // The fused op starts C as the bias and lets the GEMM add x W^T (beta = 1); few rows take the
   // skinny kernel and add the bias after; on two threads the backward runs dx and dW side by side.
   // Each must give what the unfused composition x @ W^T + b gives, within float32 rounding.
-  int threads = get_num_threads();
+  ThreadCountGuard restore_threads;
   struct Case {
     Shape x;
     int64_t out;
@@ -219,7 +220,6 @@ TEST_CASE("the fused linear op equals matmul + bias, forward and backward, on ev
       check_close(fused, plain, 1e-5, 1e-5);
       for (size_t i = 0; i < 3; ++i) check_close(fused_grads[i], plain_grads[i], 1e-5, 1e-4);
     }
-  set_num_threads(threads);
 }
 
 TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient") {

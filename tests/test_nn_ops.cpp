@@ -10,6 +10,7 @@
 using namespace mf;
 using mf::testing::check_close;
 using mf::testing::f64;
+using mf::testing::ThreadCountGuard;
 
 namespace {
 
@@ -165,12 +166,11 @@ TEST_CASE("dropout keeps about 1 - p of the elements, scaled by 1 / (1 - p)") {
 TEST_CASE("dropout masks do not depend on the thread count") {
   Tensor x = ones({100000});
   Generator a(3), b(3);
-  int threads = get_num_threads();
+  ThreadCountGuard restore_threads;
   set_num_threads(1);
   Tensor serial = dropout(x, 0.4, true, &a);
-  set_num_threads(std::max(threads, 4));
+  set_num_threads(std::max(restore_threads.saved, 4));
   Tensor parallel = dropout(x, 0.4, true, &b);
-  set_num_threads(threads);
   check_close(parallel, serial, 0, 0);
 }
 

@@ -20,6 +20,7 @@
 using namespace mf;
 using mf::testing::check_close;
 using mf::testing::f64;
+using mf::testing::ThreadCountGuard;
 
 namespace {
 
@@ -264,9 +265,8 @@ TEST_CASE("a large update split over threads gives the same bits as one thread")
     }
     return p.to_vector<float>();
   };
-  int threads = intra_op_threads();
+  ThreadCountGuard restore_threads;
   std::vector<float> serial = run_adam(1), parallel = run_adam(4);
-  set_num_threads(threads);
   CHECK(serial == parallel);
 }
 

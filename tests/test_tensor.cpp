@@ -18,6 +18,7 @@
 
 using namespace mf;
 using mf::testing::check_close;
+using mf::testing::ThreadCountGuard;
 
 namespace {
 
@@ -450,11 +451,6 @@ TEST_CASE("data pointers are 64-byte aligned") {
 namespace {
 
 /// Restores the thread count a test changed.
-struct ThreadCountGuard {
-  int saved = get_num_threads();
-  ~ThreadCountGuard() { set_num_threads(saved); }
-};
-
 std::set<std::pair<int64_t, int64_t>> chunks_of(int64_t begin, int64_t end, int64_t grain) {
   std::mutex mutex;
   std::set<std::pair<int64_t, int64_t>> chunks;
@@ -669,7 +665,7 @@ double matmul_error_vs_naive(const mf::Tensor& a, const mf::Tensor& b) {
 TEST_CASE("a matmul split across threads by rows or by columns equals the naive product") {
   // Large enough (> 2^18 multiply-adds) for the pool to split each GEMM: n >= m splits the rows of C,
   // n < m its columns. Operands also come as transposed views, which reach BLAS as transpose flags.
-  int previous = mf::intra_op_threads();
+  ThreadCountGuard restore_threads;
   mf::set_intra_op_threads(2);
   for (auto [n, k, m] : {std::array<int64_t, 3>{301, 70, 130}, std::array<int64_t, 3>{130, 70, 301}})
     for (bool transposed : {false, true}) {
@@ -679,7 +675,6 @@ TEST_CASE("a matmul split across threads by rows or by columns equals the naive 
       mf::Tensor b = transposed ? mf::randn({m, k}).t() : mf::randn({k, m});
       CHECK(matmul_error_vs_naive(a, b) < 1e-4);
     }
-  mf::set_intra_op_threads(previous);
 }
 
 TEST_CASE("a linear layer's backward on two threads, one product each, equals the one-thread backward") {
@@ -687,7 +682,7 @@ TEST_CASE("a linear layer's backward on two threads, one product each, equals th
   // one thread; on one thread the same two products run one after the other, through the same BLAS
   // calls, so the gradients match bit for bit. Both the transposed weight of x @ W^T and a plain
   // right operand are covered.
-  int previous = mf::intra_op_threads();
+  ThreadCountGuard restore_threads;
   for (bool transposed : {true, false}) {
     CAPTURE(transposed);
     mf::Tensor x = mf::randn({2, 80, 256}), weight = transposed ? mf::randn({300, 256}) : mf::randn({256, 300});
@@ -703,14 +698,13 @@ TEST_CASE("a linear layer's backward on two threads, one product each, equals th
     CHECK(grads[0] == grads[2]);
     CHECK(grads[1] == grads[3]);
   }
-  mf::set_intra_op_threads(previous);
 }
 
 TEST_CASE("a product's input gradient added in place into the gradient summed so far is the plain sum") {
   // x feeds a residual and a big product: on two threads the product's dX GEMM adds itself into the
   // gradient the residual already left for x (beta = 1) instead of a fresh buffer summed afterwards.
   // Both orders of use, a linear layer and a plain matmul, against one thread (no adding in place).
-  int previous = mf::intra_op_threads();
+  ThreadCountGuard restore_threads;
   mf::Tensor x = mf::randn({2, 80, 256}), weight = mf::randn({300, 256}), bias = mf::randn({300});
   mf::Tensor back = mf::randn({300, 256}), upstream = mf::randn({2, 80, 256});
   std::vector<std::vector<float>> grads;
@@ -735,14 +729,13 @@ TEST_CASE("a product's input gradient added in place into the gradient summed so
     }
     CHECK(worst <= 1e-5 * scale);
   }
-  mf::set_intra_op_threads(previous);
 }
 
 TEST_CASE("a linear layer over few rows (the decoding path) equals the naive product") {
   // x @ W^T with W [m, k] contiguous and at most 128 rows of x takes a kernel of its own on AVX-512
   // CPUs (ops/skinny_gemm.cpp); rows beyond a 16-lane slice, W rows beyond a block of 8 and odd k
   // all occur here, on 1 and 2 threads.
-  int previous = mf::intra_op_threads();
+  ThreadCountGuard restore_threads;
   for (int threads : {1, 2})
     for (auto [n, k, m] : {std::array<int64_t, 3>{1, 64, 300}, std::array<int64_t, 3>{17, 33, 19},
                            std::array<int64_t, 3>{32, 256, 1000}, std::array<int64_t, 3>{128, 7, 8},
@@ -753,5 +746,4 @@ TEST_CASE("a linear layer over few rows (the decoding path) equals the naive pro
       CAPTURE(m);
       CHECK(matmul_error_vs_naive(mf::randn({n, k}), mf::randn({m, k}).t()) < 1e-4);
     }
-  mf::set_intra_op_threads(previous);
 }
