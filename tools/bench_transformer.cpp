@@ -136,10 +136,12 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, doub
     mf::generation::GreedyResult greedy = mf::models::greedy_decode(model, sources, {.max_new_tokens = 32});
     double greedy_s = seconds_since(start, device);
     int64_t greedy_tokens = 0;  // generated positions up to and including each row's EOS
+    int64_t width = greedy.tokens.size(1);
+    std::vector<int64_t> ids = greedy.tokens.to_vector<int64_t>();  // one copy, also from a GPU
     for (int64_t b = 0; b < greedy.tokens.size(0); ++b)
-      for (int64_t t = 1; t < greedy.tokens.size(1); ++t) {
+      for (int64_t t = 1; t < width; ++t) {
         ++greedy_tokens;
-        if (greedy.tokens.at<int64_t>({b, t}) == mf::Vocab::kEos) break;
+        if (ids[static_cast<size_t>(b * width + t)] == mf::Vocab::kEos) break;
       }
     start = Clock::now();
     auto beams = mf::models::beam_search(model, sources, {.beam_size = 4, .max_new_tokens = 32});
@@ -164,7 +166,7 @@ int main(int argc, char** argv) {
     mf::tools::ArgParser args("bench_transformer",
                               "Times Transformer training steps (configs seed, small, base) and decoding.");
     args.add("config", &only, "run only this config (seed, small or base)");
-    args.add("threads", &threads, "intra-op threads (also OpenBLAS's)");
+    args.add("threads", &threads, "intra-op threads (OpenBLAS runs single-threaded inside them)");
     args.add("steps", &steps, "timed steps per config, after 2 warm-up steps");
     args.add("device", &device, "where to run: cpu, cuda or cuda:N");
     args.add_switch("json", &json, "print one JSON object per config instead of a table");
