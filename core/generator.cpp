@@ -12,8 +12,8 @@
 namespace mf {
 namespace {
 
-constexpr uint32_t kMultiplier0 = 0xD2511F53, kMultiplier1 = 0xCD9E8D57;
-constexpr uint32_t kWeyl0 = 0x9E3779B9, kWeyl1 = 0xBB67AE85;
+constexpr uint32_t kMultiplier0 = Philox::kMultiplier0, kMultiplier1 = Philox::kMultiplier1;
+constexpr uint32_t kWeyl0 = Philox::kWeyl0, kWeyl1 = Philox::kWeyl1;
 
 void philox_fill_scalar(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out) {
   for (int64_t i = 0; i < blocks; ++i) {

@@ -10,19 +10,22 @@ namespace mf {
 
 /// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
 struct Philox {
+  static constexpr uint32_t kMultiplier0 = 0xD2511F53, kMultiplier1 = 0xCD9E8D57;  // the round's products
+  static constexpr uint32_t kWeyl0 = 0x9E3779B9, kWeyl1 = 0xBB67AE85;              // the key's bumps
+
   static constexpr std::array<uint32_t, 4> block(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
     uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
     uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
     uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
     for (int round = 0; round < 10; ++round) {
-      uint64_t p0 = uint64_t{0xD2511F53} * c0, p1 = uint64_t{0xCD9E8D57} * c2;
+      uint64_t p0 = uint64_t{kMultiplier0} * c0, p1 = uint64_t{kMultiplier1} * c2;
       uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0, n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
       c1 = static_cast<uint32_t>(p1);
       c3 = static_cast<uint32_t>(p0);
       c0 = n0;
       c2 = n2;
-      k0 += 0x9E3779B9;
-      k1 += 0xBB67AE85;
+      k0 += kWeyl0;
+      k1 += kWeyl1;
     }
     return {c0, c1, c2, c3};
   }

@@ -15,7 +15,7 @@ TensorImpl::~TensorImpl() = default;
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   // Checked: a product that wrapped around would allocate too little for the shape.
   int64_t numel = checked_numel(shape, static_cast<int64_t>(dtype_size(dtype)));
-  Shape strides = contiguous_strides(shape);  // refuses empty shapes whose strides overflow, too
+  Shape strides = contiguous_strides(shape);  // cannot overflow: checked_numel bounds zeros-as-ones too
   size_t nbytes = static_cast<size_t>(numel) * dtype_size(dtype);
   auto storage = std::make_shared<Storage>(nbytes, device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, std::move(strides), 0, dtype));

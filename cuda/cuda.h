@@ -15,7 +15,7 @@ int device_count();
 /// True when this build includes the CUDA backend.
 bool is_built();
 /// Waits until the work queued on GPU `device` has finished (kernels run asynchronously; timings
-/// need this). Does nothing without CUDA or a GPU.
+/// need this). Does nothing without CUDA or a GPU; refuses an index of no visible GPU.
 void synchronize(int device = 0);
 /// Names of the ops that compute (not views) and have no CUDA kernel in this build; calling one on a
 /// CUDA tensor raises "no kernel for device cuda:N".

@@ -177,7 +177,9 @@ bool is_available() { return discovery().count > 0; }
 int device_count() { return discovery().count; }
 bool is_built() { return true; }
 void synchronize(int device) {
-  if (device >= 0 && device < device_count()) MF_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
+  if (device_count() == 0) return;
+  check_device(device);  // a wrong index would otherwise time nothing, silently
+  MF_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
 }
 
 }  // namespace cuda
