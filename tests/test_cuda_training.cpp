@@ -42,18 +42,10 @@ ToyRun train_toy(Device device, int64_t max_steps, double dropout = tools::ToySe
   manual_seed(static_cast<uint64_t>(setup.optim.seed));
   Corpus corpus = tools::make_toy_corpus(
       setup.repeats, {.tokenizer = {.lowercase = true}, .max_length = setup.max_len - 1, .skip_empty = true});
-  TokenCounts src_counts, tgt_counts;
-  count_tokens(corpus.sources, src_counts);
-  count_tokens(corpus.targets, tgt_counts);
-  Vocab src_vocab = Vocab::build(src_counts, {.min_freq = setup.min_freq});
-  Vocab tgt_vocab = Vocab::build(tgt_counts, {.min_freq = setup.min_freq});
-  models::TransformerConfig config{.src_vocab = src_vocab.size(), .tgt_vocab = tgt_vocab.size(),
-                                   .d_model = setup.d_model, .heads = setup.heads,
-                                   .encoder_layers = setup.layers, .decoder_layers = setup.layers,
-                                   .d_ff = setup.d_ff, .dropout = setup.dropout, .max_len = setup.max_len,
-                                   .shared_embeddings = false, .tie_output = true};
-  ToyRun run{.translator = std::make_shared<models::Translator>(config, src_vocab, tgt_vocab,
-                                                                 TokenizerOptions{.lowercase = true})};
+  ToyRun run{.translator = std::make_shared<models::Translator>(tools::build_translator(
+                 corpus, {.d_model = setup.d_model, .heads = setup.heads, .encoder_layers = setup.layers,
+                          .decoder_layers = setup.layers, .d_ff = setup.d_ff, .max_len = setup.max_len,
+                          .dropout = setup.dropout, .min_freq = setup.min_freq}))};
   models::Translator& translator = *run.translator;
   translator.model().to(device);
   tools::ParallelData train = tools::encode_corpus(translator, corpus.sources, corpus.targets);

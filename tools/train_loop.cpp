@@ -200,6 +200,20 @@ class ProgressLine {
 
 }  // namespace
 
+models::Translator build_translator(const Corpus& train, const ModelSettings& s) {
+  auto vocab_of = [&](const std::vector<std::vector<std::string>>& sentences) {
+    TokenCounts counts;
+    count_tokens(sentences, counts);
+    return Vocab::build(counts, {.min_freq = s.min_freq, .max_size = s.max_vocab});
+  };
+  Vocab src_vocab = vocab_of(train.sources), tgt_vocab = vocab_of(train.targets);
+  models::TransformerConfig config{.src_vocab = src_vocab.size(), .tgt_vocab = tgt_vocab.size(),
+                                   .d_model = s.d_model, .heads = s.heads, .encoder_layers = s.encoder_layers,
+                                   .decoder_layers = s.decoder_layers, .d_ff = s.d_ff, .dropout = s.dropout,
+                                   .max_len = s.max_len, .shared_embeddings = false, .tie_output = true};
+  return models::Translator(config, src_vocab, tgt_vocab, {.lowercase = s.lowercase});
+}
+
 ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,
                            const std::vector<std::vector<std::string>>& targets) {
   ParallelData data;

@@ -5,6 +5,7 @@
 // the host.
 #pragma once
 
+#include "models/corpus.h"
 #include "models/translation.h"
 
 #include <cstdint>
@@ -20,6 +21,18 @@ struct ParallelData {
   std::vector<std::vector<int64_t>> sources, targets;
   std::vector<std::vector<std::string>> references;
 };
+
+/// The translation model train_transformer builds from its training corpus.
+struct ModelSettings {
+  int64_t d_model = 512, heads = 8, encoder_layers = 6, decoder_layers = 6, d_ff = 2048, max_len = 100;
+  double dropout = 0.1;
+  int64_t min_freq = 2, max_vocab = 0;  // vocabularies: tokens seen at least min_freq times, at most max_vocab
+  bool lowercase = true;
+};
+
+/// Vocabularies from `train`'s two sides, and a Transformer with separate source and target
+/// embeddings and the output projection tied to the target's, initialised on the CPU.
+models::Translator build_translator(const Corpus& train, const ModelSettings& settings);
 
 /// Encodes a tokenized corpus with the translator's vocabularies.
 ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,

@@ -100,12 +100,6 @@ mf::Corpus read_corpus(const std::string& what, const std::string& src, const st
   return corpus;
 }
 
-mf::Vocab build_vocab(const std::vector<std::vector<std::string>>& sentences, const Flags& f) {
-  mf::TokenCounts counts;
-  mf::count_tokens(sentences, counts);
-  return mf::Vocab::build(counts, {.min_freq = f.min_freq, .max_size = f.max_vocab});
-}
-
 /// Refuses a checkpoint whose model, vocabularies or tokenizer differ from what the flags and the
 /// training data give, naming the first difference.
 void check_checkpoint_fits(const mf::models::Translator& saved, const mf::models::Translator& wanted,
@@ -210,13 +204,13 @@ int run(int argc, char** argv) {
     if (!f.valid_src.empty()) valid_corpus = read_corpus("valid", f.valid_src, f.valid_tgt, corpus_options);
   }
 
-  mf::Vocab src_vocab = build_vocab(train_corpus.sources, f), tgt_vocab = build_vocab(train_corpus.targets, f);
-  mf::models::TransformerConfig config{
-      .src_vocab = src_vocab.size(), .tgt_vocab = tgt_vocab.size(), .d_model = f.d_model, .heads = f.heads,
-      .encoder_layers = f.encoder_layers > 0 ? f.encoder_layers : f.layers,
-      .decoder_layers = f.decoder_layers > 0 ? f.decoder_layers : f.layers, .d_ff = f.d_ff, .dropout = f.dropout,
-      .max_len = f.max_len, .shared_embeddings = false, .tie_output = true};
-  mf::models::Translator translator(config, src_vocab, tgt_vocab, {.lowercase = !f.no_lowercase});
+  mf::models::Translator translator = mf::tools::build_translator(
+      train_corpus, {.d_model = f.d_model, .heads = f.heads,
+                     .encoder_layers = f.encoder_layers > 0 ? f.encoder_layers : f.layers,
+                     .decoder_layers = f.decoder_layers > 0 ? f.decoder_layers : f.layers, .d_ff = f.d_ff,
+                     .max_len = f.max_len, .dropout = f.dropout, .min_freq = f.min_freq, .max_vocab = f.max_vocab,
+                     .lowercase = !f.no_lowercase});
+  const mf::models::TransformerConfig& config = translator.model().config();
   if (f.resume) check_checkpoint_fits(mf::models::Translator::load(f.checkpoint), translator, f.checkpoint);
 
   // Initialised on the CPU from --seed, then moved: the same starting weights on every device.
@@ -228,7 +222,7 @@ int run(int argc, char** argv) {
   }();
   fmt::print("model: {}+{} layers, d_model {}, {} heads, d_ff {}, dropout {}, {} parameters; vocabularies {} / {}; "
              "on {}\n", config.encoder_layers, config.decoder_layers, f.d_model, f.heads, f.d_ff, f.dropout, params,
-             src_vocab.size(), tgt_vocab.size(), f.device.str());
+             translator.src_vocab().size(), translator.tgt_vocab().size(), f.device.str());
 
   mf::tools::ParallelData train = mf::tools::encode_corpus(translator, train_corpus.sources, train_corpus.targets);
   mf::tools::ParallelData valid = mf::tools::encode_corpus(translator, valid_corpus.sources, valid_corpus.targets);
