@@ -28,7 +28,12 @@ TensorRecord to_record(const std::string& name, const Tensor& tensor) {
 }
 
 Tensor from_record(const TensorRecord& record, Device device) {
-  Tensor host = Tensor::empty(record.shape, record.dtype);
+  Tensor host;
+  try {
+    host = Tensor::empty(record.shape, record.dtype);
+  } catch (const Error& e) {  // e.g. an empty tensor whose other sizes overflow int64 strides
+    fail("from_record: tensor '{}': {}", record.name, e.what());
+  }
   MF_CHECK(record.data.size() == bytes_of(host).size(),
            "from_record: tensor '{}' has {} bytes, but shape {} of {} needs {}", record.name, record.data.size(),
            shape_str(record.shape), dtype_name(record.dtype), bytes_of(host).size());
@@ -57,8 +62,8 @@ TensorFile load_tensors(const std::filesystem::path& path, Device device) {
   for (const TensorRecord& record : contents.records) {
     try {
       file.tensors.push_back({record.name, from_record(record, device)});
-    } catch (const Error& e) {  // e.g. an empty tensor whose other sizes overflow int64 strides
-      fail("cannot load tensor '{}' from '{}': {}", record.name, path.string(), e.what());
+    } catch (const Error& e) {  // from_record names the tensor
+      fail("cannot load '{}': {}", path.string(), e.what());
     }
   }
   return file;

@@ -228,8 +228,8 @@ TEST_CASE("an empty tensor whose other sizes overflow int64 is refused with the 
   write_bytes(path, bytes + header);
   CHECK(read_safetensors(path).records.at(0).shape == std::vector<int64_t>{0, 4294967296, 4294967296});
   CHECK_THROWS_WITH_AS(nn::load_tensors(path),
-                       doctest::Contains(("cannot load tensor 'e' from '" + path.string() + "': shape [0, 4294967296, "
-                                          "4294967296] has too many elements").c_str()),
+                       doctest::Contains(("cannot load '" + path.string() + "': from_record: tensor 'e': shape [0, "
+                                          "4294967296, 4294967296] has too many elements").c_str()),
                        Error);
 }
 
