@@ -33,6 +33,7 @@ const Registry& registry() {
     register_softmax_ops(r);
     register_nn_ops(r);
     register_loss_ops(r);
+    register_attention_ops(r);
     register_cuda_kernels(r);
     return r;
   }();

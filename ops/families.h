@@ -14,6 +14,7 @@ void register_linalg_ops(Registry& registry);       // ops/matmul.cpp
 void register_softmax_ops(Registry& registry);      // ops/softmax.cpp
 void register_nn_ops(Registry& registry);           // ops/nn_ops.cpp
 void register_loss_ops(Registry& registry);         // ops/cross_entropy.cpp
+void register_attention_ops(Registry& registry);    // ops/attention.cpp
 void register_cuda_kernels(Registry& registry);     // cuda/ (a no-op in builds without CUDA)
 
 }  // namespace mf

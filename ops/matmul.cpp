@@ -2,6 +2,7 @@
 // transpose flags (no copies), and a batch folded into one GEMM when the right operand is shared.
 // OpenBLAS runs single-threaded inside miniflow's one pool: batches split by element, single
 // products by blocks of rows or columns.
+#include "ops/blas.h"
 #include "ops/families.h"
 #include "ops/loops.h"
 #include "ops/ops.h"
@@ -10,8 +11,6 @@
 
 #include "core/graph.h"
 #include "core/parallel.h"
-
-#include <cblas.h>
 
 namespace mf {
 namespace {
@@ -50,15 +49,7 @@ std::optional<MatrixLayout> blas_layout(const Tensor& t) {
   return std::nullopt;
 }
 
-/// c = a b, or c += a b for beta = 1.
-template <typename T>
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0) {
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, beta, c, ldc);
-}
+using cpu::gemm;
 
 // OpenBLAS runs single-threaded and miniflow's own pool splits the work: OpenBLAS's idle threads spin
 // (sched_yield) between calls and would fight the pool's threads for the cores.
@@ -136,7 +127,7 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
       return;
     }
     parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {  // many products: one thread each
-      for (int64_t i = lo; i < hi; ++i) product(i, gemm<T>);
+      for (int64_t i = lo; i < hi; ++i) product(i, [](auto... args) { gemm<T>(args...); });
     });
   });
 }

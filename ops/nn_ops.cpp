@@ -459,29 +459,12 @@ std::vector<OutputSpec> infer_dropout(const std::vector<Tensor>& in, const Attrs
 void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor x = dense(in[0]);
   int64_t numel = x.numel(), blocks = (numel + 3) / 4;
-  double p = attrs.value;
-  // uniform_float(word) >= p  <=>  word >> 8 >= p * 2^24 (exact in double)  <=>  word >> 8 >= threshold:
-  // an integer compare, which vectorises.
-  auto threshold = static_cast<uint32_t>(std::ceil(p * 0x1p24));
-  constexpr int64_t kBatchBlocks = 64;  // Philox words made per batch: 1 KiB on the stack
   visit_floating(x.dtype(), [&]<typename T>() {
     const T* inp = x.data_ptr<T>();  // [numel]
     T* o = out[0].data_ptr<T>();
-    T scale = p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T{0};
-    parallel_for(0, blocks, grain_for(4), [&](int64_t begin, int64_t end) {
-      cpu::with_widest_isa([&]<int>() MF_LAMBDA_INLINE {
-        uint32_t words[4 * kBatchBlocks];
-        for (int64_t first = begin; first < end; first += kBatchBlocks) {
-          int64_t count = std::min(kBatchBlocks, end - first), base = 4 * first;
-          philox_fill(attrs.seed, attrs.counter + static_cast<uint64_t>(first), count, words);
-          int64_t n = std::min(4 * count, numel - base);
-          const T* __restrict x_run = inp + base;
-          T* __restrict out_run = o + base;
-          for (int64_t j = 0; j < n; ++j) {  // a multiply, not a select: that vectorises
-            out_run[j] = x_run[j] * (scale * static_cast<T>((words[j] >> 8) >= threshold));
-          }
-        }
-      });
+    parallel_for(0, blocks, grain_for(4), [&](int64_t begin, int64_t end) {  // whole Philox blocks each
+      int64_t first = 4 * begin, n = std::min(4 * end, numel) - first;
+      cpu::with_widest_isa([&]<int>() MF_LAMBDA_INLINE { apply_dropout(attrs, first, n, inp + first, o + first); });
     });
   });
 }

@@ -38,7 +38,8 @@ namespace mf {
   X(cat) X(index_select) X(gather) X(scatter_add) X(topk) X(one_hot) X(tril) X(triu)                \
   /* linear algebra and fused nn ops */                                                            \
   X(matmul) X(linear) X(softmax) X(log_softmax) X(layer_norm) X(layer_norm_backward)               \
-  X(embedding) X(embedding_backward) X(dropout) X(cross_entropy) X(cross_entropy_backward)
+  X(embedding) X(embedding_backward) X(dropout) X(cross_entropy) X(cross_entropy_backward)        \
+  X(attention) X(attention_backward)
 // clang-format on
 
 enum class OpId : uint16_t {

@@ -129,6 +129,27 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
 Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr,
                Site site = Site::current());
 
+/// Scaled dot-product attention (torch.nn.functional.scaled_dot_product_attention, with the default
+/// scale 1/sqrt(D)): softmax(q k^T / sqrt(D) + attn_mask) @ v, dropout p on the weights, for
+/// q [B, H, T, D] and k, v [B, H, S, D]. attn_mask is additive (0 keeps, a large negative value drops)
+/// and broadcasts to [B, H, T, S], or is undefined for none. On CPU it is one fused op whose output
+/// is a view of [B, T, H, D] memory, so merging the heads (transpose(1, 2), reshape to [B, T, H * D])
+/// copies nothing; on other devices, and for a mask that needs a gradient, it is the composition of
+/// matmul, softmax and dropout. Second derivatives through the fused op are not supported.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
+                                    double dropout_p = 0.0, Generator* generator = nullptr,
+                                    Site site = Site::current());
+struct AttentionResult {
+  Tensor output;   // [B, H, T, D]
+  Tensor weights;  // [B, H, T, S], before dropout
+};
+/// scaled_dot_product_attention, with the attention weights as well (they cost nothing extra: the
+/// fused op keeps them for backward).
+AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                          const Tensor& attn_mask = {}, double dropout_p = 0.0,
+                                                          Generator* generator = nullptr,
+                                                          Site site = Site::current());
+
 enum class Reduction { None, Mean, Sum };
 /// Cross-entropy of logits [N, C] (or [N, C] after flattening leading dims) against int64 targets [N]:
 /// fused log_softmax + NLL, targets equal to ignore_index skipped, label smoothing as PyTorch defines

@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "ops/reduce_util.h"
 #include "ops/reference.h"
+#include "ops/softmax_row.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,9 @@
 
 namespace mf {
 namespace {
+
+using cpu::exp_diff;
+using cpu::softmax_row;
 
 std::vector<OutputSpec> infer_softmax(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
@@ -34,66 +38,9 @@ std::vector<OutputSpec> infer_softmax(const std::vector<Tensor>& in, const Attrs
 //
 // Written once as always-inline templates over the vector width W (bytes), then compiled three times
 // (AVX-512, AVX2 + FMA, and the baseline) and picked once at run time from the CPU's features, as
-// PyTorch's CPU kernels are. exp is the cost that matters; float runs it as a Cephes-style polynomial
-// on GCC vectors (within 2 ulp of std::exp), double calls std::exp.
+// PyTorch's CPU kernels are. Contiguous rows go through softmax_row (ops/softmax_row.h).
 
-/// out[j] = exp(inp[j] - shift[kShiftPerElement ? j : 0]) for one vector of lanes; sum += out.
-template <int W, bool kShiftPerElement>
-MF_INLINE void exp_lanes(const float* inp, const float* shift, float* out, typename cpu::Simd<float, W>::V& sum) {
-  using V = typename cpu::Simd<float, W>::V;
-  using I = typename cpu::Simd<int32_t, W>::V;
-  V x, b = V{} + shift[0];
-  std::memcpy(&x, inp, sizeof(V));
-  if constexpr (kShiftPerElement) std::memcpy(&b, shift, sizeof(V));
-  V y = cpu::exp_poly<V, I>(x - b);
-  std::memcpy(out, &y, sizeof(V));
-  sum += y;
-}
-
-/// out[i] = exp(inp[i] - shift[kShiftPerElement ? i : 0]) for i < n; returns the sum of the results.
-template <int W, bool kShiftPerElement, typename T>
-MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
-  if constexpr (std::is_same_v<T, double>) {
-    double total = 0;
-    for (int64_t i = 0; i < n; ++i) total += out[i] = std::exp(inp[i] - shift[kShiftPerElement ? i : 0]);
-    return total;
-  } else {
-    using S = cpu::Simd<float, W>;
-    typename S::V sum{};
-    int64_t i = 0;
-    for (; i + S::kLanes <= n; i += S::kLanes)
-      exp_lanes<W, kShiftPerElement>(inp + i, shift + (kShiftPerElement ? i : 0), out + i, sum);
-    if (i < n) {  // the tail, padded with -inf, whose exp adds 0 to the sum
-      float a[S::kLanes], b[S::kLanes], o[S::kLanes];
-      std::fill(a, a + S::kLanes, -std::numeric_limits<float>::infinity());
-      std::fill(b, b + S::kLanes, 0.0f);
-      std::copy(inp + i, inp + n, a);
-      std::copy(shift + (kShiftPerElement ? i : 0), shift + (kShiftPerElement ? n : 1), b);
-      exp_lanes<W, kShiftPerElement>(a, b, o, sum);
-      std::copy(o, o + (n - i), out + i);
-    }
-    float total = 0;
-    for (int64_t j = 0; j < S::kLanes; ++j) total += sum[j];
-    return total;
-  }
-}
-
-/// One contiguous row of n: out = softmax(inp) or log_softmax(inp). Log softmax writes the exps to
-/// out first, as scratch.
-template <int W, bool Log, typename T>
-MF_INLINE void softmax_row(const T* inp, T* out, int64_t n) {
-  T max = cpu::row_extreme<true, W>(inp, n);
-  T total = exp_diff<W, false>(inp, &max, out, n);
-  if constexpr (Log) {
-    T log_total = std::log(total);
-    for (int64_t i = 0; i < n; ++i) out[i] = (inp[i] - max) - log_total;  // max + log_total would round
-  } else {
-    T scale = T{1} / total;
-    for (int64_t i = 0; i < n; ++i) out[i] *= scale;
-  }
-}
-
-/// Columns [0, width) of one [N, inner] slab (width <= kBlock): the same passes, each vectorised
+/// Columns [0, width) of one [N, inner] slab (width <= kBlock): softmax_row's passes, each vectorised
 /// across the columns.
 constexpr int64_t kBlock = ReduceLayout::kBlock;
 

@@ -432,6 +432,47 @@ Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
           .attrs = s.attrs};
 }
 
+/// q [B, H, T, D], k and v [B, H, S, D] (S >= 1, D >= 1), drawn like sample inputs first..first + 2,
+/// and a mask broadcasting to [B, H, T, S] drawn like q. Not like the samples' masks: their -1e9
+/// entries, drawn anywhere in [-1e9, 0], would swamp the scores' last digits in float32 and the
+/// finite differences' steps in float64, in the composition of ops as much as in the fused op.
+std::vector<Tensor> attention_operands(const Sample& s, size_t first, Rng& rng, bool small) {
+  int64_t B = random_size(rng, 3), H = random_size(rng, 3), T = random_size(rng, small ? 3 : 4),
+          S = rng.integer(1, small ? 3 : 5), D = rng.integer(1, small ? 3 : 4);
+  Shape weights{B, H, T, S};
+  Shape mask(weights.begin() + rng.integer(0, 4), weights.end());
+  for (int64_t& size : mask)
+    if (rng.chance(0.3)) size = 1;
+  return {draw(s, first, {B, H, T, D}, rng), draw(s, first + 1, {B, H, S, D}, rng),
+          draw(s, first + 2, {B, H, S, D}, rng), draw(s, first, mask, rng)};
+}
+
+/// A fresh Philox stream where the sample drops weights.
+Attrs attention_attrs(const Sample& s, Rng& rng) {
+  Attrs attrs = s.attrs;
+  if (attrs.value > 0) {
+    attrs.seed = rng.seed();
+    attrs.counter = static_cast<uint64_t>(rng.integer(0, 100));
+  }
+  return attrs;
+}
+
+Case attention_case(const Sample& s, Rng& rng, bool small) {
+  return {.inputs = attention_operands(s, 0, rng, small),
+          .attrs = attention_attrs(s, rng),
+          .no_grad = {false, false, false, true}};
+}
+
+Case attention_backward_case(const Sample& s, Rng& rng, bool small) {
+  Attrs attrs = attention_attrs(s, rng);
+  std::vector<Tensor> operands = attention_operands(s, 2, rng, small);  // q, k, v, mask
+  const Tensor &q = operands[0], &k = operands[1];
+  Tensor weights = registry()[OpId::attention].reference(operands, attrs)[1];
+  Shape dout{q.size(0), q.size(2), q.size(1), q.size(3)};
+  Tensor dweights = rng.chance(0.5) ? draw(s, 0, weights.shape(), rng) : Tensor::empty({0}, q.dtype());
+  return {.inputs = {draw(s, 0, dout, rng), dweights, q, k, operands[2], weights}, .attrs = attrs};
+}
+
 }  // namespace
 
 ValidGenerator valid_generator(OpId id) {
@@ -519,6 +560,8 @@ ValidGenerator valid_generator(OpId id) {
     case embedding_backward: return embedding_backward_case;
     case cross_entropy: return cross_entropy_case;
     case cross_entropy_backward: return cross_entropy_backward_case;
+    case attention: return attention_case;
+    case attention_backward: return attention_backward_case;
   }
   return {};
 }

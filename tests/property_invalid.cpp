@@ -461,6 +461,31 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       }
       return c.take();
     }
+    case attention:
+    case attention_backward: {
+      size_t q = id == attention ? 0 : 2;  // position of q; k and v follow
+      const Tensor &query = v.inputs[q], &key = v.inputs[q + 1];
+      c.input("3-d q", q, filled({2, 3, 4}, x.dtype())).input("k of another head dim", q + 1, grown(key, 3));
+      c.input("v of another length", q + 2, grown(key, 2)).dtype("v of another dtype", q + 2, other_float(x.dtype()));
+      c.input("no keys", q + 1, filled({query.size(0), query.size(1), 0, query.size(3)}, x.dtype()))
+          .input("no values", q + 2, filled({query.size(0), query.size(1), 0, query.size(3)}, x.dtype()));
+      c.call("int64 operands", [&] {
+        std::vector<Tensor> in = v.inputs;
+        for (size_t k = q; k < q + 3; ++k) in[k] = as(in[k], DType::Int64);
+        return in;
+      }(), v.attrs);
+      if (id == attention) {
+        c.input("mask that does not broadcast", 3, grown(filled({1, 1, 1, key.size(2)}, x.dtype()), 3))
+            .input("5-d mask", 3, filled({1, 1, 1, 1, 1}, x.dtype()))
+            .dtype("mask of another dtype", 3, other_float(x.dtype()));
+        for (double p : {-0.1, 1.5}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
+      } else {
+        c.input("dout of another shape", 0, grown(v.inputs[0], 1))
+            .input("weights of another shape", 5, lifted(v.inputs[5]));
+        c.input("dweights of another shape", 1, grown(v.inputs[5], 3));
+      }
+      return c.take();
+    }
   }
   return std::nullopt;  // an op this suite does not know yet
 }

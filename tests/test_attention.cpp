@@ -204,6 +204,39 @@ TEST_CASE("attention dropout acts in training only; the returned weights are the
   check_close(mha->forward(x, x, x).output, reference, 0, 0);
 }
 
+// The fused op against the composition it replaces (matmul, scale, mask, softmax, dropout, matmul),
+// both drawing dropout from generators of one seed: same values, same gradients.
+TEST_CASE("scaled_dot_product_attention matches its composition of ops, dropout and weights' gradient included") {
+  const int64_t B = 2, H = 3, T = 4, S = 6, D = 5;
+  Tensor mask = randn({B, 1, T, S}, DType::Float64);
+  mask.narrow(3, S - 2, 2).fill_(-1e9);  // padding over the last two keys
+  for (double p : {0.0, 0.3}) {
+    CAPTURE(p);
+    manual_seed(7);
+    Tensor q = randn({B, H, T, D}, DType::Float64).set_requires_grad(),
+           k = randn({B, H, S, D}, DType::Float64).set_requires_grad(),
+           v = randn({B, H, S, D}, DType::Float64).set_requires_grad();
+    Tensor dout = randn({B, H, T, D}, DType::Float64), dweights = randn({B, H, T, S}, DType::Float64);
+    Generator fused_stream(11), composed_stream(11);
+    AttentionResult fused = scaled_dot_product_attention_with_weights(q, k, v, mask, p, &fused_stream);
+    autograd::backward({fused.output, fused.weights}, {dout, dweights});
+    std::vector<Tensor> fused_grads = {q.grad(), k.grad(), v.grad()};
+    for (Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());
+
+    Tensor weights = softmax(matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D)) + mask, -1);
+    Tensor output = matmul(dropout(weights, p, true, &composed_stream), v);
+    autograd::backward({output, weights}, {dout, dweights});
+    check_close(fused.output, output, 1e-12, 1e-12);
+    check_close(fused.weights, weights, 1e-12, 1e-12);
+    check_close(fused_grads[0], q.grad(), 1e-10, 1e-12);
+    check_close(fused_grads[1], k.grad(), 1e-10, 1e-12);
+    check_close(fused_grads[2], v.grad(), 1e-10, 1e-12);
+    CHECK(fused_stream.offset() == composed_stream.offset());
+    // Heads are interleaved in the output's memory: merging them for the output projection is a view.
+    CHECK(fused.output.transpose(1, 2).is_contiguous());
+  }
+}
+
 TEST_CASE("MultiHeadAttention reports bad options and inputs") {
   CHECK_THROWS_WITH_AS(nn::MultiHeadAttention({.embed_dim = 10, .num_heads = 3}),
                        "MultiHeadAttention: embed_dim 10 is not divisible by num_heads 3", Error);
@@ -216,7 +249,8 @@ TEST_CASE("MultiHeadAttention reports bad options and inputs") {
   CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 1, 1, 3}, DType::Bool)),
                        doctest::Contains("attn_mask must be an additive float mask"), Error);
   CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 1, 2, 3})),
-                       "MultiHeadAttention: attn_mask [2, 1, 2, 3] does not broadcast to [B, H, T, S] = [2, 2, 3, 3]",
+                       doctest::Contains("attn_mask [2, 1, 2, 3] does not broadcast to the weights [B, H, T, S] = "
+                                         "[2, 2, 3, 3]"),
                        Error);
 }
 

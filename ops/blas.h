@@ -1,0 +1,21 @@
+// The one typed entry to OpenBLAS's GEMM, shared by matmul, linear and the fused attention kernels.
+#pragma once
+
+#include <cblas.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace mf::cpu {
+
+/// c = alpha a b + beta c, row-major, for float or double.
+template <typename T>
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, T alpha = 1) {
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace mf::cpu

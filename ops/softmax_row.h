@@ -1,0 +1,73 @@
+// The row kernels of softmax, shared by the softmax ops and fused attention. Always-inline templates
+// over the vector width W (bytes), compiled for each ISA by their callers under with_widest_isa: exp
+// is the cost that matters; float runs it as a Cephes-style polynomial on GCC vectors (within 2 ulp
+// of std::exp), double calls std::exp.
+#pragma once
+
+#include "ops/simd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace mf::cpu {
+
+/// out[j] = exp(inp[j] - shift[kShiftPerElement ? j : 0]) for one vector of lanes; sum += out.
+template <int W, bool kShiftPerElement>
+MF_INLINE void exp_lanes(const float* inp, const float* shift, float* out, typename Simd<float, W>::V& sum) {
+  using V = typename Simd<float, W>::V;
+  using I = typename Simd<int32_t, W>::V;
+  V x, b = V{} + shift[0];
+  std::memcpy(&x, inp, sizeof(V));
+  if constexpr (kShiftPerElement) std::memcpy(&b, shift, sizeof(V));
+  V y = exp_poly<V, I>(x - b);
+  std::memcpy(out, &y, sizeof(V));
+  sum += y;
+}
+
+/// out[i] = exp(inp[i] - shift[kShiftPerElement ? i : 0]) for i < n; returns the sum of the results.
+template <int W, bool kShiftPerElement, typename T>
+MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, double>) {
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) total += out[i] = std::exp(inp[i] - shift[kShiftPerElement ? i : 0]);
+    return total;
+  } else {
+    using S = Simd<float, W>;
+    typename S::V sum{};
+    int64_t i = 0;
+    for (; i + S::kLanes <= n; i += S::kLanes)
+      exp_lanes<W, kShiftPerElement>(inp + i, shift + (kShiftPerElement ? i : 0), out + i, sum);
+    if (i < n) {  // the tail, padded with -inf, whose exp adds 0 to the sum
+      float a[S::kLanes], b[S::kLanes], o[S::kLanes];
+      std::fill(a, a + S::kLanes, -std::numeric_limits<float>::infinity());
+      std::fill(b, b + S::kLanes, 0.0f);
+      std::copy(inp + i, inp + n, a);
+      std::copy(shift + (kShiftPerElement ? i : 0), shift + (kShiftPerElement ? n : 1), b);
+      exp_lanes<W, kShiftPerElement>(a, b, o, sum);
+      std::copy(o, o + (n - i), out + i);
+    }
+    float total = 0;
+    for (int64_t j = 0; j < S::kLanes; ++j) total += sum[j];
+    return total;
+  }
+}
+
+/// One contiguous row of n: out = softmax(inp) or log_softmax(inp). Log softmax writes the exps to
+/// out first, as scratch.
+template <int W, bool Log, typename T>
+MF_INLINE void softmax_row(const T* inp, T* out, int64_t n) {
+  T max = row_extreme<true, W>(inp, n);
+  T total = exp_diff<W, false>(inp, &max, out, n);
+  if constexpr (Log) {
+    T log_total = std::log(total);
+    for (int64_t i = 0; i < n; ++i) out[i] = (inp[i] - max) - log_total;  // max + log_total would round
+  } else {
+    T scale = T{1} / total;
+    for (int64_t i = 0; i < n; ++i) out[i] *= scale;
+  }
+}
+
+}  // namespace mf::cpu
