@@ -216,6 +216,17 @@ void record(const OpDef& def, const std::vector<Tensor>& inputs, std::vector<Ten
   }
 }
 
+/// Refuses a wrong number of inputs before any check or kernel reads past the last one.
+void check_input_count(OpId id, const std::vector<Tensor>& inputs) {
+  int expected = kOpArity[static_cast<size_t>(id)];
+  if (expected < 0) {
+    MF_CHECK(!inputs.empty(), "expects at least one input tensor, got 0");
+    return;
+  }
+  MF_CHECK(inputs.size() == static_cast<size_t>(expected), "expects {} input tensor{}, got {}", expected,
+           expected == 1 ? "" : "s", inputs.size());
+}
+
 }  // namespace
 
 std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
@@ -224,6 +235,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
   CallDepth depth;
   std::vector<Tensor> outputs;
   try {
+    check_input_count(id, inputs);
     Device device = common_device(def, inputs, attrs);
     if (def.view) {
       outputs.push_back(def.view(inputs[0], attrs));
@@ -259,6 +271,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
   const OpDef& def = registry()[id];
   CallDepth depth;
   try {
+    check_input_count(id, inputs);
     MF_CHECK(!(grad_mode_enabled() && (self.requires_grad() || any_requires_grad(inputs))),
              "in-place operation on a tensor that requires grad (wrap it in NoGradGuard, or use the "
              "out-of-place form)");

@@ -1,7 +1,7 @@
 // The op registry: every op is declared once, with its checks, kernels per device, backward rule and
 // test samples (PyTorch's native_functions.yaml + derivatives.yaml + OpInfo in one place).
 //
-// Adding an op: add its name to MF_OPS below, then define it in its family's file with
+// Adding an op: add its name and input count to MF_OPS below, then define it in its family's file with
 // `registry.define(OpId::name, {...})`. The registry refuses to start with an op left undefined, and
 // the registry-driven test refuses an op without samples.
 #pragma once
@@ -24,36 +24,49 @@ namespace mf {
 // clang-format off
 #define MF_OPS(X)                                                                                  \
   /* elementwise, broadcasting */                                                                  \
-  X(add) X(sub) X(mul) X(div) X(pow) X(pow_scalar) X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt)   \
-  X(relu) X(relu_backward) X(gelu) X(gelu_backward) X(tanh) X(sigmoid) X(clamp)                    \
-  X(eq) X(ne) X(lt) X(le) X(gt) X(ge) X(logical_not) X(logical_and) X(logical_or)                   \
-  X(where) X(masked_fill) X(cast) X(copy) X(to_device)                                             \
+  X(add, 2) X(sub, 2) X(mul, 2) X(div, 2) X(pow, 2) X(pow_scalar, 1) X(neg, 1) X(abs, 1)           \
+  X(exp, 1) X(log, 1) X(sqrt, 1) X(rsqrt, 1)                                                       \
+  X(relu, 1) X(relu_backward, 2) X(gelu, 1) X(gelu_backward, 2) X(tanh, 1) X(sigmoid, 1)           \
+  X(clamp, 1)                                                                                      \
+  X(eq, 2) X(ne, 2) X(lt, 2) X(le, 2) X(gt, 2) X(ge, 2) X(logical_not, 1) X(logical_and, 2)        \
+  X(logical_or, 2)                                                                                 \
+  X(where, 3) X(masked_fill, 2) X(cast, 1) X(copy, 1) X(to_device, 1)                              \
   /* in-place fills */                                                                             \
-  X(fill) X(arange) X(uniform) X(normal) X(bernoulli)                                              \
+  X(fill, 1) X(arange, 1) X(uniform, 1) X(normal, 1) X(bernoulli, 1)                               \
   /* reductions */                                                                                 \
-  X(sum) X(mean) X(var) X(amax) X(amin) X(max_dim) X(min_dim) X(argmax)                             \
+  X(sum, 1) X(mean, 1) X(var, 1) X(amax, 1) X(amin, 1) X(max_dim, 1) X(min_dim, 1) X(argmax, 1)    \
   /* views */                                                                                      \
-  X(view) X(permute) X(slice) X(select) X(expand)                                                  \
+  X(view, 1) X(permute, 1) X(slice, 1) X(select, 1) X(expand, 1)                                   \
   /* indexing and joining */                                                                       \
-  X(cat) X(index_select) X(gather) X(scatter_add) X(topk) X(one_hot) X(tril) X(triu)                \
+  X(cat, -1) X(index_select, 2) X(gather, 2) X(scatter_add, 3) X(topk, 1) X(one_hot, 1)            \
+  X(tril, 1) X(triu, 1)                                                                            \
   /* linear algebra and fused nn ops */                                                            \
-  X(matmul) X(linear) X(softmax) X(log_softmax) X(layer_norm) X(layer_norm_backward)               \
-  X(embedding) X(embedding_backward) X(dropout) X(cross_entropy) X(cross_entropy_backward)        \
-  X(attention) X(attention_backward)
+  X(matmul, 2) X(linear, 3) X(softmax, 1) X(log_softmax, 1) X(layer_norm, 3)                       \
+  X(layer_norm_backward, 7)                                                                        \
+  X(embedding, 2) X(embedding_backward, 2) X(dropout, 1) X(cross_entropy, 2)                       \
+  X(cross_entropy_backward, 5)                                                                     \
+  X(attention, 4) X(attention_backward, 6)
 // clang-format on
 
 enum class OpId : uint16_t {
-#define MF_OP_ENUM(name) name,
+#define MF_OP_ENUM(name, arity) name,
   MF_OPS(MF_OP_ENUM)
 #undef MF_OP_ENUM
 };
 
 inline constexpr std::string_view kOpNames[] = {
-#define MF_OP_NAME(name) #name,
+#define MF_OP_NAME(name, arity) #name,
     MF_OPS(MF_OP_NAME)
 #undef MF_OP_NAME
 };
 inline constexpr size_t kOpCount = std::size(kOpNames);
+
+/// How many tensor inputs each op takes; -1 for any number from one up (cat).
+inline constexpr int kOpArity[] = {
+#define MF_OP_ARITY(name, arity) arity,
+    MF_OPS(MF_OP_ARITY)
+#undef MF_OP_ARITY
+};
 
 /// Op arguments that are not tensors. Each op reads the fields it documents and ignores the rest,
 /// so call sites read like keyword arguments: Attrs{.dims = {1}, .keepdim = true}.

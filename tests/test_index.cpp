@@ -69,7 +69,7 @@ TEST_CASE("cat and stack name the offending tensor") {
   CHECK_THROWS_WITH_AS(cat({a, zeros({2, 3, 1})}, 1), doctest::Contains("tensor 1 has shape [2, 3, 1]"), mf::Error);
   CHECK_THROWS_WITH_AS(cat({a, zeros({2, 3}, DType::Float64)}),
                        doctest::Contains("cat: tensor 1 has dtype float64 but tensor 0 has dtype float32"), mf::Error);
-  CHECK_THROWS_WITH_AS(cat({}), doctest::Contains("cat: expects at least one tensor"), mf::Error);
+  CHECK_THROWS_WITH_AS(cat({}), doctest::Contains("cat: expects at least one input tensor, got 0"), mf::Error);
   CHECK_THROWS_WITH_AS(cat({a, a}, 2), doctest::Contains("dim 2 is out of range"), mf::Error);
   CHECK_THROWS_WITH_AS(stack({a, a, b}),
                        doctest::Contains("stack: tensor 2 has shape [2, 4] but tensor 0 has shape [2, 3]"), mf::Error);

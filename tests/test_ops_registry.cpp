@@ -7,6 +7,8 @@
 #include "ops/reference.h"
 #include "helpers.h"
 
+#include <fmt/format.h>
+
 #include <string>
 
 using namespace mf;
@@ -60,6 +62,35 @@ TEST_CASE("every op in MF_OPS is defined, with samples and a reference") {
     CHECK_MESSAGE(bool(def.reference), "op has no naive reference");
     CHECK_MESSAGE(bool(def.view || def.kernels[static_cast<size_t>(DeviceType::CPU)]),
                   "op has no CPU kernel");
+  }
+}
+
+// Each sample takes the input count MF_OPS declares, and a call with one tensor more or less is
+// refused by name before anything reads past the last input.
+TEST_CASE("every op takes the input count MF_OPS declares and refuses any other") {
+  for (size_t i = 0; i < kOpCount; ++i) {
+    auto id = static_cast<OpId>(i);
+    CAPTURE(kOpNames[i]);
+    int arity = kOpArity[i];
+    for (const Sample& sample : registry()[id].samples())
+      CHECK((arity < 0 ? !sample.inputs.empty() : sample.inputs.size() == static_cast<size_t>(arity)));
+    auto refused = [&](const std::vector<Tensor>& inputs) {
+      std::string expected =
+          arity < 0 ? fmt::format("{}: expects at least one input tensor, got 0", kOpNames[i])
+                    : fmt::format("{}: expects {} input tensor{}, got {}", kOpNames[i], arity, arity == 1 ? "" : "s",
+                                  inputs.size());
+      CHECK_THROWS_WITH_AS(call(id, inputs), doctest::Contains(expected.c_str()), Error);
+    };
+    if (arity < 0) {
+      refused({});
+      continue;
+    }
+    std::vector<Tensor> inputs = registry()[id].samples().front().inputs;
+    std::vector<Tensor> one_more = inputs, one_less = inputs;
+    one_more.push_back(inputs.front());
+    one_less.pop_back();
+    refused(one_more);
+    refused(one_less);
   }
 }
 
