@@ -163,19 +163,19 @@ void cpu_attention_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
     E *dq = out[0].data_ptr<E>(), *dk = out[1].data_ptr<E>(), *dv = out[2].data_ptr<E>();
     E scale = static_cast<E>(1 / std::sqrt(static_cast<double>(D)));
     parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-      std::vector<E> dkept(T * S), kept(p > 0 ? T * S : 0);  // [T, S] each
+      std::vector<E> dkept(T * S), dropped(p > 0 ? T * S : 0);  // [T, S] each
       cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
         for (int64_t pair = begin; pair < end; ++pair) {
           int64_t b = pair / H, h = pair % H;
           const E* w = ws + pair * T * S;                 // [T, S]
           const E* d_o = douts + b * T * H * D + h * D;  // [T, D], rows H * D apart
           gemm<E>(CblasNoTrans, CblasTrans, T, S, D, d_o, H * D, vs.at(b, h), vs.row_stride, dkept.data(), S);
-          const E* k_w = w;
-          if (p > 0) {
-            apply_dropout(attrs, pair * T * S, T * S, w, kept.data(), dkept.data(), dkept.data());
-            k_w = kept.data();
+          const E* kept = w;
+          if (p > 0) {  // one draw of the mask for both: the weights forward, their gradient backward
+            apply_dropout(attrs, pair * T * S, T * S, w, dropped.data(), dkept.data(), dkept.data());
+            kept = dropped.data();
           }
-          gemm<E>(CblasTrans, CblasNoTrans, S, D, T, k_w, S, d_o, H * D, dv + b * S * H * D + h * D, H * D);
+          gemm<E>(CblasTrans, CblasNoTrans, S, D, T, kept, S, d_o, H * D, dv + b * S * H * D + h * D, H * D);
           for (int64_t t = 0; t < T; ++t) {  // dkept becomes dS
             E* dw = dkept.data() + t * S;
             const E* w_row = w + t * S;
