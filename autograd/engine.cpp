@@ -64,7 +64,7 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
               std::unordered_map<Node*, std::vector<Tensor>>& pending,
               const std::unordered_map<const TensorImpl*, size_t>* captured_leaves, std::vector<Tensor>* captured) {
   for (size_t i = 0; i < grad_outputs.size(); ++i)
-    if (!grad_outputs[i].defined() && is_floating(node.output_dtypes[i]))
+    if (!grad_outputs[i].defined() && is_floating(node.output_dtypes[i]) && !node.takes_undefined_grads)
       grad_outputs[i] = zeros(node.output_shapes[i], node.output_dtypes[i], node.device);
   // Gradients already summed for an input that the node may add into in place (a linear layer's
   // dX GEMM then runs with beta = 1, skipping a zeroed buffer and an add). Not in anomaly mode,

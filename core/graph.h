@@ -25,7 +25,7 @@ struct Node {
   virtual ~Node() = default;
 
   /// Gradients of the inputs (one per edge; undefined where no gradient flows) given the gradients
-  /// of the outputs (undefined where none arrived). sums[i], where defined, is the gradient input i
+  /// of the outputs (zeros where none arrived, or undefined with takes_undefined_grads). sums[i], where defined, is the gradient input i
   /// has summed so far, which the node may add its own into in place: it then returns sums[i] itself
   /// as input i's gradient, and the engine adds nothing more.
   virtual std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs, const std::vector<Tensor>& sums) = 0;
@@ -44,6 +44,7 @@ struct Node {
   uint64_t sequence_nr = 0;          // place on the tape: later ops have larger numbers
   std::source_location site;         // the user's line that ran the op
   bool released = false;             // saved tensors already freed by a backward
+  bool takes_undefined_grads = false;  // outputs that got no gradient reach apply() undefined
 };
 
 struct AutogradMeta {

@@ -88,7 +88,19 @@ AttentionOutput MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
                k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == H && k.size(3) == D,
            "MultiHeadAttention::attend: expected Q [B, {}, T, {}] and K, V [B, {}, S, {}], got {}, {}, {}", H, D, H,
            D, shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
-  int64_t B = q.size(0), T = q.size(2);
+  int64_t B = q.size(0), T = q.size(2), S = k.size(2);
+  if (attn_mask.defined()) {  // scaled_dot_product_attention checks these too, in its own words
+    MF_CHECK(is_floating(attn_mask.dtype()),
+             "MultiHeadAttention: attn_mask must be an additive float mask (0 keeps, a large negative value "
+             "drops), got {}",
+             dtype_name(attn_mask.dtype()));
+    Shape full{B, H, T, S};
+    bool broadcasts = attn_mask.dim() <= 4;
+    for (int64_t d = 1; broadcasts && d <= attn_mask.dim(); ++d)
+      broadcasts = attn_mask.size(-d) == 1 || attn_mask.size(-d) == full[4 - d];
+    MF_CHECK(broadcasts, "MultiHeadAttention: attn_mask {} does not broadcast to [B, H, T, S] = {}",
+             shape_str(attn_mask.shape()), shape_str(full));
+  }
   AttentionResult a =
       scaled_dot_product_attention_with_weights(q, k, v, attn_mask, is_training() ? options_.dropout : 0.0);
   Tensor merged = a.output.transpose(1, 2).reshape({B, T, H * D});  // [B, T, C]: a view on CPU

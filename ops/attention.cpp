@@ -6,12 +6,18 @@
 // output projection is then a view), and the weights before dropout, [B, H, T, S], kept for backward.
 // Attrs: value = dropout p, seed/counter = its Philox stream, read as dropout reads it over a
 // contiguous [B, H, T, S] tensor, so that the fused op drops exactly the weights that
-// dropout(weights) drops on the same stream.
+// dropout(weights) drops on the same stream. Every output and gradient is written (=), none
+// accumulated.
 //
-// Backward, with W the weights, K = dropout(W) and dK its gradient (the dropout mask replayed):
-//   dV = K^T dO,  dK = dO V^T,  dW = dropout(dK) + (gradient of the weights output),
+// Axes: B = batch, H = heads, T = queries, S = keys, D = head dim.
+//
+// Backward, with W the weights, P = dropout(W) (`kept` below) and dP its gradient (`dkept`, the
+// dropout mask replayed on it):
+//   dV = P^T dO,  dP = dO V^T,  dW = dropout(dP) + (the weights output's gradient, where one flows),
 //   dS = W * (dW - rowsum(dW * W)) / sqrt(D),  dQ = dS K,  dK = dS^T Q.
-// The backward op is not differentiable itself (as cross_entropy_backward): no second derivatives.
+// The references below compute the same by plain loops. The backward op is not differentiable
+// itself (as cross_entropy_backward): no second derivatives; nor is the mask (a mask that needs a
+// gradient is refused here: scaled_dot_product_attention composes ops for it).
 #include "ops/blas.h"
 #include "ops/families.h"
 #include "ops/kernel_checks.h"
@@ -39,8 +45,7 @@ void check_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v)
   MF_CHECK(k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
            "q {}, k {} and v {} do not fit: k and v must be [{}, {}, S, {}]", shape_str(q.shape()),
            shape_str(k.shape()), shape_str(v.shape()), q.size(0), q.size(1), q.size(3));
-  MF_CHECK(q.size(3) > 0 && k.size(2) > 0, "needs a head dim and at least one key, got q {} and k {}",
-           shape_str(q.shape()), shape_str(k.shape()));
+  MF_CHECK(q.size(3) > 0, "needs a head dim D of at least 1, got q {}", shape_str(q.shape()));
 }
 
 /// [B, H, T, S] for q [B, H, T, D] and k [B, H, S, D].
@@ -61,6 +66,10 @@ std::vector<OutputSpec> infer_attention(const std::vector<Tensor>& in, const Att
            dtype_name(q.dtype()), dtype_name(mask.dtype()));
   MF_CHECK(broadcasts_to(mask, weights), "attn_mask {} does not broadcast to the weights [B, H, T, S] = {}",
            shape_str(mask.shape()), shape_str(weights));
+  MF_CHECK(!(mask.requires_grad() && grad_mode_enabled()),
+           "does not differentiate attn_mask {}; scaled_dot_product_attention composes ops for a mask that "
+           "needs a gradient",
+           shape_str(mask.shape()));
   MF_CHECK(attrs.value >= 0 && attrs.value <= 1, "dropout probability p must be in [0, 1], got {}", attrs.value);
   return {{{q.size(0), q.size(2), q.size(1), q.size(3)}, q.dtype()}, {weights, q.dtype()}};
 }
@@ -95,6 +104,10 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
     E* result = out[0].data_ptr<E>();   // [B, T, H, D]
     E* weights = out[1].data_ptr<E>();  // [B, H, T, S]
     E scale = static_cast<E>(1 / std::sqrt(static_cast<double>(D)));
+    if (S == 0) {  // no keys: an empty sum, as the composition of ops gives
+      std::fill_n(result, out[0].numel(), E{0});
+      return;
+    }
     parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<E> dropped(p > 0 ? T * S : 0);  // [T, S]
       cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
@@ -126,7 +139,7 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
 }
 
 /// The weights output's gradient is either [B, H, T, S] or, where none flows, an empty [0].
-bool has_weights_grad(const Tensor& dweights) { return dweights.dim() != 1; }
+bool has_weights_grad(const Tensor& dweights) { return !(dweights.dim() == 1 && dweights.numel() == 0); }
 
 std::vector<Tensor> attention_rule(const GradContext& ctx) {
   const Tensor &q = ctx.inputs[0], &k = ctx.inputs[1], &v = ctx.inputs[2], &weights = ctx.outputs[1];
@@ -162,6 +175,10 @@ void cpu_attention_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
     const E* ws = weights.data_ptr<E>();
     E *dq = out[0].data_ptr<E>(), *dk = out[1].data_ptr<E>(), *dv = out[2].data_ptr<E>();
     E scale = static_cast<E>(1 / std::sqrt(static_cast<double>(D)));
+    if (S == 0) {  // no keys: the output was 0 whatever q was (dk and dv are empty)
+      std::fill_n(dq, out[0].numel(), E{0});
+      return;
+    }
     parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<E> dkept(T * S), dropped(p > 0 ? T * S : 0);  // [T, S] each
       cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
@@ -220,6 +237,7 @@ std::vector<double> reference_weights(const Tensor& q, const Tensor& k, const Te
           row.push_back(dot / std::sqrt(static_cast<double>(D)) +
                         reference::value_at_broadcast(mask, {b, h, t, s}));
         }
+        if (row.empty()) continue;  // no keys: no weights
         double max = *std::max_element(row.begin(), row.end()), total = 0;
         for (double x : row) total += std::exp(x - max);
         for (double x : row) weights.push_back(std::exp(x - max) / total);
@@ -323,7 +341,8 @@ std::vector<Sample> attention_backward_samples() {
 void register_attention_ops(Registry& r) {
   r.define(OpId::attention, {.name = "attention", .infer = infer_attention, .kernels = {cpu_attention},
                              .backward = attention_rule, .saves_outputs = true, .first_saved_output = 1,
-                             .samples = attention_samples, .reference = reference_attention});
+                             .takes_undefined_grads = true, .samples = attention_samples,
+                             .reference = reference_attention});
   // Not differentiable itself: its samples check the forward only.
   r.define(OpId::attention_backward,
            {.name = "attention_backward", .infer = infer_attention_backward, .kernels = {cpu_attention_backward},
@@ -348,7 +367,7 @@ AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const
              shape_str(attn_mask.shape()), shape_str(weights), format_location(site));
   }
   Tensor mask = attn_mask.defined() ? attn_mask.to(q.dtype(), site) : zeros({}, q.dtype(), q.device());
-  if (!q.device().is_cpu() || mask.requires_grad()) {  // the composition: other devices, and masks to learn
+  if (!q.device().is_cpu() || (mask.requires_grad() && grad_mode_enabled())) {  // other devices, masks to learn
     Tensor scores = matmul(q, k.transpose(-2, -1, site), site).div(std::sqrt(static_cast<double>(q.size(-1))), site);
     Tensor weights = softmax(attn_mask.defined() ? scores.add(mask, site) : scores, -1, site);
     return {matmul(dropout(weights, dropout_p, true, generator, site), v, site), weights};

@@ -187,6 +187,7 @@ void record(const OpDef& def, const std::vector<Tensor>& inputs, std::vector<Ten
   node->sequence_nr = next_sequence_nr();
   node->site = site;
   node->num_outputs = static_cast<uint32_t>(outputs.size());
+  node->takes_undefined_grads = def.takes_undefined_grads;
   node->device = outputs.empty() ? Device::cpu() : outputs[0].device();
   for (const Tensor& output : outputs) {
     node->output_shapes.push_back(output.shape());

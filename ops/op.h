@@ -140,6 +140,9 @@ struct OpDef {
   /// With saves_outputs: outputs before this one are not kept and reach backward undefined
   /// (cross_entropy keeps its row log-sum-exps, not the loss its caller may modify in place).
   size_t first_saved_output = 0;
+  /// The backward rule takes an undefined gradient for an output that got none, and skips its term,
+  /// where the engine would otherwise make a tensor of zeros for it (attention's weights).
+  bool takes_undefined_grads = false;
   /// Input 0 is written in place and is the op's only output (fill, uniform, ...).
   bool writes_input = false;
   /// Inputs may live on different devices (to_device).

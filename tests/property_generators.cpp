@@ -432,13 +432,13 @@ Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
           .attrs = s.attrs};
 }
 
-/// q [B, H, T, D], k and v [B, H, S, D] (S >= 1, D >= 1), drawn like sample inputs first..first + 2,
+/// q [B, H, T, D], k and v [B, H, S, D] (D >= 1), drawn like sample inputs first..first + 2,
 /// and a mask broadcasting to [B, H, T, S] drawn like q. Not like the samples' masks: their -1e9
 /// entries, drawn anywhere in [-1e9, 0], would swamp the scores' last digits in float32 and the
 /// finite differences' steps in float64, in the composition of ops as much as in the fused op.
 std::vector<Tensor> attention_operands(const Sample& s, size_t first, Rng& rng, bool small) {
   int64_t B = random_size(rng, 3), H = random_size(rng, 3), T = random_size(rng, small ? 3 : 4),
-          S = rng.integer(1, small ? 3 : 5), D = rng.integer(1, small ? 3 : 4);
+          S = random_size(rng, small ? 3 : 5), D = rng.integer(1, small ? 3 : 4);
   Shape weights{B, H, T, S};
   Shape mask(weights.begin() + rng.integer(0, 4), weights.end());
   for (int64_t& size : mask)

@@ -464,18 +464,27 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case attention:
     case attention_backward: {
       size_t q = id == attention ? 0 : 2;  // position of q; k and v follow
-      const Tensor &query = v.inputs[q], &key = v.inputs[q + 1];
-      c.input("3-d q", q, filled({2, 3, 4}, x.dtype())).input("k of another head dim", q + 1, grown(key, 3));
-      c.input("v of another length", q + 2, grown(key, 2)).dtype("v of another dtype", q + 2, other_float(x.dtype()));
-      c.input("no keys", q + 1, filled({query.size(0), query.size(1), 0, query.size(3)}, x.dtype()))
-          .input("no values", q + 2, filled({query.size(0), query.size(1), 0, query.size(3)}, x.dtype()));
-      c.call("int64 operands", [&] {
+      const Tensor& key = v.inputs[q + 1];
+      // Operands changed together (inputs first..q + 2), so that each case breaks its own rule and not
+      // the agreement of k and v that is checked first.
+      auto changed = [&](size_t first, const std::function<Tensor(const Tensor&)>& change) {
         std::vector<Tensor> in = v.inputs;
-        for (size_t k = q; k < q + 3; ++k) in[k] = as(in[k], DType::Int64);
+        for (size_t k = first; k < q + 3; ++k) in[k] = change(in[k]);
         return in;
-      }(), v.attrs);
+      };
+      auto without_head_dim = [](const Tensor& t) {
+        Shape shape = t.shape();
+        shape[3] = 0;
+        return filled(shape, t.dtype());
+      };
+      c.input("3-d q", q, filled({2, 3, 4}, x.dtype()));
+      c.input("v of another length", q + 2, grown(key, 2)).dtype("v of another dtype", q + 2, other_float(x.dtype()));
+      c.call("k and v of another head dim", changed(q + 1, [](const Tensor& t) { return grown(t, 3); }), v.attrs);
+      c.call("k and v of another batch", changed(q + 1, [](const Tensor& t) { return grown(t, 0); }), v.attrs);
+      c.call("no head dim", changed(q, without_head_dim), v.attrs);
+      c.call("int64 operands", changed(q, [](const Tensor& t) { return as(t, DType::Int64); }), v.attrs);
       if (id == attention) {
-        c.input("mask that does not broadcast", 3, grown(filled({1, 1, 1, key.size(2)}, x.dtype()), 3))
+        c.input("mask that does not broadcast", 3, filled({1, 1, 1, key.size(2) + 2}, x.dtype()))
             .input("5-d mask", 3, filled({1, 1, 1, 1, 1}, x.dtype()))
             .dtype("mask of another dtype", 3, other_float(x.dtype()));
         for (double p : {-0.1, 1.5}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));

@@ -237,6 +237,24 @@ TEST_CASE("scaled_dot_product_attention matches its composition of ops, dropout 
   }
 }
 
+// The fused op does not differentiate the mask: called directly with a mask to learn, it refuses;
+// the public function composes ops for such a mask, whose gradient then matches the formula
+// dmask = sum over broadcast dims of W * (dW - rowsum(dW * W)) (softmax's backward, unscaled).
+TEST_CASE("a mask that needs a gradient: the op refuses it, scaled_dot_product_attention composes ops") {
+  Tensor q = randn({1, 2, 3, 4}, DType::Float64), k = randn({1, 2, 5, 4}, DType::Float64),
+         v = randn({1, 2, 5, 4}, DType::Float64);
+  Tensor mask = zeros({1, 1, 3, 5}, DType::Float64).set_requires_grad();
+  CHECK_THROWS_WITH_AS(call(OpId::attention, {q, k, v, mask}),
+                       doctest::Contains("attention: does not differentiate attn_mask [1, 1, 3, 5]"), Error);
+  AttentionResult a = scaled_dot_product_attention_with_weights(q, k, v, mask);
+  a.output.sum().backward();
+  REQUIRE(mask.grad().defined());
+  NoGradGuard no_grad;
+  Tensor dw = matmul(ones({1, 2, 3, 4}, DType::Float64), v.transpose(-2, -1));  // d(sum)/dW = 1 V^T
+  Tensor expected = (a.weights * (dw - (dw * a.weights).sum({-1}, true))).sum({1}, true);
+  check_close(mask.grad(), expected, 1e-10, 1e-12);
+}
+
 TEST_CASE("MultiHeadAttention reports bad options and inputs") {
   CHECK_THROWS_WITH_AS(nn::MultiHeadAttention({.embed_dim = 10, .num_heads = 3}),
                        "MultiHeadAttention: embed_dim 10 is not divisible by num_heads 3", Error);
@@ -249,8 +267,7 @@ TEST_CASE("MultiHeadAttention reports bad options and inputs") {
   CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 1, 1, 3}, DType::Bool)),
                        doctest::Contains("attn_mask must be an additive float mask"), Error);
   CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 1, 2, 3})),
-                       doctest::Contains("attn_mask [2, 1, 2, 3] does not broadcast to the weights [B, H, T, S] = "
-                                         "[2, 2, 3, 3]"),
+                       "MultiHeadAttention: attn_mask [2, 1, 2, 3] does not broadcast to [B, H, T, S] = [2, 2, 3, 3]",
                        Error);
 }
 
