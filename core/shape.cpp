@@ -55,6 +55,14 @@ Shape broadcast_shapes(std::span<const int64_t> a, std::span<const int64_t> b) {
   return out;
 }
 
+bool broadcasts_to(std::span<const int64_t> shape, std::span<const int64_t> target) {
+  if (shape.size() > target.size()) return false;
+  size_t lead = target.size() - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] != 1 && shape[i] != target[lead + i]) return false;
+  return true;
+}
+
 int64_t normalize_dim(int64_t dim, int64_t ndim) {
   int64_t bound = std::max<int64_t>(ndim, 1);  // a scalar accepts dim 0 and -1, as in PyTorch
   MF_CHECK(dim >= -bound && dim < bound, "dim {} is out of range for a tensor with {} dims", dim, ndim);

@@ -28,6 +28,10 @@ std::string shape_str(std::span<const int64_t> shape);
 /// NumPy broadcasting of two shapes; throws mf::Error naming both when they do not broadcast.
 Shape broadcast_shapes(std::span<const int64_t> a, std::span<const int64_t> b);
 
+/// Whether a tensor of `shape` broadcasts to `target` without changing it: no more dims, and each of
+/// its dims (right-aligned) 1 or equal to target's.
+bool broadcasts_to(std::span<const int64_t> shape, std::span<const int64_t> target);
+
 /// Maps a possibly negative dim into [0, ndim); throws mf::Error naming the op when out of range.
 int64_t normalize_dim(int64_t dim, int64_t ndim);
 

@@ -95,11 +95,9 @@ AttentionOutput MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
              "drops), got {}",
              dtype_name(attn_mask.dtype()));
     Shape full{B, H, T, S};
-    bool broadcasts = attn_mask.dim() <= 4;
-    for (int64_t d = 1; broadcasts && d <= attn_mask.dim(); ++d)
-      broadcasts = attn_mask.size(-d) == 1 || attn_mask.size(-d) == full[4 - d];
-    MF_CHECK(broadcasts, "MultiHeadAttention: attn_mask {} does not broadcast to [B, H, T, S] = {}",
-             shape_str(attn_mask.shape()), shape_str(full));
+    MF_CHECK(broadcasts_to(attn_mask.shape(), full),
+             "MultiHeadAttention: attn_mask {} does not broadcast to [B, H, T, S] = {}", shape_str(attn_mask.shape()),
+             shape_str(full));
   }
   AttentionResult a =
       scaled_dot_product_attention_with_weights(q, k, v, attn_mask, is_training() ? options_.dropout : 0.0);

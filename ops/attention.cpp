@@ -51,21 +51,15 @@ void check_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v)
 /// [B, H, T, S] for q [B, H, T, D] and k [B, H, S, D].
 Shape weights_shape(const Tensor& q, const Tensor& k) { return {q.size(0), q.size(1), q.size(2), k.size(2)}; }
 
-bool broadcasts_to(const Tensor& mask, const Shape& weights) {
-  bool broadcasts = mask.dim() <= 4;
-  for (int64_t d = 1; broadcasts && d <= mask.dim(); ++d)
-    broadcasts = mask.size(-d) == 1 || mask.size(-d) == weights[4 - d];
-  return broadcasts;
-}
-
 std::vector<OutputSpec> infer_attention(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &q = in[0], &k = in[1], &mask = in[3];
   check_attention_operands(q, k, in[2]);
   Shape weights = weights_shape(q, k);
   MF_CHECK(mask.dtype() == q.dtype(), "expects an attn_mask of dtype {} (the operands'), got {}",
            dtype_name(q.dtype()), dtype_name(mask.dtype()));
-  MF_CHECK(broadcasts_to(mask, weights), "attn_mask {} does not broadcast to the weights [B, H, T, S] = {}",
-           shape_str(mask.shape()), shape_str(weights));
+  MF_CHECK(broadcasts_to(mask.shape(), weights),
+           "attn_mask {} does not broadcast to the weights [B, H, T, S] = {}", shape_str(mask.shape()),
+           shape_str(weights));
   MF_CHECK(!(mask.requires_grad() && grad_mode_enabled()),
            "does not differentiate attn_mask {}; scaled_dot_product_attention composes ops for a mask that "
            "needs a gradient",
@@ -217,12 +211,6 @@ void cpu_attention_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
 
 // ---- references -----------------------------------------------------------------------------------
 
-/// Element (b, h, t, s) of the dropout scale over a contiguous [B, H, T, S]: 0 or 1 / (1 - p) (1 for p = 0).
-double reference_dropout_scale(const Attrs& attrs, int64_t element) {
-  uint32_t bits = Philox::block(attrs.seed, 0, attrs.counter + static_cast<uint64_t>(element) / 4)[element % 4];
-  return static_cast<double>(uniform_float(bits)) >= attrs.value ? 1 / (1 - attrs.value) : 0.0;
-}
-
 /// The weights [B, H, T, S] before dropout, by plain loops in double.
 std::vector<double> reference_weights(const Tensor& q, const Tensor& k, const Tensor& mask) {
   int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
@@ -245,6 +233,11 @@ std::vector<double> reference_weights(const Tensor& q, const Tensor& k, const Te
   return weights;
 }
 
+/// Element (b, h, t, s) of the dropout scale over a contiguous [B, H, T, S] (1 for p = 0).
+double dropout_scale(const Attrs& attrs, int64_t element) {
+  return reference::dropout_scale(attrs.seed, attrs.counter, attrs.value, element);
+}
+
 std::vector<Tensor> reference_attention(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &q = in[0], &k = in[1], &v = in[2];
   int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
@@ -256,7 +249,7 @@ std::vector<Tensor> reference_attention(const std::vector<Tensor>& in, const Att
           double total = 0;
           for (int64_t s = 0; s < S; ++s) {
             int64_t element = ((b * H + h) * T + t) * S + s;
-            total += weights[element] * reference_dropout_scale(attrs, element) * v.at<double>({b, h, s, d});
+            total += weights[element] * dropout_scale(attrs, element) * v.at<double>({b, h, s, d});
           }
           result[((b * T + t) * H + h) * D + d] = total;
         }
@@ -292,7 +285,7 @@ std::vector<Tensor> reference_attention_backward(const std::vector<Tensor>& in, 
       for (int64_t t = 0; t < T; ++t) {
         std::vector<double> dw(S);
         for (int64_t s = 0; s < S; ++s) {
-          double scale = reference_dropout_scale(attrs, ((b * H + h) * T + t) * S + s), dkept = 0;
+          double scale = dropout_scale(attrs, ((b * H + h) * T + t) * S + s), dkept = 0;
           for (int64_t d = 0; d < D; ++d) dkept += dout.at<double>({b, t, h, d}) * v.at<double>({b, h, s, d});
           dw[s] = dkept * scale + (dweights.dim() == 4 ? dweights.at<double>({b, h, t, s}) : 0.0);
           for (int64_t d = 0; d < D; ++d)
@@ -362,7 +355,7 @@ AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const
            dtype_name(attn_mask.dtype()), format_location(site));
   if (attn_mask.defined() && q.dim() == 4 && k.dim() == 4) {  // other ranks are the op's error to report
     Shape weights = weights_shape(q, k);
-    MF_CHECK(broadcasts_to(attn_mask, weights),
+    MF_CHECK(broadcasts_to(attn_mask.shape(), weights),
              "scaled_dot_product_attention: attn_mask {} does not broadcast to the weights [B, H, T, S] = {} at {}",
              shape_str(attn_mask.shape()), shape_str(weights), format_location(site));
   }

@@ -444,11 +444,8 @@ std::vector<OutputSpec> infer_masked_fill(const std::vector<Tensor>& in, const A
   const Tensor &x = in[0], &mask = in[1];
   MF_CHECK(mask.dtype() == DType::Bool, "mask must be a bool tensor, got {} (shape {})", dtype_name(mask.dtype()),
            shape_str(mask.shape()));
-  bool broadcasts = mask.dim() <= x.dim();
-  for (int64_t d = 1; broadcasts && d <= mask.dim(); ++d)
-    broadcasts = mask.size(-d) == 1 || mask.size(-d) == x.size(-d);
-  MF_CHECK(broadcasts, "mask of shape {} does not broadcast to the input's shape {}", shape_str(mask.shape()),
-           shape_str(x.shape()));
+  MF_CHECK(broadcasts_to(mask.shape(), x.shape()), "mask of shape {} does not broadcast to the input's shape {}",
+           shape_str(mask.shape()), shape_str(x.shape()));
   detail::expect_representable(attrs.value, x.dtype(), "fill value");
   return {{x.shape(), x.dtype()}};
 }

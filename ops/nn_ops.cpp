@@ -477,11 +477,8 @@ std::vector<Tensor> dropout_rule(const GradContext& ctx) {
 
 std::vector<Tensor> reference_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
   std::vector<double> xs = in[0].to_vector<double>(), out;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    uint32_t bits = Philox::block(attrs.seed, 0, attrs.counter + i / 4)[i % 4];
-    bool keep = static_cast<double>(uniform_float(bits)) >= attrs.value;
-    out.push_back(keep ? xs[i] * (1 / (1 - attrs.value)) : 0.0);
-  }
+  for (size_t i = 0; i < xs.size(); ++i)
+    out.push_back(xs[i] * reference::dropout_scale(attrs.seed, attrs.counter, attrs.value, static_cast<int64_t>(i)));
   return {reference::make(in[0].shape(), in[0].dtype(), out)};
 }
 

@@ -79,4 +79,9 @@ Tensor randint(const Shape& shape, int64_t high, uint64_t seed) {
   return make(shape, DType::Int64, values);
 }
 
+double dropout_scale(uint64_t seed, uint64_t counter, double p, int64_t i) {
+  uint32_t bits = Philox::block(seed, 0, counter + static_cast<uint64_t>(i) / 4)[i % 4];
+  return static_cast<double>(uniform_float(bits)) >= p ? 1 / (1 - p) : 0.0;
+}
+
 }  // namespace mf::reference

@@ -30,4 +30,8 @@ Tensor uniform(const Shape& shape, double low, double high, uint64_t seed);
 /// Int64 tensor uniform on [0, high) from a fixed seed.
 Tensor randint(const Shape& shape, int64_t high, uint64_t seed);
 
+/// Dropout's scale for element i of a contiguous tensor on the Philox stream (seed, counter): 1/(1-p)
+/// where word i % 4 of block counter + i / 4, as a uniform on [0, 1), is >= p, else 0.
+double dropout_scale(uint64_t seed, uint64_t counter, double p, int64_t i);
+
 }  // namespace mf::reference
