@@ -158,14 +158,13 @@ bool is_transposed_matrix(const Tensor& b) { return !b.is_contiguous() && b.t().
 /// A linear layer's backward on two threads: dA = dC @ B^T and dB = A^T @ dC (over a's rows) are
 /// independent and equally big, so each thread runs one of them whole, packing each operand once,
 /// where splitting both products packs their shared operands on both threads. Only for two threads
-/// (the pool does not split into teams), and not when the backward is itself recorded
-/// (create_graph), which needs matmul's own graph nodes. `a_sum` is A's gradient summed so far
+/// (the pool does not split into teams). `a_sum` is A's gradient summed so far
 /// (GradContext::sums), or undefined: where it fits, dA is added into it (beta = 1) and da is that
 /// very tensor. Returns false, computing nothing, where the pair does not run.
 bool linear_backward_concurrently(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& a_sum,
                                   Tensor& da, Tensor& db) {
   int64_t k = b.size(0), m = b.size(1);
-  if (intra_op_threads() != 2 || grad_mode_enabled() || !a.device().is_cpu() || !b.device().is_cpu() ||
+  if (intra_op_threads() != 2 || !a.device().is_cpu() || !b.device().is_cpu() ||
       !dout.device().is_cpu() || static_cast<double>(a.numel()) * m < kConcurrentBackwardWork)
     return false;
   Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]

@@ -155,10 +155,9 @@ Tensor view_slice(const Tensor& x, const Attrs& attrs) {
 
 // The input's gradient is zero outside the window. Where the engine already holds a gradient summed
 // for the input (another chunk of a split, such as attention's q, k and v), this one is added into
-// that sum's window in place: no zeroed input-sized tensor and no input-sized add per chunk. Not
-// when the backward is itself recorded (create_graph), which needs the ops' own graph nodes.
+// that sum's window in place: no zeroed input-sized tensor and no input-sized add per chunk.
 std::vector<Tensor> slice_backward(const GradContext& ctx) {
-  bool into_sum = ctx.sums[0].defined() && !grad_mode_enabled();
+  bool into_sum = ctx.sums[0].defined();
   Tensor dinp = into_sum ? ctx.sums[0] : zeros(ctx.inputs[0].shape(), ctx.grads[0].dtype(), ctx.grads[0].device());
   Tensor window = call1(OpId::slice, {dinp}, ctx.attrs, ctx.site);
   if (into_sum)
