@@ -21,10 +21,15 @@ bool owns_storage_alone(const Tensor& t) {
   return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous();
 }
 
+/// Whether a gradient of `shape` and `dtype` may be added into `slot` in place.
+bool can_add_into(const Tensor& slot, const Shape& shape, DType dtype) {
+  return owns_storage_alone(slot) && slot.shape() == shape && slot.dtype() == dtype;
+}
+
 void accumulate(Tensor& slot, Tensor grad) {
   if (!slot.defined())
     slot = std::move(grad);
-  else if (owns_storage_alone(slot) && slot.shape() == grad.shape() && slot.dtype() == grad.dtype())
+  else if (can_add_into(slot, grad.shape(), grad.dtype()))
     slot.add_(grad);
   else
     slot = add(slot, grad);
@@ -75,9 +80,7 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
     auto it = edge.node ? pending.find(edge.node.get()) : pending.end();
     if (it == pending.end() || edge.output_nr >= it->second.size()) continue;
     Tensor& slot = it->second[edge.output_nr];
-    if (slot.defined() && owns_storage_alone(slot) && slot.shape() == node.input_shapes[i] &&
-        slot.dtype() == node.input_dtypes[i])
-      sums[i] = slot;
+    if (slot.defined() && can_add_into(slot, node.input_shapes[i], node.input_dtypes[i])) sums[i] = slot;
   }
   std::vector<Tensor> grad_inputs;
   try {
@@ -98,20 +101,16 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
   } catch (const Error& error) {
     throw Error(fmt::format("{}: {}", describe(node), error.what()));
   }
-  // Which inputs the node added into their sums; then the extra handles go, so that the routing
-  // below may still add into those slots in place.
-  std::vector<bool> added(sums.size());
-  for (size_t i = 0; i < sums.size(); ++i) {
-    added[i] = sums[i].defined() && grad_inputs[i].is_same(sums[i]);
-    if (added[i]) grad_inputs[i] = Tensor();
-  }
+  // A gradient the node added into its sum is in the slot already: nothing to route. Then the extra
+  // handles go, so that the routing below may still add into those slots in place.
+  for (size_t i = 0; i < sums.size(); ++i)
+    if (sums[i].defined() && grad_inputs[i].is_same(sums[i])) grad_inputs[i] = Tensor();
   sums.clear();
   if (!retain_graph) node.release_saved();
   for (size_t i = 0; i < grad_inputs.size(); ++i) {
     const Edge& edge = node.next_edges[i];
     Tensor& g = grad_inputs[i];
     if (!g.defined() || !edge.is_valid()) continue;
-    if (added[i]) continue;  // in the slot already
     if (edge.node) {
       auto& slots = pending[edge.node.get()];
       slots.resize(edge.node->num_outputs);

@@ -170,8 +170,7 @@ bool linear_backward_concurrently(const Tensor& a, const Tensor& b, const Tensor
   Tensor rows = as_rows(a), drows = as_rows(dout);  // [N, k], [N, m]
   int64_t n = rows.size(0);
   bool transposed_matrix = is_transposed_matrix(b);
-  bool into_sum = a_sum.defined() && a_sum.device().is_cpu() && a_sum.is_contiguous() &&
-                  a_sum.dtype() == rows.dtype() && a_sum.numel() == n * k;
+  bool into_sum = a_sum.defined();  // contiguous, a's shape, dtype and device (GradContext::sums)
   Tensor da_rows = into_sum ? a_sum.reshape({n, k}) : Tensor::empty({n, k}, rows.dtype());  // a view of a_sum
   db = Tensor::empty(transposed_matrix ? Shape{m, k} : Shape{k, m}, rows.dtype());
   parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {

@@ -104,7 +104,8 @@ struct GradContext {
   const std::vector<bool>& needs_grad;  // per input
   Site site;
   /// Per input: the gradient summed for it so far, where the rule may add its own in place and
-  /// return this tensor (undefined where it may not).
+  /// return this tensor (undefined where it may not). A defined sum is contiguous, of the input's
+  /// shape, dtype and device, and seen by nothing else.
   const std::vector<Tensor>& sums;
 };
 
