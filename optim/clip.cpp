@@ -41,14 +41,16 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     if (first_nonfinite == grads.size() && !std::isfinite(acc)) first_nonfinite = i;
   }
   double total = std::isinf(norm_type) ? acc : norm_type == 2 ? std::sqrt(acc) : std::pow(acc, 1 / norm_type);
-  // For norm_type < 1 the sum can stay finite while its root overflows: then no gradient is to blame.
-  std::string source = first_nonfinite < grads.size()
-                           ? fmt::format("from gradient {} of {}, shape {}", first_nonfinite, grads.size(),
-                                         shape_str(grads[first_nonfinite].shape()))
-                           : "the root of a finite sum overflowed";
-  MF_CHECK(!error_if_nonfinite || std::isfinite(total),
-           "clip_grad_norm_: the total {}-norm of the gradients is {} ({}), so it cannot be clipped; pass "
-           "error_if_nonfinite = false to scale by it anyway", norm_type, total, source);
+  if (error_if_nonfinite && !std::isfinite(total)) [[unlikely]] {
+    // For norm_type < 1 the sum can stay finite while its root overflows: then no gradient is to blame.
+    std::string source = first_nonfinite < grads.size()
+                             ? fmt::format("from gradient {} of {}, shape {}", first_nonfinite, grads.size(),
+                                           shape_str(grads[first_nonfinite].shape()))
+                             : "the root of a finite sum overflowed";
+    fail("clip_grad_norm_: the total {}-norm of the gradients is {} ({}), so it cannot be clipped; pass "
+         "error_if_nonfinite = false to scale by it anyway",
+         norm_type, total, source);
+  }
   double coef = max_norm / (total + 1e-6);
   if (!(coef >= 1))  // also when coef is NaN, which then spreads to the gradients as in PyTorch
     for (Tensor& g : grads) g.mul_(coef);
