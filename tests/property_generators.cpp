@@ -419,17 +419,9 @@ Case cross_entropy_case(const Sample& s, Rng& rng, bool small) {
 
 Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = random_size(rng, small ? 3 : 5), classes = rng.integer(1, 6);
-  Tensor logits = draw(s, 1, {rows, classes}, rng);
-  std::vector<double> lses;  // each row's log-sum-exp, as the forward gives it
-  for (int64_t n = 0; n < rows; ++n) {
-    double top = -INFINITY, total = 0;
-    for (int64_t c = 0; c < classes; ++c) top = std::max(top, logits.at<double>({n, c}));
-    for (int64_t c = 0; c < classes; ++c) total += std::exp(logits.at<double>({n, c}) - top);
-    lses.push_back(top + std::log(total));
-  }
-  return {.inputs = {draw(s, 0, {rows}, rng), logits, targets(rows, classes, s.attrs.ignore_index, rng),
-                     reference::make({rows}, logits.dtype(), lses), draw(s, 4, {rows}, rng)},
-          .attrs = s.attrs};
+  Tensor logits = draw(s, 1, {rows, classes}, rng), target = targets(rows, classes, s.attrs.ignore_index, rng);
+  Tensor lse = registry()[OpId::cross_entropy].reference({logits, target}, s.attrs)[1];  // as the forward gives it
+  return {.inputs = {draw(s, 0, {rows}, rng), logits, target, lse, draw(s, 4, {rows}, rng)}, .attrs = s.attrs};
 }
 
 /// q [B, H, T, D], k and v [B, H, S, D] (D >= 1), drawn like sample inputs first..first + 2,

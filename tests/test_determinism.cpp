@@ -73,7 +73,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-/// Restores the pool's size when a test ends.
 /// Every value of `tensors` in order, widened to double (exact for float32).
 std::vector<double> flat(const std::vector<Tensor>& tensors) {
   std::vector<double> values;

@@ -450,7 +450,6 @@ TEST_CASE("data pointers are 64-byte aligned") {
 
 namespace {
 
-/// Restores the thread count a test changed.
 std::set<std::pair<int64_t, int64_t>> chunks_of(int64_t begin, int64_t end, int64_t grain) {
   std::mutex mutex;
   std::set<std::pair<int64_t, int64_t>> chunks;
