@@ -421,7 +421,11 @@ Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = random_size(rng, small ? 3 : 5), classes = rng.integer(1, 6);
   Tensor logits = draw(s, 1, {rows, classes}, rng), target = targets(rows, classes, s.attrs.ignore_index, rng);
   Tensor lse = registry()[OpId::cross_entropy].reference({logits, target}, s.attrs)[1];  // as the forward gives it
-  return {.inputs = {draw(s, 0, {rows}, rng), logits, target, lse, draw(s, 4, {rows}, rng)}, .attrs = s.attrs};
+  // Not expandable: an expanded layout repeats the logits' first row or column, and lse, computed
+  // before, would no longer be their log-sum-exp (large logits then overflow float32's exp).
+  return {.inputs = {draw(s, 0, {rows}, rng), logits, target, lse, draw(s, 4, {rows}, rng)},
+          .attrs = s.attrs,
+          .expandable = false};
 }
 
 /// q [B, H, T, D], k and v [B, H, S, D] (D >= 1), drawn like sample inputs first..first + 2,
