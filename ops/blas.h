@@ -1,5 +1,8 @@
-// The one typed entry to OpenBLAS's GEMM, shared by matmul, linear and the fused attention kernels.
+// The one typed entry to GEMM, shared by matmul, linear and the fused attention kernels: float
+// products run miniflow's own kernel where the CPU has AVX-512 (ops/sgemm.h), the rest OpenBLAS.
 #pragma once
+
+#include "ops/sgemm.h"
 
 #include <cblas.h>
 
@@ -12,10 +15,12 @@ namespace mf::cpu {
 template <typename T>
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, T alpha = 1) {
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm(ta == CblasTrans, tb == CblasTrans, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
     cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  else
+  } else {
     cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 }
 
 }  // namespace mf::cpu

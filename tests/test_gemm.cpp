@@ -1,0 +1,83 @@
+// miniflow's AVX-512 float GEMM (ops/sgemm.cpp) against naive loops in double.
+#include "ops/sgemm.h"
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+struct Operand {
+  std::vector<float> values;
+  int64_t ld;
+};
+
+/// A rows x cols row-major matrix with rows `ld = cols + 3` apart (a strided view, as BLAS sees one).
+Operand random_matrix(int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  Operand m{std::vector<float>(static_cast<size_t>(rows * (cols + 3))), cols + 3};
+  for (float& v : m.values) v = uniform(rng);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and edges") {
+  // The shapes cross every boundary of the kernel's loops: strips of 12 rows, panels of 32 columns,
+  // blocks of 96 rows (A^T), 512 values of k and 1 MiB of packed B (33000 columns of k = 8), each
+  // with a remainder, plus k = 0 and single elements; with both operands plain or transposed.
+  // beta = 0 must overwrite C without reading it (C starts as NaN), other betas scale it.
+  std::mt19937 rng(7);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  for (auto [n, m, k] : {std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{12, 32, 16},
+                         std::array<int64_t, 3>{13, 33, 17}, std::array<int64_t, 3>{97, 70, 530},
+                         std::array<int64_t, 3>{200, 45, 3}, std::array<int64_t, 3>{3, 33000, 8},
+                         std::array<int64_t, 3>{5, 7, 1100}, std::array<int64_t, 3>{4, 5, 0}})
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true})
+        for (auto [alpha, beta] :
+             {std::array<float, 2>{1, 0}, std::array<float, 2>{1, 1}, std::array<float, 2>{0.5f, -2}}) {
+          CAPTURE(n);
+          CAPTURE(m);
+          CAPTURE(k);
+          CAPTURE(trans_a);
+          CAPTURE(trans_b);
+          CAPTURE(alpha);
+          CAPTURE(beta);
+          Operand a = trans_a ? random_matrix(k, n, rng) : random_matrix(n, k, rng);
+          Operand b = trans_b ? random_matrix(m, k, rng) : random_matrix(k, m, rng);
+          Operand c = random_matrix(n, m, rng);
+          if (beta == 0) std::fill(c.values.begin(), c.values.end(), nan);
+          std::vector<float> before = c.values;
+          if (!mf::cpu::sgemm(trans_a, trans_b, n, m, k, alpha, a.values.data(), a.ld, b.values.data(), b.ld, beta,
+                              c.values.data(), c.ld)) {
+            MESSAGE("skipped: this CPU lacks AVX-512, so float products go to OpenBLAS");
+            return;
+          }
+          auto at = [&](int64_t i, int64_t p) { return double{a.values[trans_a ? p * a.ld + i : i * a.ld + p]}; };
+          auto bt = [&](int64_t p, int64_t j) { return double{b.values[trans_b ? j * b.ld + p : p * b.ld + j]}; };
+          int64_t wrong = 0;  // elements off by more than float's rounding bound, k eps sum |a b| (+ beta's)
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < m; ++j) {
+              double sum = 0, magnitude = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                sum += at(i, p) * bt(p, j);
+                magnitude += std::abs(at(i, p) * bt(p, j));
+              }
+              double scaled_old = beta == 0 ? 0 : beta * double{before[static_cast<size_t>(i * c.ld + j)]};
+              double expected = alpha * sum + scaled_old;
+              double bound = 1e-7 * (static_cast<double>(k + 2) * magnitude + std::abs(scaled_old)) + 1e-30;
+              wrong += !(std::abs(c.values[static_cast<size_t>(i * c.ld + j)] - expected) <= bound);  // NaN too
+            }
+          CHECK(wrong == 0);
+          for (int64_t i = 0; i < n; ++i)  // the padding between rows of C is left alone
+            for (int64_t j = m; j < c.ld; ++j) {
+              float kept = c.values[static_cast<size_t>(i * c.ld + j)], was = before[static_cast<size_t>(i * c.ld + j)];
+              CHECK((kept == was || (std::isnan(kept) && std::isnan(was))));
+            }
+        }
+}
