@@ -24,9 +24,12 @@ def training_table(mf, pt):
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def row(config, label, r):
+        gemm = f"{r['sgemm_gflops']:.1f}"
+        if "matmul_gflops" in r:  # miniflow's own GEMM beside the cblas_sgemm yardstick
+            gemm += f" (own {r['matmul_gflops']:.1f})"
         rows.append(f"| {config} | {label} | {r['threads']} | {r['ms_per_step']:.1f} | {r['forward_ms']:.1f} | "
                     f"{r['backward_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['gflops']:.1f} | "
-                    f"{100 * r['gflops_vs_sgemm']:.0f}% | {r['sgemm_gflops']:.1f} | {r['peak_rss_mb']:.0f} |")
+                    f"{100 * r['gflops_vs_sgemm']:.0f}% | {gemm} | {r['peak_rss_mb']:.0f} |")
 
     for config in mf:
         row(config, "**miniflow**", mf[config])
@@ -92,8 +95,11 @@ def targets(mf, pt):
         if config not in mf:
             continue
         share = mf[config]["gflops_vs_sgemm"]
-        rows.append((f"GFLOP/s >= {GEMM_SHARE_MIN:.0%} of cblas_sgemm", config,
-                     f"{share:.0%} ({mf[config]['gflops']:.1f} of {mf[config]['sgemm_gflops']:.1f})",
+        measured = f"{share:.0%} ({mf[config]['gflops']:.1f} of {mf[config]['sgemm_gflops']:.1f})"
+        if "gflops_vs_matmul" in mf[config]:
+            measured += (f"; {mf[config]['gflops_vs_matmul']:.0%} of miniflow's own GEMM "
+                         f"({mf[config]['matmul_gflops']:.1f})")
+        rows.append((f"GFLOP/s >= {GEMM_SHARE_MIN:.0%} of cblas_sgemm", config, measured,
                      verdict(share >= GEMM_SHARE_MIN), f"{100 * (share - GEMM_SHARE_MIN):+.0f} points"))
         if share < GEMM_SHARE_MIN:
             step = mf[config]["ms_per_step"]
@@ -152,7 +158,9 @@ def document(mf, pt, meta, raw, notes):
         "Median over the timed steps after 2 warm-up steps of forward + loss, backward, and Adam step + zero_grad. "
         "tokens/s counts source + target tokens. GFLOP/s = 3 x the forward FLOPs (every Linear, the attention "
         "products, the tied output projection) / step time; the % column divides it by a 2048^3 float32 GEMM "
-        "measured in the same process (cblas_sgemm through miniflow's matmul; torch.matmul for PyTorch). "
+        "measured in the same process: for miniflow, OpenBLAS's cblas_sgemm (the issue's yardstick), its rows split "
+        "over the threads as miniflow splits a product, with miniflow's own GEMM on the same product in brackets "
+        "(miniflow trains on its own GEMM); torch.matmul for PyTorch. "
         "Each config ran in its own process (each PyTorch thread count too), so peak RSS is per config; "
         f"PyTorch's includes the torch library itself ({import_rss} after `import torch` alone, before any "
         "tensor exists).",
