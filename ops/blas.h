@@ -11,16 +11,22 @@
 
 namespace mf::cpu {
 
-/// c = alpha a b + beta c, row-major, for float or double.
+/// c = alpha a b + beta c (+ bias[j] in column j, where bias is given), row-major, for float or
+/// double.
 template <typename T>
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, T alpha = 1) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (sgemm(ta == CblasTrans, tb == CblasTrans, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
-    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+          const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, T alpha = 1, const T* bias = nullptr) {
+  if constexpr (std::is_same_v<T, float>)
+    if (sgemm(ta == CblasTrans, tb == CblasTrans, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) return;
+  if (bias) {  // BLAS has no bias: c starts as beta c + bias and the product adds to it
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j) c[i * ldc + j] = (beta == 0 ? T{0} : beta * c[i * ldc + j]) + bias[j];
+    beta = 1;
   }
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace mf::cpu

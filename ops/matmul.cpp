@@ -63,21 +63,21 @@ constexpr double kParallelGemmWork = 1 << 18;
 /// (sharing B, k x m) when n >= m, else by columns (sharing A, n x k).
 template <typename T>
 void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-                   const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0) {
+                   const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, const T* bias = nullptr) {
   int64_t threads = intra_op_threads();
   if (threads == 1 || static_cast<double>(n) * m * k < kParallelGemmWork) {
-    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc, beta);
+    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc, beta, T{1}, bias);
     return;
   }
   if (n >= m) {
     parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* rows = a + (ta == CblasNoTrans ? lo * lda : lo);  // row lo of op(A)
-      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc, beta);
+      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc, beta, T{1}, bias);
     });
   } else {
     parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* columns = b + (tb == CblasNoTrans ? lo : lo * ldb);  // column lo of op(B)
-      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc, beta);
+      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc, beta, T{1}, bias ? bias + lo : nullptr);
     });
   }
 }
@@ -123,7 +123,7 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
       run(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m, T{0});
     };
     if (count < intra_op_threads()) {  // few products: split each one
-      for (int64_t i = 0; i < count; ++i) product(i, parallel_gemm<T>);
+      for (int64_t i = 0; i < count; ++i) product(i, [](auto... args) { parallel_gemm<T>(args...); });
       return;
     }
     parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {  // many products: one thread each
@@ -268,11 +268,8 @@ void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
         });
         return;
       }
-    // C starts as the bias in every row and the GEMM adds x W^T to it (beta = 1): BLAS then skips
-    // zeroing C, and no pass adds the bias afterwards.
-    parallel_for(0, rows, grain,
-                 [&](int64_t lo, int64_t hi) { for (int64_t r = lo; r < hi; ++r) std::copy(pb, pb + m, pc + r * m); });
-    if (k > 0) parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, T{1});
+    // The GEMM adds the bias as it writes C: no pass over C before or after.
+    parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, T{0}, pb);
   });
 }
 

@@ -142,10 +142,16 @@ template <int Lanes>
 /// Where the micro-kernel reads A: rows in place (row i at a + i * lda) or a packed strip.
 enum class ALayout { kRows, kPackedStrip };
 
-/// c[0:Rows, 0:32 masked] = alpha * A B_panel (+ beta * c unless beta == 0) over `depth` values of k.
+/// How a tile's sums land in c: c = alpha sums (+ beta c unless beta == 0) (+ bias, one value per column).
+struct Epilogue {
+  float alpha, beta;
+  const float* bias;  // nullptr, or the bias of the tile's first column
+};
+
+/// c[0:Rows, 0:32 masked] = the epilogue applied to A B_panel over `depth` values of k.
 template <int64_t Rows, ALayout Layout>
 [[gnu::target("avx512f")]] MF_INLINE void tile(int64_t depth, const float* a, int64_t lda, const float* panel,
-                                                float alpha, float beta, float* c, int64_t ldc, ColumnMasks masks) {
+                                                float* c, int64_t ldc, ColumnMasks masks, Epilogue epilogue) {
   __m512 low[Rows], high[Rows];
 #pragma GCC unroll 12
   for (int64_t i = 0; i < Rows; ++i) low[i] = high[i] = _mm512_setzero_ps();
@@ -160,7 +166,13 @@ template <int64_t Rows, ALayout Layout>
       high[i] = _mm512_fmadd_ps(ai, b_high, high[i]);
     }
   }
+  float alpha = epilogue.alpha, beta = epilogue.beta;
   __m512 alphas = _mm512_set1_ps(alpha), betas = _mm512_set1_ps(beta);
+  __m512 bias_low = _mm512_setzero_ps(), bias_high = _mm512_setzero_ps();
+  if (epilogue.bias) {
+    bias_low = _mm512_maskz_loadu_ps(masks.low, epilogue.bias);
+    bias_high = _mm512_maskz_loadu_ps(masks.high, epilogue.bias + kLanes);
+  }
 #pragma GCC unroll 12
   for (int64_t i = 0; i < Rows; ++i) {
     float* row = c + i * ldc;
@@ -175,6 +187,10 @@ template <int64_t Rows, ALayout Layout>
       low[i] = _mm512_fmadd_ps(betas, _mm512_maskz_loadu_ps(masks.low, row), low[i]);
       high[i] = _mm512_fmadd_ps(betas, _mm512_maskz_loadu_ps(masks.high, row + kLanes), high[i]);
     }
+    if (epilogue.bias) {
+      low[i] = _mm512_add_ps(low[i], bias_low);
+      high[i] = _mm512_add_ps(high[i], bias_high);
+    }
     _mm512_mask_storeu_ps(row, masks.low, low[i]);
     _mm512_mask_storeu_ps(row + kLanes, masks.high, high[i]);
   }
@@ -184,16 +200,16 @@ template <int64_t Rows, ALayout Layout>
 /// accumulators stay in registers.
 template <int64_t Rows, ALayout Layout>
 [[gnu::target("avx512f")]] MF_INLINE void strip_tile(int64_t rows, int64_t depth, const float* a, int64_t lda,
-                                                      const float* panel, float alpha, float beta, float* c,
-                                                      int64_t ldc, ColumnMasks masks) {
+                                                      const float* panel, float* c, int64_t ldc, ColumnMasks masks,
+                                                      Epilogue epilogue) {
   if constexpr (Rows > 1)
-    if (rows < Rows) return strip_tile<Rows - 1, Layout>(rows, depth, a, lda, panel, alpha, beta, c, ldc, masks);
-  tile<Rows, Layout>(depth, a, lda, panel, alpha, beta, c, ldc, masks);
+    if (rows < Rows) return strip_tile<Rows - 1, Layout>(rows, depth, a, lda, panel, c, ldc, masks, epilogue);
+  tile<Rows, Layout>(depth, a, lda, panel, c, ldc, masks, epilogue);
 }
 
 [[gnu::target("avx512f")]] void sgemm_avx512(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k,
                                              float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
-                                             float beta, float* c, int64_t ldc) {
+                                             float beta, float* c, int64_t ldc, const float* bias) {
   thread_local std::vector<float> packed_b_buffer, packed_a_buffer;
   int64_t block_k = std::min(k, kBlockK);
   int64_t panels_per_block = std::max<int64_t>(1, kPackedBBytes / 4 / block_k / kPanelColumns);
@@ -203,7 +219,8 @@ template <int64_t Rows, ALayout Layout>
   float* packed_a = trans_a ? scratch(packed_a_buffer, kBlockRows * block_k) : nullptr;
   for (int64_t p0 = 0; p0 < k; p0 += kBlockK) {
     int64_t depth = std::min(kBlockK, k - p0);
-    float block_beta = p0 == 0 ? beta : 1;  // later blocks of k add to what the first wrote
+    bool first = p0 == 0;  // later blocks of k add to what the first wrote
+    Epilogue block{.alpha = alpha, .beta = first ? beta : 1, .bias = first ? bias : nullptr};
     for (int64_t j0 = 0; j0 < m; j0 += block_columns) {
       int64_t width = std::min(block_columns, m - j0);
       pack_b(trans_b, depth, width, trans_b ? b + j0 * ldb + p0 : b + p0 * ldb + j0, ldb, packed_b);
@@ -212,16 +229,18 @@ template <int64_t Rows, ALayout Layout>
         if (trans_a) pack_a_transposed(rows, depth, a + p0 * lda + i0, lda, packed_a);
         for (int64_t strip = 0; strip < rows; strip += kStripRows) {
           int64_t strip_rows = std::min(kStripRows, rows - strip);
-          for (int64_t first = 0; first < width; first += kPanelColumns) {
-            ColumnMasks masks(std::min(kPanelColumns, width - first));
-            const float* panel = packed_b + first * depth;
-            float* out = c + (i0 + strip) * ldc + j0 + first;
+          for (int64_t column = 0; column < width; column += kPanelColumns) {
+            ColumnMasks masks(std::min(kPanelColumns, width - column));
+            const float* panel = packed_b + column * depth;
+            float* out = c + (i0 + strip) * ldc + j0 + column;
+            Epilogue epilogue = block;
+            if (block.bias) epilogue.bias += j0 + column;
             if (trans_a)
               strip_tile<kStripRows, ALayout::kPackedStrip>(strip_rows, depth, packed_a + strip * depth, 0, panel,
-                                                            alpha, block_beta, out, ldc, masks);
+                                                            out, ldc, masks, epilogue);
             else
-              strip_tile<kStripRows, ALayout::kRows>(strip_rows, depth, a + (i0 + strip) * lda + p0, lda, panel,
-                                                     alpha, block_beta, out, ldc, masks);
+              strip_tile<kStripRows, ALayout::kRows>(strip_rows, depth, a + (i0 + strip) * lda + p0, lda, panel, out,
+                                                     ldc, masks, epilogue);
           }
         }
       }
@@ -232,15 +251,16 @@ template <int64_t Rows, ALayout Layout>
 }  // namespace
 
 bool sgemm(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
   if (widest_vector_bytes() != 64) return false;
   if (n == 0 || m == 0) return true;
-  if (k == 0) {  // no products: c = beta c, with beta == 0 writing zeros over whatever c held
+  if (k == 0) {  // no products: c = beta c (+ bias), with beta == 0 writing over whatever c held
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < m; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
+      for (int64_t j = 0; j < m; ++j)
+        c[i * ldc + j] = (beta == 0 ? 0.0f : beta * c[i * ldc + j]) + (bias ? bias[j] : 0.0f);
     return true;
   }
-  sgemm_avx512(trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  sgemm_avx512(trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
   return true;
 }
 

@@ -30,7 +30,8 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
   // The shapes cross every boundary of the kernel's loops: strips of 12 rows, panels of 32 columns,
   // blocks of 96 rows (A^T), 512 values of k and 1 MiB of packed B (33000 columns of k = 8), each
   // with a remainder, plus k = 0 and single elements; with both operands plain or transposed.
-  // beta = 0 must overwrite C without reading it (C starts as NaN), other betas scale it.
+  // beta = 0 must overwrite C without reading it (C starts as NaN), other betas scale it; a bias,
+  // where given, adds one value per column.
   std::mt19937 rng(7);
   float nan = std::numeric_limits<float>::quiet_NaN();
   for (auto [n, m, k] : {std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{12, 32, 16},
@@ -39,8 +40,9 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
                          std::array<int64_t, 3>{5, 7, 1100}, std::array<int64_t, 3>{4, 5, 0}})
     for (bool trans_a : {false, true})
       for (bool trans_b : {false, true})
-        for (auto [alpha, beta] :
-             {std::array<float, 2>{1, 0}, std::array<float, 2>{1, 1}, std::array<float, 2>{0.5f, -2}}) {
+        for (auto [alpha, beta, with_bias] :
+             {std::array<float, 3>{1, 0, 0}, std::array<float, 3>{1, 1, 0}, std::array<float, 3>{0.5f, -2, 0},
+              std::array<float, 3>{1, 0, 1}, std::array<float, 3>{0.5f, 1, 1}}) {
           CAPTURE(n);
           CAPTURE(m);
           CAPTURE(k);
@@ -48,13 +50,14 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
           CAPTURE(trans_b);
           CAPTURE(alpha);
           CAPTURE(beta);
+          CAPTURE(with_bias);
           Operand a = trans_a ? random_matrix(k, n, rng) : random_matrix(n, k, rng);
           Operand b = trans_b ? random_matrix(m, k, rng) : random_matrix(k, m, rng);
-          Operand c = random_matrix(n, m, rng);
+          Operand c = random_matrix(n, m, rng), bias = random_matrix(1, m, rng);
           if (beta == 0) std::fill(c.values.begin(), c.values.end(), nan);
           std::vector<float> before = c.values;
           if (!mf::cpu::sgemm(trans_a, trans_b, n, m, k, alpha, a.values.data(), a.ld, b.values.data(), b.ld, beta,
-                              c.values.data(), c.ld)) {
+                              c.values.data(), c.ld, with_bias ? bias.values.data() : nullptr)) {
             MESSAGE("skipped: this CPU lacks AVX-512, so float products go to OpenBLAS");
             return;
           }
@@ -69,8 +72,10 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
                 magnitude += std::abs(at(i, p) * bt(p, j));
               }
               double scaled_old = beta == 0 ? 0 : beta * double{before[static_cast<size_t>(i * c.ld + j)]};
-              double expected = alpha * sum + scaled_old;
-              double bound = 1e-7 * (static_cast<double>(k + 2) * magnitude + std::abs(scaled_old)) + 1e-30;
+              double added = with_bias ? double{bias.values[static_cast<size_t>(j)]} : 0;
+              double expected = alpha * sum + scaled_old + added;
+              double bound =
+                  1e-7 * (static_cast<double>(k + 3) * magnitude + std::abs(scaled_old) + std::abs(added)) + 1e-30;
               wrong += !(std::abs(c.values[static_cast<size_t>(i * c.ld + j)] - expected) <= bound);  // NaN too
             }
           CHECK(wrong == 0);
