@@ -174,17 +174,25 @@ def forward_flops(d_model, layers, d_ff, vocab, batch, length):
     return 2 * (N * (encoder_layer + decoder_layer) + tokens * C * V)
 
 
-def gemm_gflops():
-    """Float32 2048^3 torch.matmul rate (torch's own GEMM: MKL/oneDNN in the x86 wheels), median of 5."""
-    n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.matmul(a, b)
-    times = []
-    for _ in range(5):
+class GemmYardstick:
+    """Float32 2048^3 torch.matmul (torch's own GEMM: MKL/oneDNN in the x86 wheels), one product
+    timed after every timed training step, as miniflow's bench does: the rate is measured under the
+    conditions the steps ran in."""
+
+    SIZE = 2048
+
+    def __init__(self):
+        self.a, self.b = torch.randn(self.SIZE, self.SIZE), torch.randn(self.SIZE, self.SIZE)
+        torch.matmul(self.a, self.b)  # warm-up
+        self.seconds = []
+
+    def sample(self):
         start = time.perf_counter()
-        torch.matmul(a, b)
-        times.append(time.perf_counter() - start)
-    return 2.0 * n ** 3 / statistics.median(times) / 1e9
+        torch.matmul(self.a, self.b)
+        self.seconds.append(time.perf_counter() - start)
+
+    def gflops(self):
+        return 2.0 * self.SIZE ** 3 / statistics.median(self.seconds) / 1e9
 
 
 def peak_rss_mb():
@@ -213,7 +221,7 @@ def generated_tokens(ys):
     return sum((row == EOS).nonzero()[0].item() + 1 if (row == EOS).any() else len(row) for row in ys[:, 1:])
 
 
-def bench_config(name, steps, gemm, decode):
+def bench_config(name, steps, decode):
     d_model, layers, heads, d_ff, vocab, batch, length = CONFIGS[name]
     torch.manual_seed(0)
     model = Transformer(vocab, d_model, layers, heads, d_ff, dropout=0.1, max_len=max(length, 64) + 1)
@@ -225,6 +233,7 @@ def bench_config(name, steps, gemm, decode):
     tgt_in = torch.randint(1, vocab, (batch, length))
     tgt_out = torch.randint(1, vocab, (batch, length))
 
+    yardstick = GemmYardstick()
     phases = {"forward": [], "backward": [], "optimizer": [], "total": []}
     for step in range(steps + 2):  # two warm-up steps, as the C++ bench
         start = time.perf_counter()
@@ -240,6 +249,7 @@ def bench_config(name, steps, gemm, decode):
         if step >= 2:
             for key, value in zip(phases, (forward, backward, opt, forward + backward + opt)):
                 phases[key].append(value)
+            yardstick.sample()
     step_s = statistics.median(phases["total"])
     gflops = 3 * forward_flops(d_model, layers, d_ff, vocab, batch, length) / step_s / 1e9
     out = {
@@ -249,8 +259,8 @@ def bench_config(name, steps, gemm, decode):
         "optimizer_ms": statistics.median(phases["optimizer"]) * 1e3,
         "tokens_per_s": 2 * batch * length / step_s,  # source + target tokens
         "gflops": gflops,
-        "sgemm_gflops": gemm,
-        "gflops_vs_sgemm": gflops / gemm,
+        "sgemm_gflops": yardstick.gflops(),
+        "gflops_vs_sgemm": gflops / yardstick.gflops(),
         "peak_rss_mb": peak_rss_mb(),
     }
     if decode:
@@ -268,11 +278,10 @@ def bench_config(name, steps, gemm, decode):
 def run_here(names, threads, steps):
     """Benchmarks `names` in this process at `threads` intra-op threads; yields JSON-ready dicts."""
     torch.set_num_threads(threads)
-    gemm = gemm_gflops()
     for name in names:
         result = {"config": name, "threads": threads, "torch_version": torch.__version__,
                   "import_rss_mb": IMPORT_RSS_MB}
-        result.update(bench_config(name, steps, gemm, decode=name == "small"))
+        result.update(bench_config(name, steps, decode=name == "small"))
         yield result
 
 

@@ -65,56 +65,73 @@ double forward_flops(const BenchConfig& c) {
   return 2 * (N * (encoder_layer + decoder_layer) + tokens * C * V);
 }
 
-/// GFLOP/s of `product`, a 2048^3 float32 GEMM: the median of 5 runs after a warm-up.
-double gemm_gflops(const std::function<void()>& product, mf::Device device) {
-  constexpr double kSize = 2048;
-  product();
-  wait_for(device);
-  std::vector<double> times;
-  for (int i = 0; i < 5; ++i) {
+/// The GEMM rates a step's GFLOP/s is held against, 2048^3 in float32: OpenBLAS's cblas_sgemm (the
+/// issue's yardstick; cuBLAS through matmul on a GPU) and miniflow's own matmul (its AVX-512 kernel
+/// on CPUs that have one). One product of each is timed after every timed training step, so that
+/// the rates are measured under the conditions the steps ran in: this machine's clock and its
+/// neighbours drift by several percent within a minute.
+class GemmYardstick {
+ public:
+  explicit GemmYardstick(mf::Device device)
+      : device_(device), a_(mf::randn({kSize, kSize}).to(device)), b_(mf::randn({kSize, kSize}).to(device)),
+        c_(mf::Tensor::empty({kSize, kSize}, mf::DType::Float32, device)) {
+    sgemm();  // warm-up: first-touch of c, BLAS's buffers
+    matmul();
+  }
+
+  /// Times one product of each.
+  void sample() {
+    sgemm_seconds_.push_back(timed([&] { sgemm(); }));
+    matmul_seconds_.push_back(timed([&] { matmul(); }));
+  }
+
+  double sgemm_gflops() const { return gflops(sgemm_seconds_); }
+  double matmul_gflops() const { return gflops(matmul_seconds_); }
+
+ private:
+  static constexpr int64_t kSize = 2048;
+
+  double timed(const std::function<void()>& product) const {
     auto start = Clock::now();
     product();
-    times.push_back(seconds_since(start, device));
+    return seconds_since(start, device_);
   }
-  return 2 * kSize * kSize * kSize / median(times) / 1e9;
-}
 
-/// The GEMM rates a step's GFLOP/s is held against, 2048^3 in float32.
-struct GemmRates {
-  double sgemm;   // the yardstick: OpenBLAS's cblas_sgemm on CPU (cuBLAS through matmul on a GPU)
-  double matmul;  // miniflow's own matmul (its AVX-512 kernel on CPUs that have one)
-};
+  static double gflops(const std::vector<double>& seconds) {
+    double n = static_cast<double>(kSize);
+    return 2 * n * n * n / median(seconds) / 1e9;
+  }
 
-GemmRates measure_gemm_rates(mf::Device device) {
-  const int64_t n = 2048;
-  mf::NoGradGuard no_grad;
-  mf::Tensor a = mf::randn({n, n}).to(device), b = mf::randn({n, n}).to(device);
-  double matmul = gemm_gflops([&] { mf::matmul(a, b); }, device);
-  if (!device.is_cpu()) return {matmul, matmul};
+  void matmul() {
+    mf::NoGradGuard no_grad;
+    mf::matmul(a_, b_);
+  }
+
   // cblas_sgemm with its rows split over the pool, as miniflow split its products before it had a
   // kernel of its own (inside miniflow OpenBLAS runs single-threaded).
-  mf::Tensor c = mf::Tensor::empty({n, n});
-  const float *pa = a.data_ptr<float>(), *pb = b.data_ptr<float>();
-  float* pc = c.data_ptr<float>();
-  int64_t rows_per_thread = (n + mf::get_num_threads() - 1) / mf::get_num_threads();
-  double sgemm = gemm_gflops(
-      [&] {
-        mf::parallel_for(0, n, rows_per_thread, [&](int64_t lo, int64_t hi) {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(hi - lo), n, n, 1.0f, pa + lo * n,
-                      n, pb, n, 0.0f, pc + lo * n, n);
-        });
-      },
-      device);
-  return {sgemm, matmul};
-}
+  void sgemm() {
+    if (!device_.is_cpu()) return matmul();
+    const float *pa = a_.data_ptr<float>(), *pb = b_.data_ptr<float>();
+    float* pc = c_.data_ptr<float>();
+    int64_t rows_per_thread = (kSize + mf::get_num_threads() - 1) / mf::get_num_threads();
+    mf::parallel_for(0, kSize, rows_per_thread, [&](int64_t lo, int64_t hi) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(hi - lo), kSize, kSize, 1.0f,
+                  pa + lo * kSize, kSize, pb, kSize, 0.0f, pc + lo * kSize, kSize);
+    });
+  }
+
+  mf::Device device_;
+  mf::Tensor a_, b_, c_;
+  std::vector<double> sgemm_seconds_, matmul_seconds_;
+};
 
 struct StepTimes {
   double forward = 0, backward = 0, optimizer = 0;
   double total() const { return forward + backward + optimizer; }
 };
 
-std::map<std::string, double> bench_config(const BenchConfig& c, int steps, GemmRates gemm, bool decode,
-                                           mf::Device device) {
+std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool decode, mf::Device device) {
+  GemmYardstick yardstick(device);
   mf::manual_seed(0);
   mf::models::TransformerConfig config{.src_vocab = c.vocab, .tgt_vocab = c.vocab, .d_model = c.d_model,
                                        .heads = c.heads, .encoder_layers = c.layers, .decoder_layers = c.layers,
@@ -141,7 +158,10 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, Gemm
     adam.step();
     adam.zero_grad();
     t.optimizer = seconds_since(start, device);
-    if (step >= 2) times.push_back(t);
+    if (step >= 2) {
+      times.push_back(t);
+      yardstick.sample();
+    }
   }
   auto pick = [&](double StepTimes::*field) {
     std::vector<double> v;
@@ -157,8 +177,8 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, Gemm
       {"ms_per_step", step_s * 1e3},     {"forward_ms", pick(&StepTimes::forward) * 1e3},
       {"backward_ms", pick(&StepTimes::backward) * 1e3}, {"optimizer_ms", pick(&StepTimes::optimizer) * 1e3},
       {"tokens_per_s", tokens / step_s}, {"gflops", gflops},
-      {"sgemm_gflops", gemm.sgemm},      {"gflops_vs_sgemm", gflops / gemm.sgemm},
-      {"matmul_gflops", gemm.matmul},    {"gflops_vs_matmul", gflops / gemm.matmul},
+      {"sgemm_gflops", yardstick.sgemm_gflops()},   {"gflops_vs_sgemm", gflops / yardstick.sgemm_gflops()},
+      {"matmul_gflops", yardstick.matmul_gflops()}, {"gflops_vs_matmul", gflops / yardstick.matmul_gflops()},
       {"peak_rss_mb", peak_rss_mb()}};
   if (decode) {
     model.eval();
@@ -209,13 +229,10 @@ int main(int argc, char** argv) {
     mf::tools::check_device_available(device, "--device");
     mf::set_num_threads(threads);
 
-    GemmRates gemm = measure_gemm_rates(device);
-    if (!json)
-      fmt::print("{}, threads {}, float32 GEMM 2048^3: cblas_sgemm {:.1f} GFLOP/s, miniflow matmul {:.1f} GFLOP/s\n",
-                 device.str(), threads, gemm.sgemm, gemm.matmul);
+    if (!json) fmt::print("{}, threads {}\n", device.str(), threads);
     for (const BenchConfig& c : kConfigs) {
       if (!only.empty() && only != c.name) continue;
-      auto result = bench_config(c, static_cast<int>(steps), gemm, std::string(c.name) == "small", device);
+      auto result = bench_config(c, static_cast<int>(steps), std::string(c.name) == "small", device);
       if (json) {
         std::string fields =
             fmt::format("\"config\": \"{}\", \"device\": \"{}\", \"threads\": {}", c.name, device.str(), threads);
@@ -224,9 +241,10 @@ int main(int argc, char** argv) {
         continue;
       }
       fmt::print("{:>5}: {:8.1f} ms/step (fwd {:.1f}, bwd {:.1f}, adam {:.1f})  {:8.0f} tok/s  {:6.1f} GFLOP/s "
-                 "({:.0f}% of cblas_sgemm)  peak RSS {:.0f} MB\n",
+                 "({:.0f}% of cblas_sgemm's {:.1f}; miniflow's matmul {:.1f})  peak RSS {:.0f} MB\n",
                  c.name, result["ms_per_step"], result["forward_ms"], result["backward_ms"], result["optimizer_ms"],
-                 result["tokens_per_s"], result["gflops"], 100 * result["gflops_vs_sgemm"], result["peak_rss_mb"]);
+                 result["tokens_per_s"], result["gflops"], 100 * result["gflops_vs_sgemm"], result["sgemm_gflops"],
+                 result["matmul_gflops"], result["peak_rss_mb"]);
       if (result.count("greedy_tokens_per_s"))
         fmt::print("       decoding 32 sentences: greedy {:.0f} tok/s, beam 4 {:.0f} tok/s\n",
                    result["greedy_tokens_per_s"], result["beam4_tokens_per_s"]);

@@ -157,10 +157,11 @@ def document(mf, pt, meta, raw, notes):
         "",
         "Median over the timed steps after 2 warm-up steps of forward + loss, backward, and Adam step + zero_grad. "
         "tokens/s counts source + target tokens. GFLOP/s = 3 x the forward FLOPs (every Linear, the attention "
-        "products, the tied output projection) / step time; the % column divides it by a 2048^3 float32 GEMM "
-        "measured in the same process: for miniflow, OpenBLAS's cblas_sgemm (the issue's yardstick), its rows split "
-        "over the threads as miniflow splits a product, with miniflow's own GEMM on the same product in brackets "
-        "(miniflow trains on its own GEMM); torch.matmul for PyTorch. "
+        "products, the tied output projection) / step time; the % column divides it by the rate of a 2048^3 float32 "
+        "GEMM timed in the same process after every timed step (the median), so that both are measured under the same "
+        "conditions: for miniflow, OpenBLAS's cblas_sgemm (the issue's yardstick), its rows split over the threads as "
+        "miniflow splits a product, with miniflow's own GEMM on the same product in brackets (miniflow trains on its "
+        "own GEMM); torch.matmul for PyTorch. "
         "Each config ran in its own process (each PyTorch thread count too), so peak RSS is per config; "
         f"PyTorch's includes the torch library itself ({import_rss} after `import torch` alone, before any "
         "tensor exists).",
