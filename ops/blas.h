@@ -17,7 +17,7 @@ template <typename T>
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, T alpha = 1, const T* bias = nullptr) {
   if constexpr (std::is_same_v<T, float>)
-    if (sgemm(ta == CblasTrans, tb == CblasTrans, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) return;
+    if (sgemm(ta != CblasNoTrans, tb != CblasNoTrans, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias)) return;
   if (bias) {  // BLAS has no bias: c starts as beta c + bias and the product adds to it
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < m; ++j) c[i * ldc + j] = (beta == 0 ? T{0} : beta * c[i * ldc + j]) + bias[j];

@@ -1,7 +1,7 @@
-// Matrix multiplication on OpenBLAS: one cblas_?gemm per batch element, transposed views passed as
-// transpose flags (no copies), and a batch folded into one GEMM when the right operand is shared.
-// OpenBLAS runs single-threaded inside miniflow's one pool: batches split by element, single
-// products by blocks of rows or columns.
+// Matrix multiplication: one GEMM per batch element (cpu::gemm: miniflow's own kernel for float32 on
+// AVX-512 CPUs, OpenBLAS otherwise), transposed views passed as transpose flags (no copies), and a
+// batch folded into one GEMM when the right operand is shared. Each GEMM call is single-threaded
+// inside miniflow's one pool: batches split by element, single products by blocks of rows or columns.
 #include "ops/blas.h"
 #include "ops/families.h"
 #include "ops/loops.h"
@@ -58,9 +58,10 @@ const bool kBlasSingleThreaded = (openblas_set_num_threads(1), true);
 /// Below this many multiply-adds a product stays on one thread.
 constexpr double kParallelGemmWork = 1 << 18;
 
-/// One GEMM split over the pool, each thread running single-threaded BLAS on its block of C. Every
-/// thread packs all of the operand it shares, so the split runs along the longer side of C: by rows
-/// (sharing B, k x m) when n >= m, else by columns (sharing A, n x k).
+/// One GEMM split over the pool, each thread running a single-threaded GEMM on its block of C. Every
+/// thread packs all of the operand it shares (miniflow's kernel reads a plain A in place, but packs
+/// B and A^T), so the split runs along the longer side of C: by rows (sharing B, k x m) when n >= m,
+/// else by columns (sharing A, n x k).
 template <typename T>
 void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
                    const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, const T* bias = nullptr) {

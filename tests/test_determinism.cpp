@@ -1,10 +1,12 @@
 // Determinism on the CPU. The same seed and thread count give bitwise-identical training (losses and
 // parameters, dropout on) run after run. Across thread counts every op gives the same bits, because
-// kernels split work by output elements or by chunks the data alone fixes, with one exception: a
+// kernels split work by output elements or by chunks the data alone fixes, with two exceptions. A
 // matmul large enough to be split over threads that runs on OpenBLAS (float64 always, float32 on CPUs
 // without AVX-512) makes one call per block, and OpenBLAS's kernel for a block (small-matrix kernels,
-// GEMV for one row, edge tiles) may round the sums differently. miniflow's own float32 GEMM
-// (ops/sgemm.cpp) computes each element of C alike whatever block holds it.
+// GEMV for one row, edge tiles) may round the sums differently; miniflow's own float32 GEMM
+// (ops/sgemm.cpp) computes each element of C alike whatever block holds it. And on 2 threads a
+// linear layer's dX adds itself into the gradient summed so far (beta = 1), which rounds differently
+// from adding it afterwards once k spans more than one of the GEMM's blocks.
 #include <doctest/doctest.h>
 
 #include "helpers.h"

@@ -161,7 +161,8 @@ def document(mf, pt, meta, raw, notes):
         "GEMM timed in the same process after every timed step (the median), so that both are measured under the same "
         "conditions: for miniflow, OpenBLAS's cblas_sgemm (the issue's yardstick), its rows split over the threads as "
         "miniflow splits a product, with miniflow's own GEMM on the same product in brackets (miniflow trains on its "
-        "own GEMM); torch.matmul for PyTorch. "
+        "own GEMM; the two are timed after alternate steps); torch.matmul for PyTorch. Either side holds the "
+        "yardstick's two operands and one output (48 MB) in its peak RSS. "
         "Each config ran in its own process (each PyTorch thread count too), so peak RSS is per config; "
         f"PyTorch's includes the torch library itself ({import_rss} after `import torch` alone, before any "
         "tensor exists).",
