@@ -220,7 +220,8 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
                                              float beta, float* c, int64_t ldc, const float* bias) {
   thread_local std::vector<float> packed_b_buffer, packed_a_buffer;
   int64_t block_k = std::min(k, kBlockK);
-  int64_t panels_per_block = std::max<int64_t>(1, kPackedBBytes / 4 / block_k / kPanelColumns);
+  int64_t panels_per_block =
+      std::max<int64_t>(1, kPackedBBytes / static_cast<int64_t>(sizeof(float)) / block_k / kPanelColumns);
   int64_t block_columns = panels_per_block * kPanelColumns;
   int64_t panels = std::min(panels_per_block, (m + kPanelColumns - 1) / kPanelColumns);
   float* packed_b = scratch(packed_b_buffer, block_k * panels * kPanelColumns);
