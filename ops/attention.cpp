@@ -287,7 +287,7 @@ std::vector<Tensor> reference_attention_backward(const std::vector<Tensor>& in, 
         for (int64_t s = 0; s < S; ++s) {
           double scale = dropout_scale(attrs, ((b * H + h) * T + t) * S + s), dkept = 0;
           for (int64_t d = 0; d < D; ++d) dkept += dout.at<double>({b, t, h, d}) * v.at<double>({b, h, s, d});
-          dw[s] = dkept * scale + (dweights.dim() == 4 ? dweights.at<double>({b, h, t, s}) : 0.0);
+          dw[s] = dkept * scale + (has_weights_grad(dweights) ? dweights.at<double>({b, h, t, s}) : 0.0);
           for (int64_t d = 0; d < D; ++d)
             dv[((b * S + s) * H + h) * D + d] +=
                 weights.at<double>({b, h, t, s}) * scale * dout.at<double>({b, t, h, d});

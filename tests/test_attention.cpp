@@ -237,6 +237,28 @@ TEST_CASE("scaled_dot_product_attention matches its composition of ops, dropout 
   }
 }
 
+// A loss on the weights alone: no gradient reaches the output, and the op's backward rule, which
+// takes undefined gradients (OpDef::takes_undefined_grads), stands in a zero dout itself.
+TEST_CASE("scaled_dot_product_attention with a gradient on its weights only matches its composition") {
+  const int64_t B = 2, H = 2, T = 3, S = 4, D = 5;
+  Tensor q = randn({B, H, T, D}, DType::Float64).set_requires_grad(),
+         k = randn({B, H, S, D}, DType::Float64).set_requires_grad(),
+         v = randn({B, H, S, D}, DType::Float64).set_requires_grad();
+  Tensor mask = randn({B, 1, T, S}, DType::Float64), dweights = randn({B, H, T, S}, DType::Float64);
+  AttentionResult fused = scaled_dot_product_attention_with_weights(q, k, v, mask);
+  autograd::backward({fused.weights}, {dweights});
+  std::vector<Tensor> fused_grads = {q.grad(), k.grad()};
+  // v only reaches the output: one op for both outputs, the fused path gives it a zero gradient
+  // where the composition gives none.
+  check_close(v.grad(), zeros({B, H, S, D}, DType::Float64), 0, 0);
+  for (Tensor* t : {&q, &k}) t->set_grad(Tensor());
+
+  Tensor weights = softmax(matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D)) + mask, -1);
+  autograd::backward({weights}, {dweights});
+  check_close(fused_grads[0], q.grad(), 1e-10, 1e-12);
+  check_close(fused_grads[1], k.grad(), 1e-10, 1e-12);
+}
+
 // The fused op does not differentiate the mask: called directly with a mask to learn, it refuses;
 // the public function composes ops for such a mask, whose gradient then matches the formula
 // dmask = sum over broadcast dims of W * (dW - rowsum(dW * W)) (softmax's backward, unscaled).
