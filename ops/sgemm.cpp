@@ -6,6 +6,9 @@
 //       for each block of kBlockRows rows (op(A) = A^T only: pack their values, 12 per k)
 //         for each strip of 12 rows, for each panel: the micro-kernel
 //
+// Where B spans several column blocks, A^T would be packed again for each of them: it is packed
+// whole, once per block of k, when that fits kPackedABytes (as dW = dY^T X of a wide layer needs).
+//
 // The micro-kernel keeps a 12 x 32 tile of c in 24 registers; each k loads two vectors of the
 // panel, broadcasts 12 values of A and issues 24 FMAs, so it is bound by the FMA units, not by
 // loads. Rows of A (op(A) = A) are read in place: 12 streams the prefetchers follow, each cache
@@ -30,6 +33,7 @@ constexpr int64_t kStripRows = 12;            // rows of the micro-kernel's tile
 constexpr int64_t kBlockK = 512;
 constexpr int64_t kBlockRows = 96;            // rows of A^T packed at a time (8 strips, 192 KiB)
 constexpr int64_t kPackedBBytes = 1 << 20;
+constexpr int64_t kPackedABytes = 512 << 10;  // A^T packed whole: with packed B, within a 2 MiB L2
 
 /// A 64-byte aligned scratch buffer of `floats` floats, one per thread, kept between calls.
 float* scratch(std::vector<float>& buffer, int64_t floats) {
@@ -225,17 +229,23 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
   int64_t block_columns = panels_per_block * kPanelColumns;
   int64_t panels = std::min(panels_per_block, (m + kPanelColumns - 1) / kPanelColumns);
   float* packed_b = scratch(packed_b_buffer, block_k * panels * kPanelColumns);
-  float* packed_a = trans_a ? scratch(packed_a_buffer, kBlockRows * block_k) : nullptr;
+  int64_t strips = (n + kStripRows - 1) / kStripRows;
+  bool whole_a = trans_a && m > block_columns &&
+                 strips * kStripRows * block_k * static_cast<int64_t>(sizeof(float)) <= kPackedABytes;
+  int64_t packed_rows = whole_a ? strips * kStripRows : kBlockRows;
+  float* packed_a = trans_a ? scratch(packed_a_buffer, packed_rows * block_k) : nullptr;
   for (int64_t p0 = 0; p0 < k; p0 += kBlockK) {
     int64_t depth = std::min(kBlockK, k - p0);
     bool first = p0 == 0;  // later blocks of k add to what the first wrote
     Epilogue block{.alpha = alpha, .beta = first ? beta : 1, .bias = first ? bias : nullptr};
     for (int64_t j0 = 0; j0 < m; j0 += block_columns) {
       int64_t width = std::min(block_columns, m - j0);
+      if (whole_a && j0 == 0) pack_a_transposed(n, depth, a + p0 * lda, lda, packed_a);
       pack_b(trans_b, depth, width, trans_b ? b + j0 * ldb + p0 : b + p0 * ldb + j0, ldb, packed_b);
       for (int64_t i0 = 0; i0 < n; i0 += kBlockRows) {
         int64_t rows = std::min(kBlockRows, n - i0);
-        if (trans_a) pack_a_transposed(rows, depth, a + p0 * lda + i0, lda, packed_a);
+        if (trans_a && !whole_a) pack_a_transposed(rows, depth, a + p0 * lda + i0, lda, packed_a);
+        const float* strips_a = whole_a ? packed_a + i0 * depth : packed_a;
         for (int64_t strip = 0; strip < rows; strip += kStripRows) {
           int64_t strip_rows = std::min(kStripRows, rows - strip);
           for (int64_t column = 0; column < width; column += kPanelColumns) {
@@ -245,7 +255,7 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
             Epilogue epilogue = block;
             if (block.bias) epilogue.bias += j0 + column;
             if (trans_a)
-              strip_tile<kStripRows, ALayout::kPackedStrip>(strip_rows, depth, packed_a + strip * depth, 0, panel,
+              strip_tile<kStripRows, ALayout::kPackedStrip>(strip_rows, depth, strips_a + strip * depth, 0, panel,
                                                             out, ldc, masks, epilogue);
             else
               strip_tile<kStripRows, ALayout::kRows>(strip_rows, depth, a + (i0 + strip) * lda + p0, lda, panel, out,

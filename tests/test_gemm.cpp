@@ -32,7 +32,8 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
   // The shapes cross every boundary of the kernel's loops: strips of 12 rows, panels of 32 columns
   // (the last one narrower than 16 columns and wider), blocks of 96 rows (A^T), 512 values of k and
   // 1 MiB of packed B (33000 columns at k = 8; 600 columns at k = 530, with two blocks of k), each
-  // with a remainder, plus k = 0 and single elements; with both operands plain or transposed, their
+  // with a remainder, A^T packed whole across such column blocks (over one block of rows and two),
+  // plus k = 0 and single elements; with both operands plain or transposed, their
   // rows packed tight or with NaN between them (which a read past a row would carry into C).
   // beta = 0 must overwrite C without reading it (C starts as NaN), other betas scale it; a bias,
   // where given, adds one value per column.
@@ -42,7 +43,8 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
                          std::array<int64_t, 3>{13, 33, 17}, std::array<int64_t, 3>{97, 70, 530},
                          std::array<int64_t, 3>{200, 45, 3}, std::array<int64_t, 3>{3, 33000, 8},
                          std::array<int64_t, 3>{13, 600, 530}, std::array<int64_t, 3>{25, 50, 40},
-                         std::array<int64_t, 3>{5, 7, 1100}, std::array<int64_t, 3>{4, 5, 0}})
+                         std::array<int64_t, 3>{5, 7, 1100}, std::array<int64_t, 3>{100, 520, 515},
+                         std::array<int64_t, 3>{4, 5, 0}})
     for (int64_t padding : {0, 3})
       for (bool trans_a : {false, true})
         for (bool trans_b : {false, true})
