@@ -6,6 +6,7 @@
 #include "ops/families.h"
 #include "ops/loops.h"
 #include "ops/ops.h"
+#include "ops/reduce_util.h"
 #include "ops/reference.h"
 #include "ops/skinny_gemm.h"
 
@@ -161,9 +162,11 @@ bool is_transposed_matrix(const Tensor& b) { return !b.is_contiguous() && b.t().
 /// where splitting both products packs their shared operands on both threads. Only for two threads
 /// (the pool does not split into teams). `a_sum` is A's gradient summed so far
 /// (GradContext::sums), or undefined: where it fits, dA is added into it (beta = 1) and da is that
-/// very tensor. Returns false, computing nothing, where the pair does not run.
+/// very tensor. With `dbias`, the column sums of dC (a bias's gradient) go there too, computed
+/// after dA: dB packs A^T and takes the longer of the two. Returns false, computing nothing, where
+/// the pair does not run.
 bool linear_backward_concurrently(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& a_sum,
-                                  Tensor& da, Tensor& db) {
+                                  Tensor& da, Tensor& db, Tensor* dbias = nullptr) {
   int64_t k = b.size(0), m = b.size(1);
   if (intra_op_threads() != 2 || !a.device().is_cpu() || !b.device().is_cpu() ||
       !dout.device().is_cpu() || static_cast<double>(a.numel()) * m < kConcurrentBackwardWork)
@@ -174,10 +177,17 @@ bool linear_backward_concurrently(const Tensor& a, const Tensor& b, const Tensor
   bool into_sum = a_sum.defined();  // contiguous, a's shape, dtype and device (GradContext::sums)
   Tensor da_rows = into_sum ? a_sum.reshape({n, k}) : Tensor::empty({n, k}, rows.dtype());  // a view of a_sum
   db = Tensor::empty(transposed_matrix ? Shape{m, k} : Shape{k, m}, rows.dtype());
+  Tensor dsum_rows = dbias ? drows.contiguous() : Tensor();
+  if (dbias) *dbias = Tensor::empty({m}, rows.dtype());
   parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
     for (int64_t product = begin; product < end; ++product) {
-      if (product == 0) gemm_2d(drows, b.t(), da_rows, into_sum);
-      else if (transposed_matrix) gemm_2d(drows.t(), rows, db);  // dW for the x @ W^T of a linear layer
+      if (product == 0) {
+        gemm_2d(drows, b.t(), da_rows, into_sum);
+        if (dbias)
+          visit_floating(rows.dtype(), [&]<typename T>() {
+            sum_rows_here(static_cast<const T*>(dsum_rows.raw_data()), n, m, dbias->data_ptr<T>());
+          });
+      } else if (transposed_matrix) gemm_2d(drows.t(), rows, db);  // dW for the x @ W^T of a linear layer
       else gemm_2d(rows.t(), drows, db);
     }
   });
@@ -280,12 +290,13 @@ std::vector<Tensor> linear_backward(const GradContext& ctx) {
   Tensor drows = as_rows(dout);  // [N, M]
   Tensor dx, dweight, dbias;
   if (ctx.needs_grad[0] && ctx.needs_grad[1] &&
-      linear_backward_concurrently(x, weight.t(), dout, ctx.sums[0], dx, dweight)) {
+      linear_backward_concurrently(x, weight.t(), dout, ctx.sums[0], dx, dweight,
+                                   ctx.needs_grad[2] ? &dbias : nullptr)) {
     dweight = dweight.t();
-  } else {
-    if (ctx.needs_grad[0]) dx = matmul(dout, weight);
-    if (ctx.needs_grad[1]) dweight = matmul(drows.t(), as_rows(x));
+    return {dx, dweight, dbias};
   }
+  if (ctx.needs_grad[0]) dx = matmul(dout, weight);
+  if (ctx.needs_grad[1]) dweight = matmul(drows.t(), as_rows(x));
   if (ctx.needs_grad[2]) dbias = drows.sum({0});
   return {dx, dweight, dbias};
 }

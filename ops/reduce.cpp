@@ -466,6 +466,18 @@ std::vector<Sample> arg_extreme_samples() {
 
 }  // namespace
 
+template <typename T>
+void sum_rows_here(const T* p, int64_t n, int64_t width, T* out) {
+  if (width == 1) {  // reduce_layout sees one row
+    out[0] = SumOp::row(p, n, Attrs{});
+    return;
+  }
+  for (int64_t c0 = 0; c0 < width; c0 += ReduceLayout::kBlock)
+    SumOp::columns(p + c0, n, width, std::min(ReduceLayout::kBlock, width - c0), out + c0, Attrs{});
+}
+template void sum_rows_here(const float*, int64_t, int64_t, float*);
+template void sum_rows_here(const double*, int64_t, int64_t, double*);
+
 void register_reduction_ops(Registry& r) {
   r.define(OpId::sum, {.name = "sum", .infer = infer_sum, .kernels = {cpu_reduce<SumOp>}, .backward = sum_backward,
                        .samples = reduction_samples, .reference = reference_reduce<SumFold>});

@@ -52,4 +52,9 @@ struct ReduceLayout {
 /// contiguous copy with the reduced dims moved last (inner = 1).
 ReduceLayout reduce_layout(const Tensor& x, const ReducePlan& plan);
 
+/// The column sums of a contiguous [n, width] block into out[width], on the calling thread: what
+/// sum over dim 0 gives, bit for bit (the same slabs, summed in the same order).
+template <typename T>
+void sum_rows_here(const T* p, int64_t n, int64_t width, T* out);
+
 }  // namespace mf

@@ -191,7 +191,8 @@ TEST_CASE("Linear gradcheck over weight and bias") {
 
 TEST_CASE("the fused linear op equals matmul + bias, forward and backward, on every kernel path") {
   // The fused op starts C as the bias and lets the GEMM add x W^T (beta = 1); few rows take the
-  // skinny kernel and add the bias after; on two threads the backward runs dx and dW side by side.
+  // skinny kernel and add the bias after; on two threads the backward runs dx (then the bias's
+  // gradient) and dW side by side.
   // Each must give what the unfused composition x @ W^T + b gives, within float32 rounding.
   ThreadCountGuard restore_threads;
   struct Case {
@@ -219,6 +220,9 @@ TEST_CASE("the fused linear op equals matmul + bias, forward and backward, on ev
       }
       check_close(fused, plain, 1e-5, 1e-5);
       for (size_t i = 0; i < 3; ++i) check_close(fused_grads[i], plain_grads[i], 1e-5, 1e-4);
+      // The bias's gradient is upstream's column sums, summed as the sum op sums them, whichever
+      // thread computes them (beside dx, on two threads): bit for bit what broadcasting gives.
+      CHECK(fused_grads[2].to_vector<float>() == plain_grads[2].to_vector<float>());
     }
 }
 
