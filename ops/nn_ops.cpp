@@ -164,8 +164,10 @@ std::vector<OutputSpec> infer_layer_norm_backward(const std::vector<Tensor>& in,
   return {{x.shape(), x.dtype()}, {attrs.dims, x.dtype()}, {attrs.dims, x.dtype()}};
 }
 
-/// Row blocks for parameter-gradient partials: at most this many, sized by N alone.
-constexpr int64_t kMaxRowBlocks = 128;
+/// Row blocks for parameter-gradient partials: at most this many, sized by N alone (so the sums do
+/// not depend on the thread count). Few enough that the partials stay small and summing them
+/// across blocks, a serial pass over C columns, costs next to nothing.
+constexpr int64_t kMaxRowBlocks = 16;
 
 void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor dout = dense(in[0]), x = dense(in[1]), mean = dense(in[2]), rstd = dense(in[3]), weight = dense(in[4]),
