@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cstdlib>
+#include <sys/mman.h>
 
 namespace mf {
 
@@ -92,12 +93,25 @@ void CachingAllocator::reset_peak_stats() {
 
 namespace {
 
+constexpr size_t kHugePage = size_t{2} << 20;
+
 class CachingCpuAllocator final : public CachingAllocator {
  public:
   CachingCpuAllocator() : CachingAllocator("cpu", kCpuAlignment) {}
 
  protected:
-  void* system_allocate(size_t size) override { return std::aligned_alloc(kCpuAlignment, size); }
+  // Blocks of 2 MiB and more are laid on transparent huge pages (where the kernel offers them on
+  // request, as Debian's does by default): a GEMM that packs A^T reads each row of a block from a
+  // new 4 KiB page, and the activations of a step span more pages than the TLB holds.
+  void* system_allocate(size_t size) override {
+    if (size < kHugePage) return std::aligned_alloc(kCpuAlignment, size);
+    size_t pages = (size + kHugePage - 1) / kHugePage;
+    void* ptr = std::aligned_alloc(kHugePage, pages * kHugePage);
+#if defined(MADV_HUGEPAGE)
+    if (ptr != nullptr) madvise(ptr, pages * kHugePage, MADV_HUGEPAGE);  // a hint: failure is harmless
+#endif
+    return ptr;
+  }
 
   void system_free(std::span<void* const> blocks) override {
     for (void* block : blocks) std::free(block);
