@@ -103,11 +103,18 @@ void linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs
   visit_floating(c.dtype(), [&]<typename T>() { gemm<T>(handle, a, b, c.data_ptr<T>(), n, m, k, 1, T{1}); });
 }
 
+/// relu(x @ weight^T + bias): linear's GEMM, then the ReLU in place over its result.
+void linear_relu(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  linear(in, out, attrs);
+  call_inplace(OpId::relu, out[0], {out[0]});
+}
+
 }  // namespace
 
 void register_matmul(Registry& r) {
   r.set_kernel(OpId::matmul, DeviceType::CUDA, matmul);
   r.set_kernel(OpId::linear, DeviceType::CUDA, linear);
+  r.set_kernel(OpId::linear_relu, DeviceType::CUDA, linear_relu);
 }
 
 }  // namespace mf::cuda

@@ -132,8 +132,8 @@ PositionwiseFeedForward::PositionwiseFeedForward(const PositionwiseFeedForwardOp
 }
 
 Tensor PositionwiseFeedForward::forward(const Tensor& x) {
-  Tensor hidden = linear1->forward(x);  // [..., F]
-  hidden = options_.activation == Activation::GELU ? gelu(hidden) : relu(hidden);
+  Tensor hidden = options_.activation == Activation::GELU ? gelu(linear1->forward(x))  // [..., F]
+                                                          : linear_relu(x, linear1->weight, linear1->bias);
   return linear2->forward(dropout->forward(hidden));  // [..., C]
 }
 

@@ -65,21 +65,23 @@ constexpr double kParallelGemmWork = 1 << 18;
 /// else by columns (sharing A, n x k).
 template <typename T>
 void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-                   const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, const T* bias = nullptr) {
+                   const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, const T* bias = nullptr,
+                   bool relu = false) {
   int64_t threads = intra_op_threads();
   if (threads == 1 || static_cast<double>(n) * m * k < kParallelGemmWork) {
-    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc, beta, T{1}, bias);
+    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc, beta, T{1}, bias, relu);
     return;
   }
   if (n >= m) {
     parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* rows = a + (ta == CblasNoTrans ? lo * lda : lo);  // row lo of op(A)
-      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc, beta, T{1}, bias);
+      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc, beta, T{1}, bias, relu);
     });
   } else {
     parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* columns = b + (tb == CblasNoTrans ? lo : lo * ldb);  // column lo of op(B)
-      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc, beta, T{1}, bias ? bias + lo : nullptr);
+      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc, beta, T{1}, bias ? bias + lo : nullptr,
+              relu);
     });
   }
 }
@@ -259,7 +261,8 @@ std::vector<OutputSpec> infer_linear(const std::vector<Tensor>& in, const Attrs&
   return {{shape, x.dtype()}};
 }
 
-void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+/// linear's kernel, and with `relu` linear_relu's: the ReLU goes where the bias does.
+void linear_forward(const std::vector<Tensor>& in, std::vector<Tensor>& out, bool relu) {
   Tensor x = in[0].contiguous(), weight_t = in[1].t(), bias = in[2].contiguous();  // weight_t: [K, M]
   Tensor& c = out[0];  // [..., M], contiguous and not empty (the dispatcher skips empty outputs)
   int64_t k = weight_t.size(0), m = weight_t.size(1), rows = c.numel() / m;
@@ -275,13 +278,24 @@ void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
       if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m)) {
         parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
           for (int64_t r = lo; r < hi; ++r)
-            for (int64_t j = 0; j < m; ++j) pc[r * m + j] += pb[j];
+            for (int64_t j = 0; j < m; ++j) {
+              T value = pc[r * m + j] + pb[j];
+              pc[r * m + j] = relu ? math::Relu{}(value) : value;
+            }
         });
         return;
       }
-    // The GEMM adds the bias as it writes C: no pass over C before or after.
-    parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, T{0}, pb);
+    // The GEMM adds the bias (and clamps) as it writes C: no pass over C before or after.
+    parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, T{0}, pb, relu);
   });
+}
+
+void cpu_linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  linear_forward(in, out, false);
+}
+
+void cpu_linear_relu(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
+  linear_forward(in, out, true);
 }
 
 // dx = dout @ W, dW = dout^T @ x over the flattened rows, dbias = dout summed over the rows.
@@ -299,6 +313,13 @@ std::vector<Tensor> linear_backward(const GradContext& ctx) {
   if (ctx.needs_grad[1]) dweight = matmul(drows.t(), as_rows(x));
   if (ctx.needs_grad[2]) dbias = drows.sum({0});
   return {dx, dweight, dbias};
+}
+
+// relu(z) for z = x @ W^T + b: dz = dout where the saved output is > 0 (relu_backward's rule), then
+// linear's backward.
+std::vector<Tensor> linear_relu_backward(const GradContext& ctx) {
+  std::vector<Tensor> dz{call1(OpId::relu_backward, {ctx.grads[0], ctx.outputs[0]}, {}, ctx.site)};
+  return linear_backward({dz, ctx.inputs, ctx.outputs, ctx.attrs, ctx.needs_grad, ctx.site, ctx.sums});
 }
 
 std::vector<Tensor> reference_linear(const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -341,6 +362,20 @@ void register_linalg_ops(Registry& r) {
                                     reference::randn({5}, 92)}},
     };
   }, .reference = reference_linear});
+  r.define(OpId::linear_relu, {.name = "linear_relu", .infer = infer_linear, .kernels = {cpu_linear_relu},
+                               .backward = linear_relu_backward, .saves_outputs = true, .samples = [] {
+    return std::vector<Sample>{
+        {"2-d", {reference::randn({3, 4}, 93), reference::randn({5, 4}, 94), reference::randn({5}, 95)}},
+        {"batched", {reference::randn({2, 3, 4}, 96), reference::randn({6, 4}, 97), reference::randn({6}, 98)}},
+        {"transposed weight view", {reference::randn({3, 4}, 99), reference::randn({4, 5}, 100).t(),
+                                    reference::randn({5}, 101)}},
+    };
+  }, .reference = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    Tensor z = reference_linear(in, attrs)[0];
+    std::vector<double> values = z.to_vector<double>();
+    for (double& v : values) v = std::max(v, 0.0);
+    return std::vector<Tensor>{reference::make(z.shape(), z.dtype(), values)};
+  }});
 }
 
 // ---- public API -----------------------------------------------------------------------------------
@@ -366,6 +401,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Site si
            x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1), format_location(site));
   if (!bias.defined()) return matmul(x, weight.t(site), site);  // [..., out]
   return call1(OpId::linear, {x, weight, bias}, {}, site);
+}
+
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site) {
+  MF_CHECK(weight.dim() == 2 && bias.defined(), "linear_relu: expects weight [out, in] and a bias, got {} and {} at {}",
+           shape_str(weight.shape()), bias.defined() ? shape_str(bias.shape()) : "none", format_location(site));
+  return call1(OpId::linear_relu, {x, weight, bias}, {}, site);
 }
 
 }  // namespace mf

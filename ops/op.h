@@ -41,7 +41,7 @@ namespace mf {
   X(cat, -1) X(index_select, 2) X(gather, 2) X(scatter_add, 3) X(topk, 1) X(one_hot, 1)            \
   X(tril, 1) X(triu, 1)                                                                            \
   /* linear algebra and fused nn ops */                                                            \
-  X(matmul, 2) X(linear, 3) X(softmax, 1) X(log_softmax, 1) X(layer_norm, 3)                       \
+  X(matmul, 2) X(linear, 3) X(linear_relu, 3) X(softmax, 1) X(log_softmax, 1) X(layer_norm, 3)     \
   X(layer_norm_backward, 7)                                                                        \
   X(embedding, 2) X(embedding_backward, 2) X(dropout, 1) X(cross_entropy, 2)                       \
   X(cross_entropy_backward, 5)                                                                     \

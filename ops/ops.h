@@ -115,6 +115,9 @@ Tensor triu(const Tensor& x, int64_t diagonal = 0, Site site = Site::current());
 Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
 /// x @ weight^T + bias (torch::linear): x [..., in], weight [out, in], bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Site site = Site::current());
+/// relu(linear(x, weight, bias)) as one op: the ReLU is applied as the GEMM writes its result (no
+/// pass of its own, no pre-activation tensor). The bias is required.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site = Site::current());
 Tensor softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 Tensor log_softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 /// Normalises over the last normalized_shape.size() dims, then scales by weight and adds bias

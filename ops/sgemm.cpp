@@ -16,6 +16,7 @@
 // block of rows is packed first, from contiguous runs of each row of A^T.
 #include "ops/sgemm.h"
 
+#include "ops/math.h"
 #include "ops/simd.h"
 
 #include <immintrin.h>
@@ -146,10 +147,12 @@ template <int Lanes>
 /// Where the micro-kernel reads A: rows in place (row i at a + i * lda) or a packed strip.
 enum class ALayout { kRows, kPackedStrip };
 
-/// How a tile's sums land in c: c = alpha sums (+ beta c unless beta == 0) (+ bias, one value per column).
+/// How a tile's sums land in c: c = alpha sums (+ beta c unless beta == 0) (+ bias, one value per
+/// column), then max(c, 0) with relu.
 struct Epilogue {
   float alpha, beta;
   const float* bias;  // nullptr, or the bias of the tile's first column
+  bool relu;
 };
 
 /// c[0:Rows, 0:32 masked] = the epilogue applied to A B_panel over `depth` values of k.
@@ -195,6 +198,10 @@ template <int64_t Rows, ALayout Layout>
       low[i] = _mm512_add_ps(low[i], bias_low);
       high[i] = _mm512_add_ps(high[i], bias_high);
     }
+    if (epilogue.relu) {  // zero where c < 0, as math::Relu: NaN and -0 stay
+      low[i] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(low[i], _mm512_setzero_ps(), _CMP_NLT_UQ), low[i]);
+      high[i] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(high[i], _mm512_setzero_ps(), _CMP_NLT_UQ), high[i]);
+    }
     _mm512_mask_storeu_ps(row, masks.low, low[i]);
     _mm512_mask_storeu_ps(row + kLanes, masks.high, high[i]);
   }
@@ -221,7 +228,7 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
 
 [[gnu::target("avx512f")]] void sgemm_avx512(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k,
                                              float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
-                                             float beta, float* c, int64_t ldc, const float* bias) {
+                                             float beta, float* c, int64_t ldc, const float* bias, bool relu) {
   thread_local std::vector<float> packed_b_buffer, packed_a_buffer;
   int64_t block_k = std::min(k, kBlockK);
   int64_t panels_per_block =
@@ -236,8 +243,9 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
   float* packed_a = trans_a ? scratch(packed_a_buffer, packed_rows * block_k) : nullptr;
   for (int64_t p0 = 0; p0 < k; p0 += kBlockK) {
     int64_t depth = std::min(kBlockK, k - p0);
-    bool first = p0 == 0;  // later blocks of k add to what the first wrote
-    Epilogue block{.alpha = alpha, .beta = first ? beta : 1, .bias = first ? bias : nullptr};
+    bool first = p0 == 0;  // later blocks of k add to what the first wrote; the last one clamps
+    Epilogue block{.alpha = alpha, .beta = first ? beta : 1, .bias = first ? bias : nullptr,
+                   .relu = relu && p0 + kBlockK >= k};
     for (int64_t j0 = 0; j0 < m; j0 += block_columns) {
       int64_t width = std::min(block_columns, m - j0);
       if (whole_a && j0 == 0) pack_a_transposed(n, depth, a + p0 * lda, lda, packed_a);
@@ -270,16 +278,18 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
 }  // namespace
 
 bool sgemm(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias, bool relu) {
   if (widest_vector_bytes() != 64) return false;
   if (n == 0 || m == 0) return true;
   if (k == 0) {  // no products: c = beta c (+ bias), with beta == 0 writing over whatever c held
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < m; ++j)
-        c[i * ldc + j] = (beta == 0 ? 0.0f : beta * c[i * ldc + j]) + (bias ? bias[j] : 0.0f);
+      for (int64_t j = 0; j < m; ++j) {
+        float value = (beta == 0 ? 0.0f : beta * c[i * ldc + j]) + (bias ? bias[j] : 0.0f);
+        c[i * ldc + j] = relu ? math::Relu{}(value) : value;
+      }
     return true;
   }
-  sgemm_avx512(trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+  sgemm_avx512(trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, relu);
   return true;
 }
 

@@ -547,7 +547,8 @@ ValidGenerator valid_generator(OpId id) {
     case tril:
     case triu: return triangle_case;
     case matmul: return matmul_case;
-    case linear: return linear_case;
+    case linear:
+    case linear_relu: return linear_case;
     case softmax:
     case log_softmax: return softmax_case;
     case layer_norm: return layer_norm_case;

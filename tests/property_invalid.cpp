@@ -381,7 +381,8 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       c.call("batches that do not broadcast", {filled({2, 1, 1}, x.dtype()), filled({3, 1, 1}, x.dtype())}, v.attrs);
       return c.take();
     }
-    case linear: {
+    case linear:
+    case linear_relu: {
       const Tensor &weight = v.inputs[1], &bias = v.inputs[2];
       c.input("0-dim input", 0, filled({}, x.dtype())).input("weight of another in-size", 1, grown(weight, 1));
       c.input("1-d weight", 1, filled({x.shape().back()}, x.dtype())).input("bias of another size", 2, grown(bias, 0));

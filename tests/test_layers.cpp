@@ -226,6 +226,40 @@ TEST_CASE("the fused linear op equals matmul + bias, forward and backward, on ev
     }
 }
 
+TEST_CASE("linear_relu equals relu(linear(x)), bit for bit, forward and backward, on every kernel path") {
+  // The ReLU rides in the GEMM's epilogue, after the last block of k (600 > 512 spans two), or in
+  // the bias pass of the few-rows kernel; the backward masks by the saved output as relu does and
+  // then runs linear's backward. Same arithmetic in the same order: the same bits, on 1 and 2
+  // threads. Half the outputs are negative (zero mean), so the mask matters.
+  ThreadCountGuard restore_threads;
+  struct Case {
+    Shape x;
+    int64_t out;
+  };
+  for (int count : {1, 2})
+    for (Case c : {Case{{3, 5}, 4}, Case{{2, 40, 64}, 48}, Case{{300, 256}, 320}, Case{{200, 600}, 64}}) {
+      set_num_threads(count);
+      CAPTURE(count);
+      CAPTURE(shape_str(c.x));
+      Tensor x = randn(c.x), weight = randn({c.out, c.x.back()}), bias = randn({c.out});
+      Shape out_shape = c.x;
+      out_shape.back() = c.out;
+      Tensor upstream = randn(out_shape);
+      std::vector<std::vector<float>> results[2];
+      for (bool fused : {true, false}) {
+        Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
+        Tensor bs = bias.clone().set_requires_grad();
+        Tensor y = fused ? linear_relu(xs, ws, bs) : relu(nn::linear(xs, ws, bs));
+        (y * upstream).sum().backward();
+        for (const Tensor& t : {y, xs.grad(), ws.grad(), bs.grad()}) results[fused].push_back(t.to_vector<float>());
+      }
+      for (size_t i = 0; i < 4; ++i) {
+        CAPTURE(i);  // output, then the gradients of x, weight and bias
+        CHECK(results[1][i] == results[0][i]);
+      }
+    }
+}
+
 TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient") {
   nn::Embedding table({.num_embeddings = 4, .embedding_dim = 3, .padding_idx = 0});
   check_close(table.weight.select(0, 0), zeros({3}), 0, 0);
