@@ -36,7 +36,7 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
   // plus k = 0 and single elements; with both operands plain or transposed, their
   // rows packed tight or with NaN between them (which a read past a row would carry into C).
   // beta = 0 must overwrite C without reading it (C starts as NaN), other betas scale it; a bias,
-  // where given, adds one value per column.
+  // where given, adds one value per column; relu, where asked, clamps the finished sum.
   std::mt19937 rng(7);
   float nan = std::numeric_limits<float>::quiet_NaN();
   for (auto [n, m, k] : {std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{12, 32, 16},
@@ -48,9 +48,10 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
     for (int64_t padding : {0, 3})
       for (bool trans_a : {false, true})
         for (bool trans_b : {false, true})
-          for (auto [alpha, beta, with_bias] :
-               {std::array<float, 3>{1, 0, 0}, std::array<float, 3>{1, 1, 0}, std::array<float, 3>{0.5f, -2, 0},
-                std::array<float, 3>{1, 0, 1}, std::array<float, 3>{0.5f, 1, 1}}) {
+          for (auto [alpha, beta, with_bias, relu] :
+               {std::array<float, 4>{1, 0, 0, 0}, std::array<float, 4>{1, 1, 0, 0}, std::array<float, 4>{0.5f, -2, 0, 0},
+                std::array<float, 4>{1, 0, 1, 0}, std::array<float, 4>{0.5f, 1, 1, 0}, std::array<float, 4>{1, 0, 1, 1},
+                std::array<float, 4>{0.5f, 1, 0, 1}}) {
             CAPTURE(padding);
             CAPTURE(n);
             CAPTURE(m);
@@ -60,13 +61,14 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
             CAPTURE(alpha);
             CAPTURE(beta);
             CAPTURE(with_bias);
+            CAPTURE(relu);
             Operand a = trans_a ? random_matrix(k, n, padding, nan, rng) : random_matrix(n, k, padding, nan, rng);
             Operand b = trans_b ? random_matrix(m, k, padding, nan, rng) : random_matrix(k, m, padding, nan, rng);
             Operand c = random_matrix(n, m, padding, 2.5f, rng), bias = random_matrix(1, m, 0, 0, rng);
             if (beta == 0) std::fill(c.values.begin(), c.values.end(), nan);
             std::vector<float> before = c.values;
             if (!mf::cpu::sgemm(trans_a, trans_b, n, m, k, alpha, a.values.data(), a.ld, b.values.data(), b.ld, beta,
-                                c.values.data(), c.ld, with_bias ? bias.values.data() : nullptr)) {
+                                c.values.data(), c.ld, with_bias ? bias.values.data() : nullptr, relu != 0)) {
               MESSAGE("skipped: this CPU lacks AVX-512, so float products go to OpenBLAS");
               return;
             }
@@ -83,6 +85,7 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
                 double scaled_old = beta == 0 ? 0 : beta * double{before[static_cast<size_t>(i * c.ld + j)]};
                 double added = with_bias ? double{bias.values[static_cast<size_t>(j)]} : 0;
                 double expected = alpha * sum + scaled_old + added;
+                if (relu != 0) expected = std::max(expected, 0.0);  // after the last block of k only
                 double bound =
                     1e-7 * (static_cast<double>(k + 3) * magnitude + std::abs(scaled_old) + std::abs(added)) + 1e-30;
                 wrong += !(std::abs(c.values[static_cast<size_t>(i * c.ld + j)] - expected) <= bound);  // NaN too
