@@ -65,26 +65,30 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
     T* mean = out[1].data_ptr<T>();     // [N]
     T* rstd = out[2].data_ptr<T>();     // [N]
     parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        const T* row = inp + n * C;
-        // One pass over moments shifted by the row's first element. The shift keeps the variance
-        // accurate when |mean| >> std, where the plain sum-of-squares formula cancels, and x - shift
-        // is exact in T there, so the output never subtracts a rounded mean from a large x.
-        T shift = C > 0 ? row[0] : T{0};
-        double s = pack_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(row + c) - shift; });
-        double ss = pack_sum<T>(C, [=]<typename V>(int64_t c) {
-          auto d = load<V>(row + c) - shift;
-          return d * d;
-        });
-        double m = s / static_cast<double>(C), var = std::max(ss / static_cast<double>(C) - m * m, 0.0);
-        double r = 1.0 / std::sqrt(var + attrs.eps);
-        mean[n] = static_cast<T>(shift + m);
-        rstd[n] = static_cast<T>(r);
-        T centre = static_cast<T>(m), scale = static_cast<T>(r);
-        pack_map(o + n * C, C, [=]<typename V>(int64_t c) {
-          return ((load<V>(row + c) - shift) - centre) * scale * load<V>(w + c) + load<V>(b + c);
-        });
-      }
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+        for (int64_t n = begin; n < end; ++n) {
+          const T* row = inp + n * C;
+          // One pass over moments shifted by the row's first element. The shift keeps the variance
+          // accurate when |mean| >> std, where the plain sum-of-squares formula cancels, and x - shift
+          // is exact in T there, so the output never subtracts a rounded mean from a large x.
+          T shift = C > 0 ? row[0] : T{0};
+          double s = pack_sum<T, W>(C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+            return load<V>(row + c) - shift;
+          });
+          double ss = pack_sum<T, W>(C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+            auto d = load<V>(row + c) - shift;
+            return d * d;
+          });
+          double m = s / static_cast<double>(C), var = std::max(ss / static_cast<double>(C) - m * m, 0.0);
+          double r = 1.0 / std::sqrt(var + attrs.eps);
+          mean[n] = static_cast<T>(shift + m);
+          rstd[n] = static_cast<T>(r);
+          T centre = static_cast<T>(m), scale = static_cast<T>(r);
+          pack_map<W>(o + n * C, C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+            return ((load<V>(row + c) - shift) - centre) * scale * load<V>(w + c) + load<V>(b + c);
+          });
+        }
+      });
     });
   });
 }
@@ -185,28 +189,32 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
     const T* w = weight.data_ptr<T>();  // [C]
     T* dinp = out[0].data_ptr<T>();      // [N, C]
     parallel_for(0, blocks, grain_for(rows_per_block * C), [&](int64_t block_begin, int64_t block_end) {
-      for (int64_t block = block_begin; block < block_end; ++block) {
-        double* dw = partial.data() + block * 2 * C;
-        double* db = dw + C;
-        for (int64_t n = block * rows_per_block, n_end = std::min(N, n + rows_per_block); n < n_end; ++n) {
-          const T *grow = g + n * C, *xrow = inp + n * C;
-          T m = mu[n], r = rs[n];
-          double sum_g = pack_sum<T>(C, [=]<typename V>(int64_t c) { return load<V>(grow + c) * load<V>(w + c); });
-          double sum_gx = r * pack_sum<T>(C, [=]<typename V>(int64_t c) {
-            return load<V>(grow + c) * load<V>(w + c) * (load<V>(xrow + c) - m);
-          });
-          for (int64_t c = 0; c < C; ++c) {
-            dw[c] += static_cast<double>(grow[c]) * ((xrow[c] - m) * r);
-            db[c] += grow[c];
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+        for (int64_t block = block_begin; block < block_end; ++block) {
+          double* dw = partial.data() + block * 2 * C;
+          double* db = dw + C;
+          for (int64_t n = block * rows_per_block, n_end = std::min(N, n + rows_per_block); n < n_end; ++n) {
+            const T *grow = g + n * C, *xrow = inp + n * C;
+            T m = mu[n], r = rs[n];
+            double sum_g = pack_sum<T, W>(C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+              return load<V>(grow + c) * load<V>(w + c);
+            });
+            double sum_gx = r * pack_sum<T, W>(C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+              return load<V>(grow + c) * load<V>(w + c) * (load<V>(xrow + c) - m);
+            });
+            for (int64_t c = 0; c < C; ++c) {
+              dw[c] += static_cast<double>(grow[c]) * ((xrow[c] - m) * r);
+              db[c] += grow[c];
+            }
+            // dx = r g w + k_centred (x - mean) + k_const
+            double k_xhat = -(r * sum_gx + drs[n] * r * r) * inv_c;
+            auto k_centred = static_cast<T>(k_xhat * r), k_const = static_cast<T>((dmu[n] - r * sum_g) * inv_c);
+            pack_map<W>(dinp + n * C, C, [=]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+              return r * load<V>(grow + c) * load<V>(w + c) + k_centred * (load<V>(xrow + c) - m) + k_const;
+            });
           }
-          // dx = r g w + k_centred (x - mean) + k_const
-          double k_xhat = -(r * sum_gx + drs[n] * r * r) * inv_c;
-          auto k_centred = static_cast<T>(k_xhat * r), k_const = static_cast<T>((dmu[n] - r * sum_g) * inv_c);
-          pack_map(dinp + n * C, C, [=]<typename V>(int64_t c) {
-            return r * load<V>(grow + c) * load<V>(w + c) + k_centred * (load<V>(xrow + c) - m) + k_const;
-          });
         }
-      }
+      });
     });
     T *dweight = out[1].data_ptr<T>(), *dbias = out[2].data_ptr<T>();  // [C]
     parallel_for(0, C, grain_for(blocks), [&](int64_t begin, int64_t end) {

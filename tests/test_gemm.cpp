@@ -49,8 +49,9 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
       for (bool trans_a : {false, true})
         for (bool trans_b : {false, true})
           for (auto [alpha, beta, with_bias, relu] :
-               {std::array<float, 4>{1, 0, 0, 0}, std::array<float, 4>{1, 1, 0, 0}, std::array<float, 4>{0.5f, -2, 0, 0},
-                std::array<float, 4>{1, 0, 1, 0}, std::array<float, 4>{0.5f, 1, 1, 0}, std::array<float, 4>{1, 0, 1, 1},
+               {std::array<float, 4>{1, 0, 0, 0}, std::array<float, 4>{1, 1, 0, 0},
+                std::array<float, 4>{0.5f, -2, 0, 0}, std::array<float, 4>{1, 0, 1, 0},
+                std::array<float, 4>{0.5f, 1, 1, 0}, std::array<float, 4>{1, 0, 1, 1},
                 std::array<float, 4>{0.5f, 1, 0, 1}}) {
             CAPTURE(padding);
             CAPTURE(n);
