@@ -72,15 +72,20 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
     if (!grad_outputs[i].defined() && is_floating(node.output_dtypes[i]) && !node.takes_undefined_grads)
       grad_outputs[i] = zeros(node.output_shapes[i], node.output_dtypes[i], node.device);
   // Gradients already summed for an input that the node may add into in place (a linear layer's
-  // dX GEMM then runs with beta = 1, skipping a zeroed buffer and an add). Not in anomaly mode,
-  // which must see what the node itself produced.
+  // dX GEMM then runs with beta = 1, skipping a zeroed buffer and an add; an embedding adds its rows
+  // into a tied weight's .grad). A leaf's .grad is accumulated in place anyway. Not in anomaly
+  // mode, which must see what the node itself produced, nor for grad(), whose leaves keep theirs.
   std::vector<Tensor> sums(node.next_edges.size());
   for (size_t i = 0; i < sums.size() && !is_anomaly_enabled(); ++i) {
     const Edge& edge = node.next_edges[i];
-    auto it = edge.node ? pending.find(edge.node.get()) : pending.end();
-    if (it == pending.end() || edge.output_nr >= it->second.size()) continue;
-    Tensor& slot = it->second[edge.output_nr];
-    if (slot.defined() && can_add_into(slot, node.input_shapes[i], node.input_dtypes[i])) sums[i] = slot;
+    const Tensor* slot = nullptr;
+    if (edge.node) {
+      auto it = pending.find(edge.node.get());
+      if (it != pending.end() && edge.output_nr < it->second.size()) slot = &it->second[edge.output_nr];
+    } else if (edge.leaf && !captured_leaves) {
+      slot = &edge.leaf->autograd->grad;
+    }
+    if (slot && slot->defined() && can_add_into(*slot, node.input_shapes[i], node.input_dtypes[i])) sums[i] = *slot;
   }
   std::vector<Tensor> grad_inputs;
   try {

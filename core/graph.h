@@ -26,8 +26,9 @@ struct Node {
 
   /// Gradients of the inputs (one per edge; undefined where no gradient flows) given the gradients
   /// of the outputs (zeros where none arrived, or undefined with takes_undefined_grads). sums[i],
-  /// where defined, is the gradient input i has summed so far, which the node may add its own into
-  /// in place: it then returns sums[i] itself as input i's gradient, and the engine adds nothing more.
+  /// where defined, is the gradient input i has summed so far (a leaf's .grad included), which the
+  /// node may add its own into in place: it then returns sums[i] itself as input i's gradient, and
+  /// the engine adds nothing more.
   virtual std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs, const std::vector<Tensor>& sums) = 0;
   /// The op's name, for errors ("matmul").
   virtual std::string name() const = 0;

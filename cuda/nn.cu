@@ -149,7 +149,9 @@ void embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out,
   Tensor dout = dense(in[0]), indices = dense(in[1]);
   int64_t C = out[0].size(1), N = indices.numel();
   cudaStream_t s = stream(dout.device().index);
-  MF_CUDA_CHECK(cudaMemsetAsync(out[0].raw_data(), 0, static_cast<size_t>(out[0].numel()) * out[0].element_size(), s));
+  if (!attrs.flag)  // else the rows add to what out holds (ops/nn_ops.cpp)
+    MF_CUDA_CHECK(
+        cudaMemsetAsync(out[0].raw_data(), 0, static_cast<size_t>(out[0].numel()) * out[0].element_size(), s));
   if (N * C == 0) return;
   visit_floating(dout.dtype(), [&]<typename T>() {
     embedding_backward_kernel<T><<<blocks_for(N * C), kThreads, 0, s>>>(

@@ -351,10 +351,16 @@ void cpu_embedding(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
   });
 }
 
+// Where the weight has a gradient summed already (a tied weight: the output projection's dW), the
+// rows are added into it in place, with no zeroed [V, C] table and no add of one.
 std::vector<Tensor> embedding_rule(const GradContext& ctx) {
-  return {call1(OpId::embedding_backward, {ctx.grads[0], ctx.inputs[1]},
-                {.k = ctx.inputs[0].size(0), .ignore_index = ctx.attrs.ignore_index}, ctx.site),
-          Tensor()};
+  Attrs attrs{.k = ctx.inputs[0].size(0), .ignore_index = ctx.attrs.ignore_index};
+  if (Tensor sum = ctx.sums[0]; sum.defined()) {
+    attrs.flag = true;
+    call_inplace(OpId::embedding_backward, sum, {ctx.grads[0], ctx.inputs[1]}, attrs, ctx.site);
+    return {sum, Tensor()};
+  }
+  return {call1(OpId::embedding_backward, {ctx.grads[0], ctx.inputs[1]}, attrs, ctx.site), Tensor()};
 }
 
 std::vector<Tensor> reference_embedding(const std::vector<Tensor>& in, const Attrs&) {
@@ -383,6 +389,8 @@ std::vector<Sample> embedding_samples() {
 // ---- embedding_backward -------------------------------------------------------------------------
 // Inputs dout [..., C] and int64 indices [...], Attrs.k = V, Attrs.ignore_index = padding row
 // (negative for none); output dweight [V, C], the scatter-add of dout rows into their ids' rows.
+// With Attrs.flag the rows are added to what dweight holds (call_inplace into a gradient summed so
+// far) instead of to zeros.
 
 std::vector<OutputSpec> infer_embedding_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &dout = in[0], &indices = in[1];
@@ -398,6 +406,26 @@ std::vector<OutputSpec> infer_embedding_backward(const std::vector<Tensor>& in, 
   return {{{attrs.k, dout.size(-1)}, dout.dtype()}};
 }
 
+/// embedding_backward with Attrs.flag over rows [row_begin, row_end): each row that an id names gets
+/// its positions summed in order from zero, then added to what dw holds, the very additions of
+/// dw + (the table embedding_backward makes); rows no id names are left alone.
+template <typename T>
+void add_rows_into(const T* g, const int64_t* idx, int64_t N, int64_t C, int64_t pad, int64_t row_begin,
+                   int64_t row_end, T* dw) {
+  std::vector<std::pair<int64_t, int64_t>> hits;  // (row, position), positions in order within a row
+  for (int64_t n = 0; n < N; ++n)
+    if (idx[n] >= row_begin && idx[n] < row_end && idx[n] != pad) hits.emplace_back(idx[n], n);
+  std::stable_sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<T> row_sum(static_cast<size_t>(C));
+  for (size_t i = 0; i < hits.size();) {
+    int64_t row = hits[i].first;
+    std::fill(row_sum.begin(), row_sum.end(), T{0});
+    for (; i < hits.size() && hits[i].first == row; ++i)
+      for (int64_t c = 0; c < C; ++c) row_sum[static_cast<size_t>(c)] += g[hits[i].second * C + c];
+    for (int64_t c = 0; c < C; ++c) dw[row * C + c] += row_sum[static_cast<size_t>(c)];
+  }
+}
+
 void cpu_embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor dout = dense(in[0]), indices = dense(in[1]);
   int64_t V = attrs.k, C = out[0].size(1), N = indices.numel(), pad = attrs.ignore_index;
@@ -409,6 +437,10 @@ void cpu_embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
     // and each row sums its positions in order, whatever the thread count.
     int64_t grain = N * C < cpu::kParallelGrain ? std::max<int64_t>(V, 1) : 1;
     parallel_for(0, V, grain, [&](int64_t row_begin, int64_t row_end) {
+      if (attrs.flag) {
+        add_rows_into(g, idx, N, C, pad, row_begin, row_end, dw);
+        return;
+      }
       std::fill(dw + row_begin * C, dw + row_end * C, T{0});
       for (int64_t n = 0; n < N; ++n) {
         int64_t row = idx[n];

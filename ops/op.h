@@ -103,9 +103,9 @@ struct GradContext {
   const Attrs& attrs;
   const std::vector<bool>& needs_grad;  // per input
   Site site;
-  /// Per input: the gradient summed for it so far, where the rule may add its own in place and
-  /// return this tensor (undefined where it may not). A defined sum is contiguous, of the input's
-  /// shape, dtype and device, and seen by nothing else.
+  /// Per input: the gradient summed for it so far (a leaf's .grad included), where the rule may add
+  /// its own in place and return this tensor (undefined where it may not). A defined sum is
+  /// contiguous, of the input's shape, dtype and device, and seen by nothing else.
   const std::vector<Tensor>& sums;
 };
 

@@ -276,6 +276,42 @@ TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient
   CHECK(table.extra_repr() == "4, 3, padding_idx=0");
 }
 
+TEST_CASE("an embedding adds its rows into a tied weight's gradient in place, as the plain sum would") {
+  // W is looked up twice (repeated ids, a padding row) and multiplied as an output projection: the
+  // later lookups in backward add their rows straight into W's .grad. The result must be the sum of
+  // the three gradients worked out apart (float64: the lookups' rows of u summed by hand, the
+  // projection's x^T-weighted rows), and bit for bit what anomaly mode gives, which sums tables.
+  Tensor weight = randn({6, 4});
+  Tensor ids1 = from_vector<int64_t>({1, 3, 1, 0, 5}, {5}), ids2 = from_vector<int64_t>({3, 3, 2}, {3});
+  Tensor x = randn({2, 4}), u1 = randn({5, 4}), u2 = randn({2, 6}), u3 = randn({3, 4});
+  auto gradient = [&] {
+    Tensor w = weight.clone().set_requires_grad();
+    Tensor loss = (embedding(w, ids1, 0) * u1).sum() + (matmul(x, w.t()) * u2).sum() +
+                  (embedding(w, ids2, 0) * u3).sum();
+    loss.backward();
+    return w.grad().to_vector<float>();
+  };
+  std::vector<float> in_place = gradient(), summed_apart;
+  {
+    autograd::DetectAnomalyGuard sums_off;
+    summed_apart = gradient();
+  }
+  CHECK(in_place == summed_apart);
+  std::vector<double> expected(24, 0.0);
+  auto add_rows = [&](const Tensor& ids, const Tensor& u) {
+    for (int64_t n = 0; n < ids.numel(); ++n)
+      if (int64_t row = ids.data_ptr<int64_t>()[n]; row != 0)  // row 0 is padding
+        for (int64_t c = 0; c < 4; ++c) expected[static_cast<size_t>(row * 4 + c)] += u.at<double>({n, c});
+  };
+  add_rows(ids1, u1);
+  add_rows(ids2, u3);
+  for (int64_t r = 0; r < 6; ++r)  // d/dW of sum(u2 * x W^T) = u2^T x
+    for (int64_t c = 0; c < 4; ++c)
+      for (int64_t i = 0; i < 2; ++i)
+        expected[static_cast<size_t>(r * 4 + c)] += u2.at<double>({i, r}) * x.at<double>({i, c});
+  for (size_t i = 0; i < expected.size(); ++i) CHECK(in_place[i] == doctest::Approx(expected[i]).epsilon(1e-5));
+}
+
 TEST_CASE("Embedding initialises N(0, 1) and resolves a negative padding_idx") {
   manual_seed(2);
   nn::Embedding big({.num_embeddings = 1000, .embedding_dim = 50});
