@@ -98,7 +98,9 @@ template <typename V, typename I>
 MF_INLINE V exp_poly(V x) {
   constexpr float kHi = 88.3762626647949f, kLo = -87.3365478515625f;
   V c = x < kHi ? x : V{} + kHi;
-  c = c > kLo ? c : V{} + kLo;
+  // Lanes below kLo, whose result is 0 (a masked score's -1e9), run on c = 0: at kLo itself the
+  // product below would be subnormal, and a subnormal result costs a microcode assist of ~100 cycles.
+  c = c >= kLo ? c : V{};
   // k = round(c / ln 2) by adding 1.5 * 2^23, then r = c - k ln 2 with ln 2 in two parts (Cody-Waite).
   V k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   V r = c - k * 0.693359375f + k * 2.12194440e-4f;
