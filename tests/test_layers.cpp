@@ -189,41 +189,58 @@ TEST_CASE("Linear gradcheck over weight and bias") {
 
 // ---- Embedding ----------------------------------------------------------------------------------
 
+struct LinearCase {
+  Shape x;       // the input's shape
+  int64_t out;   // output features
+};
+
+/// check(x, weight, bias, upstream) on random operands of each case, on 1 and 2 threads: the kernel
+/// paths of the fused linear ops (few rows, one GEMM or two side by side in backward).
+template <typename Check>
+void for_each_linear_case(std::initializer_list<LinearCase> cases, Check check) {
+  ThreadCountGuard restore_threads;
+  for (int count : {1, 2})
+    for (const LinearCase& c : cases) {
+      set_num_threads(count);
+      CAPTURE(count);
+      CAPTURE(shape_str(c.x));
+      Shape out_shape = c.x;
+      out_shape.back() = c.out;
+      Tensor x = randn(c.x), weight = randn({c.out, c.x.back()}), bias = randn({c.out});
+      check(x, weight, bias, randn(out_shape));
+    }
+}
+
+/// The output, then the gradients of x, weight and bias, of sum(f(x, weight, bias) * upstream).
+template <typename F>
+std::vector<Tensor> output_and_grads(F f, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                     const Tensor& upstream) {
+  Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
+  Tensor bs = bias.clone().set_requires_grad();
+  Tensor y = f(xs, ws, bs);
+  (y * upstream).sum().backward();
+  return {y, xs.grad(), ws.grad(), bs.grad()};
+}
+
 TEST_CASE("the fused linear op equals matmul + bias, forward and backward, on every kernel path") {
   // The fused op starts C as the bias and lets the GEMM add x W^T (beta = 1); few rows take the
   // skinny kernel and add the bias after; on two threads the backward runs dx (then the bias's
   // gradient) and dW side by side.
   // Each must give what the unfused composition x @ W^T + b gives, within float32 rounding.
-  ThreadCountGuard restore_threads;
-  struct Case {
-    Shape x;
-    int64_t out;
-  };
-  for (int count : {1, 2})
-    for (Case c : {Case{{3, 5}, 4}, Case{{2, 40, 64}, 48}, Case{{300, 256}, 320}, Case{{4, 0}, 3}}) {
-      set_num_threads(count);
-      CAPTURE(count);
-      CAPTURE(shape_str(c.x));
-      Tensor x = randn(c.x), weight = randn({c.out, c.x.back()}), bias = randn({c.out});
-      Shape out_shape = c.x;
-      out_shape.back() = c.out;
-      Tensor upstream = randn(out_shape);
-      std::vector<Tensor> fused_grads, plain_grads;
-      Tensor fused, plain;
-      for (bool use_fused : {true, false}) {
-        Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
-        Tensor bs = bias.clone().set_requires_grad();
-        Tensor y = use_fused ? nn::linear(xs, ws, bs) : matmul(xs, ws.t()) + bs;
-        (y * upstream).sum().backward();
-        (use_fused ? fused : plain) = y;
-        (use_fused ? fused_grads : plain_grads) = {xs.grad(), ws.grad(), bs.grad()};
-      }
-      check_close(fused, plain, 1e-5, 1e-5);
-      for (size_t i = 0; i < 3; ++i) check_close(fused_grads[i], plain_grads[i], 1e-5, 1e-4);
-      // The bias's gradient is upstream's column sums, summed as the sum op sums them, whichever
-      // thread computes them (beside dx, on two threads): bit for bit what broadcasting gives.
-      CHECK(fused_grads[2].to_vector<float>() == plain_grads[2].to_vector<float>());
-    }
+  for_each_linear_case({{{3, 5}, 4}, {{2, 40, 64}, 48}, {{300, 256}, 320}, {{4, 0}, 3}},
+                       [](const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& upstream) {
+    std::vector<Tensor> fused = output_and_grads(
+        [](const Tensor& a, const Tensor& w, const Tensor& b) { return nn::linear(a, w, b); }, x, weight, bias,
+        upstream);
+    std::vector<Tensor> plain = output_and_grads(
+        [](const Tensor& a, const Tensor& w, const Tensor& b) { return matmul(a, w.t()) + b; }, x, weight, bias,
+        upstream);
+    check_close(fused[0], plain[0], 1e-5, 1e-5);
+    for (size_t i = 1; i < 4; ++i) check_close(fused[i], plain[i], 1e-5, 1e-4);
+    // The bias's gradient is upstream's column sums, summed as the sum op sums them, whichever
+    // thread computes them (beside dx, on two threads): bit for bit what broadcasting gives.
+    CHECK(fused[3].to_vector<float>() == plain[3].to_vector<float>());
+  });
 }
 
 TEST_CASE("linear_relu equals relu(linear(x)), bit for bit, forward and backward, on every kernel path") {
@@ -231,33 +248,19 @@ TEST_CASE("linear_relu equals relu(linear(x)), bit for bit, forward and backward
   // the bias pass of the few-rows kernel; the backward masks by the saved output as relu does and
   // then runs linear's backward. Same arithmetic in the same order: the same bits, on 1 and 2
   // threads. Half the outputs are negative (zero mean), so the mask matters.
-  ThreadCountGuard restore_threads;
-  struct Case {
-    Shape x;
-    int64_t out;
-  };
-  for (int count : {1, 2})
-    for (Case c : {Case{{3, 5}, 4}, Case{{2, 40, 64}, 48}, Case{{300, 256}, 320}, Case{{200, 600}, 64}}) {
-      set_num_threads(count);
-      CAPTURE(count);
-      CAPTURE(shape_str(c.x));
-      Tensor x = randn(c.x), weight = randn({c.out, c.x.back()}), bias = randn({c.out});
-      Shape out_shape = c.x;
-      out_shape.back() = c.out;
-      Tensor upstream = randn(out_shape);
-      std::vector<std::vector<float>> results[2];
-      for (bool fused : {true, false}) {
-        Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
-        Tensor bs = bias.clone().set_requires_grad();
-        Tensor y = fused ? linear_relu(xs, ws, bs) : relu(nn::linear(xs, ws, bs));
-        (y * upstream).sum().backward();
-        for (const Tensor& t : {y, xs.grad(), ws.grad(), bs.grad()}) results[fused].push_back(t.to_vector<float>());
-      }
-      for (size_t i = 0; i < 4; ++i) {
-        CAPTURE(i);  // output, then the gradients of x, weight and bias
-        CHECK(results[1][i] == results[0][i]);
-      }
+  for_each_linear_case({{{3, 5}, 4}, {{2, 40, 64}, 48}, {{300, 256}, 320}, {{200, 600}, 64}},
+                       [](const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& upstream) {
+    std::vector<Tensor> fused = output_and_grads(
+        [](const Tensor& a, const Tensor& w, const Tensor& b) { return linear_relu(a, w, b); }, x, weight, bias,
+        upstream);
+    std::vector<Tensor> plain = output_and_grads(
+        [](const Tensor& a, const Tensor& w, const Tensor& b) { return relu(nn::linear(a, w, b)); }, x, weight,
+        bias, upstream);
+    for (size_t i = 0; i < 4; ++i) {
+      CAPTURE(i);  // output, then the gradients of x, weight and bias
+      CHECK(fused[i].to_vector<float>() == plain[i].to_vector<float>());
     }
+  });
 }
 
 TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient") {
