@@ -406,9 +406,10 @@ std::vector<OutputSpec> infer_embedding_backward(const std::vector<Tensor>& in, 
   return {{{attrs.k, dout.size(-1)}, dout.dtype()}};
 }
 
-/// embedding_backward with Attrs.flag over rows [row_begin, row_end): each row that an id names gets
-/// its positions summed in order from zero, then added to what dw holds, the very additions of
-/// dw + (the table embedding_backward makes); rows no id names are left alone.
+/// Over rows [row_begin, row_end): each row that an id names gets its positions summed in order from
+/// zero, then added to what dw holds (zeros, or with Attrs.flag a gradient summed so far, which thus
+/// gets the very additions of sum + table); rows no id names are left alone. The row sum is never
+/// -0, so adding it to zeros gives it bit for bit.
 template <typename T>
 void add_rows_into(const T* g, const int64_t* idx, int64_t N, int64_t C, int64_t pad, int64_t row_begin,
                    int64_t row_end, T* dw) {
@@ -437,18 +438,8 @@ void cpu_embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
     // and each row sums its positions in order, whatever the thread count.
     int64_t grain = N * C < cpu::kParallelGrain ? std::max<int64_t>(V, 1) : 1;
     parallel_for(0, V, grain, [&](int64_t row_begin, int64_t row_end) {
-      if (attrs.flag) {
-        add_rows_into(g, idx, N, C, pad, row_begin, row_end, dw);
-        return;
-      }
-      std::fill(dw + row_begin * C, dw + row_end * C, T{0});
-      for (int64_t n = 0; n < N; ++n) {
-        int64_t row = idx[n];
-        if (row < row_begin || row >= row_end || row == pad) continue;
-        T* target = dw + row * C;
-        const T* src = g + n * C;
-        for (int64_t c = 0; c < C; ++c) target[c] += src[c];
-      }
+      if (!attrs.flag) std::fill(dw + row_begin * C, dw + row_end * C, T{0});
+      add_rows_into(g, idx, N, C, pad, row_begin, row_end, dw);
     });
   });
 }
