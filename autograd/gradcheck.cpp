@@ -66,7 +66,7 @@ std::string gradcheck(const std::function<std::vector<Tensor>(const std::vector<
       double numeric = (plus - minus) / (2 * options.eps);
       double a = analytic_values[static_cast<size_t>(e)];
       if (std::abs(a - numeric) > options.atol + options.rtol * std::abs(numeric))
-        return fmt::format("gradient of input {} (shape {}) at {}: analytic {:.10g}, numeric {:.10g}", i,
+        return format_message("gradient of input {} (shape {}) at {}: analytic {:.10g}, numeric {:.10g}", i,
                            shape_str(input.shape()), shape_str(index), a, numeric);
     }
   }

@@ -2,6 +2,7 @@
 // printed tensors read the same in both frameworks, wrapping and elision included.
 #include "core/format.h"
 
+#include "core/error.h"
 #include "core/graph.h"
 
 #include <algorithm>
@@ -103,7 +104,7 @@ class Printer {
       read_ = [base](int64_t position) {
         Element e;
         if constexpr (std::is_floating_point_v<T>)
-          e.real = static_cast<double>(base[position]);
+          e.real = readable(static_cast<double>(base[position]));  // PyTorch prints every NaN as "nan"
         else
           e.integer = static_cast<int64_t>(base[position]);
         return e;

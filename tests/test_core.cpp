@@ -2,6 +2,7 @@
 
 #include "helpers.h"
 
+#include <cmath>
 #include <limits>
 #include <sstream>
 
@@ -63,6 +64,22 @@ TEST_CASE("printing: non-finite values take the column width but not the notatio
   double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   CHECK(to_string(tensor({nan, 1.5, -inf})) == "tensor([   nan, 1.5000,   -inf])");
   CHECK(to_string(tensor({nan, 1})) == "tensor([nan, 1.])");
+  // A NaN with its sign bit set (as 0 * inf gives on x86) prints as Python prints it: "nan".
+  CHECK(to_string(tensor({-nan, 1.5})) == "tensor([   nan, 1.5000])");
+  CHECK(to_string(from_vector(std::vector<float>{-std::numeric_limits<float>::quiet_NaN()}, {1})) == "tensor([nan])");
+}
+
+TEST_CASE("messages print a NaN as nan whatever its sign bit; infinities keep theirs") {
+  double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  REQUIRE(fmt::format("{}", -nan) == "-nan");  // what fmt itself prints, and what readable() undoes
+  CHECK(format_message("loss {} {:.3f} {} {}", -nan, -static_cast<float>(nan), inf, -inf) == "loss nan nan inf -inf");
+  CHECK(format_message("{:>6}|{}|{}", -nan, std::string("text"), 7) == "   nan|text|7");
+  CHECK(std::signbit(-nan));
+  CHECK(!std::signbit(readable(-nan)));
+  CHECK(readable(-2.5) == -2.5);
+  CHECK(readable(int64_t{-3}) == -3);
+  // fail() and so MF_CHECK format alike.
+  CHECK_THROWS_WITH_AS(fail("the norm is {}", -nan), "the norm is nan", mf::Error);
 }
 
 TEST_CASE("printing: strided views read through their strides") {

@@ -102,11 +102,11 @@ int main(int argc, char** argv) {
         }
       final_loss = loss.item<double>();
       if (step == 1 || step % (steps / 10 > 0 ? steps / 10 : 1) == 0)
-        fmt::print("step {:5d}  loss {:.4f}  accuracy {:.1f}%\n", step, final_loss, 100 * accuracy(logits));
+        fmt::print("{}\n", mf::format_message("step {:5d}  loss {:.4f}  accuracy {:.1f}%", step, final_loss, 100 * accuracy(logits)));
     }
     mf::NoGradGuard no_grad;
     double final_accuracy = accuracy(forward(data.points));
-    fmt::print("final: loss {:.4f}, training accuracy {:.1f}%\n", final_loss, 100 * final_accuracy);
+    fmt::print("{}\n", mf::format_message("final: loss {:.4f}, training accuracy {:.1f}%", final_loss, 100 * final_accuracy));
     return 0;
   });
 }

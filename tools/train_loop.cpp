@@ -304,11 +304,11 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
              "first makes a NaN or inf", what, schedule.last_epoch() + 1, progress.epoch + 1, progress.batch + 1,
              n_batches, kept);
       };
-      if (!std::isfinite(loss_value)) diverged(fmt::format("the training loss is {}", loss_value));
+      if (!std::isfinite(loss_value)) diverged(format_message("the training loss is {}", loss_value));
       loss.backward();
       if (settings.clip > 0) {
         double norm = optim::clip_grad_norm_(params, settings.clip);
-        if (!std::isfinite(norm)) diverged(fmt::format("the gradient norm is {} (loss {:.3f})", norm, loss_value));
+        if (!std::isfinite(norm)) diverged(format_message("the gradient norm is {} (loss {:.3f})", norm, loss_value));
       }
       double lr = schedule.get_last_lr()[0];
       adam.step();
@@ -327,7 +327,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       double remaining_steps = static_cast<double>(n_batches - progress.batch - 1 +
                                                    (options.epochs - progress.epoch - 1) * n_batches);
       line.update(steps_this_run,
-                  fmt::format("epoch {}/{} step {}/{} loss {:.3f} {:.0f} tok/s lr {:.2e} ETA {}", progress.epoch + 1,
+                  format_message("epoch {}/{} step {}/{} loss {:.3f} {:.0f} tok/s lr {:.2e} ETA {}", progress.epoch + 1,
                               options.epochs, progress.batch + 1, n_batches, loss_value,
                               static_cast<double>(tokens_this_run) / elapsed, lr,
                               format_duration(elapsed / static_cast<double>(steps_this_run) * remaining_steps)));
@@ -357,9 +357,9 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     progress.loss_sum = 0;
     progress.loss_tokens = 0;
     if (!options.quiet_epochs) {
-      std::string summary = fmt::format("epoch {}: train loss {:.3f}", progress.epoch + 1, record.train_loss);
+      std::string summary = format_message("epoch {}: train loss {:.3f}", progress.epoch + 1, record.train_loss);
       if (validate)
-        summary += fmt::format(", valid loss {:.3f}, perplexity {:.2f}, BLEU {:.2f}", record.valid_loss,
+        summary += format_message(", valid loss {:.3f}, perplexity {:.2f}, BLEU {:.2f}", record.valid_loss,
                                std::exp(record.valid_loss), record.bleu);
       fmt::print("{}\n", summary);
     }

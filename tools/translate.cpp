@@ -154,7 +154,7 @@ std::string format_output(const std::vector<Hypotheses>& results, int64_t nbest)
       text += hypotheses.front().first + "\n";
       continue;
     }
-    for (const auto& [translation, score] : hypotheses) text += fmt::format("{:.4f}\t{}\n", score, translation);
+    for (const auto& [translation, score] : hypotheses) text += mf::format_message("{:.4f}\t{}\n", score, translation);
   }
   return text;
 }
