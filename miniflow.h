@@ -8,6 +8,7 @@
 #include "core/format.h"
 #include "core/generator.h"
 #include "core/graph.h"
+#include "core/isa.h"
 #include "core/parallel.h"
 #include "core/safetensors.h"
 #include "core/shape.h"

@@ -1,5 +1,7 @@
 #include "core/generator.h"
 
+#include "core/isa.h"
+
 #include <immintrin.h>
 
 // The vector helpers below take and return vectors by value; they are always inlined into callers
@@ -143,8 +145,8 @@ template <int Groups>
 
 std::vector<detail::PhiloxFillVariant> detail::philox_fill_variants() {
   std::vector<PhiloxFillVariant> variants;
-  if (__builtin_cpu_supports("avx512f")) variants.push_back({"avx512", philox_fill_avx512});
-  if (__builtin_cpu_supports("avx2")) variants.push_back({"avx2", philox_fill_avx2});
+  if (kernel_isa() >= Isa::avx512) variants.push_back({"avx512", philox_fill_avx512});
+  if (kernel_isa() >= Isa::avx2) variants.push_back({"avx2", philox_fill_avx2});
   variants.push_back({"scalar", philox_fill_scalar});
   return variants;
 }

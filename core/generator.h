@@ -40,7 +40,7 @@ struct PhiloxFillVariant {
   const char* isa;
   void (*fill)(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out);
 };
-/// The implementations this CPU can run, fastest first (philox_fill uses the first); for tests.
+/// The implementations kernel_isa() allows, fastest first (philox_fill uses the first); for tests.
 std::vector<PhiloxFillVariant> philox_fill_variants();
 }  // namespace detail
 

@@ -279,7 +279,7 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
 
 bool sgemm(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias, bool relu) {
-  if (widest_vector_bytes() != 64) return false;
+  if (kernel_isa() != Isa::avx512) return false;
   if (n == 0 || m == 0) return true;
   if (k == 0) {  // no products: c = beta c (+ bias), with beta == 0 writing over whatever c held
     for (int64_t i = 0; i < n; ++i)

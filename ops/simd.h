@@ -3,6 +3,8 @@
 // for the instruction set of each caller (see with_widest_isa below).
 #pragma once
 
+#include "core/isa.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -202,26 +204,19 @@ template <typename Body>
 [[gnu::target("avx2,fma")]] void run_avx2(Body& body) {
   body.template operator()<32>();
 }
-
-/// The widest vector width in bytes this CPU runs: 64 (AVX-512), 32 (AVX2 + FMA) or 16.
-inline int widest_vector_bytes() {
-  static const int bytes = __builtin_cpu_supports("avx512f")                                   ? 64
-                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 32
-                                                                                               : 16;
-  return bytes;
-}
 #endif
 
-/// Runs body.template operator()<W>() with W the widest vector width in bytes this CPU runs,
-/// compiled for that instruction set (runtime dispatch: release builds stay portable). body must be
-/// declared `[&]<int W>() MF_LAMBDA_INLINE { ... }` and call only MF_INLINE code in its hot loops.
+/// Runs body.template operator()<W>() with W the vector width in bytes of kernel_isa() (the widest
+/// this CPU runs unless MINIFLOW_ISA narrows it), compiled for that instruction set (runtime
+/// dispatch: release builds stay portable). body must be declared `[&]<int W>() MF_LAMBDA_INLINE
+/// { ... }` and call only MF_INLINE code in its hot loops.
 template <typename Body>
 void with_widest_isa(Body&& body) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  switch (widest_vector_bytes()) {
-    case 64: return run_avx512(body);
-    case 32: return run_avx2(body);
-    default: break;
+  switch (kernel_isa()) {
+    case Isa::avx512: return run_avx512(body);
+    case Isa::avx2: return run_avx2(body);
+    case Isa::baseline: break;
   }
 #endif
   body.template operator()<kBaselineWidth>();

@@ -45,7 +45,7 @@ template <bool Both>
 
 bool skinny_gemm_nt(int64_t n, int64_t m, int64_t k, const float* a, int64_t lda, const float* w, int64_t ldw,
                     float* c, int64_t ldc) {
-  if (cpu::widest_vector_bytes() != 64 || n > kSkinnyMaxRows || n == 0 || m == 0) return false;
+  if (kernel_isa() != Isa::avx512 || n > kSkinnyMaxRows || n == 0 || m == 0) return false;
   int64_t slices = (n + kLanes - 1) / kLanes, padded = slices * kLanes;
   // [k, padded]: A^T, zero past row n. Kept per thread: decoding calls this hundreds of times a step.
   thread_local std::vector<float> transposed;

@@ -3,6 +3,7 @@
 #include "helpers.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -80,6 +81,33 @@ TEST_CASE("messages print a NaN as nan whatever its sign bit; infinities keep th
   CHECK(readable(int64_t{-3}) == -3);
   // fail() and so MF_CHECK format alike.
   CHECK_THROWS_WITH_AS(fail("the norm is {}", -nan), "the norm is nan", mf::Error);
+}
+
+TEST_CASE("MINIFLOW_ISA narrows the kernel path and never widens it") {
+  using detail::resolve_isa_request;
+  for (Isa cpu : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+    CAPTURE(isa_name(cpu));
+    CHECK(resolve_isa_request("", cpu).isa == cpu);
+    CHECK(resolve_isa_request("", cpu).warning.empty());
+    CHECK(resolve_isa_request("baseline", cpu).isa == Isa::baseline);
+    CHECK(resolve_isa_request(isa_name(cpu), cpu).isa == cpu);
+    CHECK(resolve_isa_request(isa_name(cpu), cpu).warning.empty());
+    auto unknown = resolve_isa_request("sse9", cpu);
+    CHECK(unknown.isa == cpu);
+    CHECK(unknown.warning == fmt::format("MINIFLOW_ISA='sse9' is not one of avx512, avx2, baseline; using {}",
+                                         isa_name(cpu)));
+  }
+  CHECK(resolve_isa_request("avx2", Isa::avx512).isa == Isa::avx2);
+  auto wider = resolve_isa_request("avx512", Isa::avx2);
+  CHECK(wider.isa == Isa::avx2);
+  CHECK(wider.warning == "MINIFLOW_ISA=avx512 asks for more than this CPU runs; using avx2");
+  CHECK(resolve_isa_request("AVX2", Isa::avx512).isa == Isa::avx512);  // names are lower case, as printed
+
+  // This process: CI runs the suites with MINIFLOW_ISA set, and this holds kernel_isa() to it.
+  const char* requested = std::getenv("MINIFLOW_ISA");
+  CHECK(kernel_isa() == resolve_isa_request(requested ? requested : "", cpu_isa()).isa);
+  CHECK(kernel_isa() <= cpu_isa());
+  CHECK(describe_kernel_isa().starts_with(fmt::format("kernels {} (", isa_name(kernel_isa()))));
 }
 
 TEST_CASE("printing: strided views read through their strides") {

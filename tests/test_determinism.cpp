@@ -157,7 +157,7 @@ TEST_CASE("a matmul split over threads gives one thread's bits on miniflow's GEM
   // own GEMM) about 1,970 of the 52,419 values differed, by <= 1.5e-5; miniflow's GEMM, which takes
   // float32 products on AVX-512 CPUs, sums every element in the same order whatever the split.
   ThreadCountGuard restore;
-  bool own_gemm = cpu::widest_vector_bytes() == 64;  // the condition under which cpu::sgemm runs
+  bool own_gemm = kernel_isa() == Isa::avx512;  // the condition under which cpu::sgemm runs
   auto product = [](auto& in) { return matmul(in[0], in[1]); };
   std::vector<double> one = forward_backward(1, {{33, 513}, {513, 65}}, product);
   for (int threads : {2, 3}) {

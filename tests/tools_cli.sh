@@ -26,6 +26,24 @@ else
   echo "FAIL: unknown flag not named"; failures=$((failures + 1))
 fi
 
+# --version and --help name the kernel path; MINIFLOW_ISA narrows it, and a bad value is named on stderr
+# (the run goes on at the CPU's own width).
+expect_status 0 "--version" "$demo" --version
+check_output() {  # description pattern command...
+  local what=$1 pattern=$2; shift 2
+  if "$@" 2>&1 | grep -qE "$pattern"; then
+    passed=$((passed + 1))
+  else
+    echo "FAIL: $what: output lacks /$pattern/"; "$@" 2>&1 | tail -n 5; failures=$((failures + 1))
+  fi
+}
+check_output "--version names miniflow's version and CUDA" '^demo_two_moons \(miniflow [0-9.]+\)$' "$demo" --version
+check_output "--help names the kernel path" '^CPU .*: kernels (avx512|avx2|baseline) \(' "$demo" --help
+check_output "MINIFLOW_ISA=baseline is honoured" 'kernels baseline \(MINIFLOW_ISA=baseline; this CPU runs' \
+  env MINIFLOW_ISA=baseline "$demo" --version
+check_output "a bad MINIFLOW_ISA is named" "^miniflow: warning: MINIFLOW_ISA='avx9000' is not one of avx512, avx2, baseline" \
+  env MINIFLOW_ISA=avx9000 "$demo" --version
+
 output=$("$demo" --steps 300 --points 400 --seed 1 2>&1)
 echo "$output" | tail -n 2
 accuracy=$(echo "$output" | sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p')

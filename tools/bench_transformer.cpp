@@ -226,13 +226,14 @@ int main(int argc, char** argv) {
     mf::tools::check_device_available(device, "--device");
     mf::set_num_threads(threads);
 
-    if (!json) fmt::print("{}, threads {}\n", device.str(), threads);
+    if (!json) fmt::print("CPU {}: {}\n{}, threads {}\n", mf::cpu_model_name(), mf::describe_kernel_isa(), device.str(), threads);
     for (const BenchConfig& c : kConfigs) {
       if (!only.empty() && only != c.name) continue;
       auto result = bench_config(c, static_cast<int>(steps), std::string(c.name) == "small", device);
       if (json) {
         std::string fields =
-            fmt::format("\"config\": \"{}\", \"device\": \"{}\", \"threads\": {}", c.name, device.str(), threads);
+            fmt::format("\"config\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"kernels\": \"{}\"", c.name,
+                        device.str(), threads, mf::isa_name(mf::kernel_isa()));
         for (const auto& [key, value] : result) fields += fmt::format(", \"{}\": {:.6g}", key, value);
         fmt::print("{{{}}}\n", fields);
         continue;

@@ -1,6 +1,7 @@
 #include "tools/cli.h"
 
 #include "core/error.h"
+#include "core/isa.h"
 #include "cuda/cuda.h"
 
 #include <fmt/format.h>
@@ -70,6 +71,10 @@ bool ArgParser::parse(int argc, char** argv) {
       std::fputs(help().c_str(), stdout);
       return false;
     }
+    if (arg == "--version") {
+      std::fputs(version().c_str(), stdout);
+      return false;
+    }
     if (!arg.starts_with("--")) throw UsageError(fmt::format("unexpected argument '{}'", arg));
     std::string name = arg.substr(2), value;
     bool inline_value = false;
@@ -100,7 +105,14 @@ std::string ArgParser::help() const {
     text += fmt::format("  {:<24} {}\n", left, right);
   }
   text += fmt::format("  {:<24} {}\n", "--help", "print this help and exit");
+  text += fmt::format("  {:<24} {}\n", "--version", "print miniflow's version, kernel path and CUDA support, and exit");
+  text += fmt::format("\nCPU {}: {}\n", cpu_model_name(), describe_kernel_isa());
   return text;
+}
+
+std::string ArgParser::version() const {
+  return fmt::format("{} (miniflow {})\nCPU {}: {}\nCUDA: {}\n", program_, MINIFLOW_VERSION, cpu_model_name(),
+                     describe_kernel_isa(), cuda::is_built() ? "built in (use with --device cuda)" : "not built");
 }
 
 void check_device_available(Device device, const std::string& flag) {

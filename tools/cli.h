@@ -32,9 +32,13 @@ class ArgParser {
   /// A switch without a value.
   void add_switch(const std::string& name, bool* target, const std::string& help);
 
-  /// Parses argv; returns false when --help was printed (the tool should exit 0). Throws UsageError.
+  /// Parses argv; returns false when --help or --version was printed (the tool should exit 0).
+  /// Throws UsageError.
   bool parse(int argc, char** argv);
+  /// The flags, then the CPU and the kernel path its kernels take (see core/isa.h).
   std::string help() const;
+  /// The program, miniflow's version, the CPU, its kernel path and whether CUDA is built in.
+  std::string version() const;
 
  private:
   struct Option {

@@ -138,7 +138,8 @@ def document(mf, pt, meta, raw, notes):
         "",
         f"- Date: {meta.get('date', '?')}",
         f"- Command: `{meta.get('command', '?')}`",
-        f"- Machine: {meta.get('cpu', '?')}, {cores} cores; load average (1, 5, 15 min) before "
+        f"- Machine: {meta.get('cpu', '?')} (flags: {meta.get('cpu_flags', '?')}), {cores} cores; miniflow's "
+        f"{meta.get('kernels', 'kernels ?')}; load average (1, 5, 15 min) before "
         f"`{meta.get('loadavg_before', '?')}`, after `{meta.get('loadavg_after', '?')}` (the benchmark's own threads "
         "included)",
         f"- miniflow: git `{meta.get('git_rev', '?')}`, {meta.get('compiler', '?')}, OpenBLAS "

@@ -1,0 +1,91 @@
+#include "core/isa.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+namespace mf {
+namespace {
+
+constexpr std::array kLevels = {Isa::avx512, Isa::avx2, Isa::baseline};  // widest first, as messages list them
+
+constexpr const char* kVariable = "MINIFLOW_ISA";
+
+Isa detect_cpu_isa() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+#endif
+  return Isa::baseline;
+}
+
+std::string_view requested_value() {
+  const char* value = std::getenv(kVariable);
+  return value ? value : "";
+}
+
+}  // namespace
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    case Isa::baseline: break;
+  }
+  return "baseline";
+}
+
+Isa cpu_isa() {
+  static const Isa isa = detect_cpu_isa();
+  return isa;
+}
+
+detail::IsaRequest detail::resolve_isa_request(std::string_view value, Isa cpu) {
+  if (value.empty()) return {cpu, ""};
+  for (Isa level : kLevels) {
+    if (value != isa_name(level)) continue;
+    if (level <= cpu) return {level, ""};
+    return {cpu, fmt::format("{}={} asks for more than this CPU runs; using {}", kVariable, value, isa_name(cpu))};
+  }
+  return {cpu, fmt::format("{}='{}' is not one of avx512, avx2, baseline; using {}", kVariable, value,
+                           isa_name(cpu))};
+}
+
+Isa kernel_isa() {
+  static const Isa isa = [] {
+    detail::IsaRequest request = detail::resolve_isa_request(requested_value(), cpu_isa());
+    if (!request.warning.empty()) std::fprintf(stderr, "miniflow: warning: %s\n", request.warning.c_str());
+    return request.isa;
+  }();
+  return isa;
+}
+
+std::string describe_kernel_isa() {
+  std::string_view value = requested_value();
+  if (kernel_isa() == cpu_isa() && value != isa_name(cpu_isa())) {
+    if (cpu_isa() == Isa::baseline) return "kernels baseline (this CPU has neither AVX2 + FMA nor AVX-512)";
+    std::string narrower;
+    for (Isa level : kLevels)
+      if (level < cpu_isa()) narrower += fmt::format("{}{}", narrower.empty() ? "" : "|", isa_name(level));
+    return fmt::format("kernels {} (the widest this CPU runs; {}={} narrows it)", isa_name(kernel_isa()), kVariable,
+                       narrower);
+  }
+  return fmt::format("kernels {} ({}={}; this CPU runs {})", isa_name(kernel_isa()), kVariable, value,
+                     isa_name(cpu_isa()));
+}
+
+std::string cpu_model_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (!line.starts_with("model name")) continue;
+    size_t colon = line.find(':');
+    if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
+  }
+  return "unknown CPU";
+}
+
+}  // namespace mf

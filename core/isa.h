@@ -1,0 +1,48 @@
+// Which instruction set miniflow's CPU kernels use. Each kernel that has several paths (AVX-512, AVX2 +
+// FMA, the x86-64 baseline) asks kernel_isa() and takes the widest it allows. That is the widest the
+// CPU runs unless the environment variable MINIFLOW_ISA narrows it, so that every narrower path can be
+// run, tested and timed on a wider CPU:
+//
+//   MINIFLOW_ISA=avx2 build/tools/train_transformer     # as on an AVX2-only CPU (AMD Zen 3)
+//
+// A request wider than the CPU runs, or a name that is not a level, is reported once on stderr and
+// narrowed to what the CPU runs: a kernel never executes an instruction the CPU lacks.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace mf {
+
+/// Kernel paths, narrowest first. `baseline` is what every x86-64 CPU runs (SSE2 vectors, and the
+/// scalar code of kernels that have no SSE2 variant).
+enum class Isa { baseline, avx2, avx512 };
+
+/// "baseline", "avx2" or "avx512": the names MINIFLOW_ISA takes.
+std::string_view isa_name(Isa isa);
+
+/// The widest level this CPU runs (AVX2 counts only with FMA).
+Isa cpu_isa();
+
+/// The level kernels use: cpu_isa(), narrowed by MINIFLOW_ISA when it is set. Read once per process.
+Isa kernel_isa();
+
+/// One line for --help, --version and benchmarks, e.g. "kernels avx2 (MINIFLOW_ISA=avx2; this CPU
+/// runs avx512)" or "kernels avx512 (the widest this CPU runs; MINIFLOW_ISA=avx2|baseline narrows it)".
+std::string describe_kernel_isa();
+
+/// The CPU's model name from /proc/cpuinfo ("AMD EPYC 9B14"), or "unknown CPU".
+std::string cpu_model_name();
+
+namespace detail {
+/// What MINIFLOW_ISA's value asks of a CPU that runs `cpu`: the level to use and, when the value is
+/// not honoured as given (an unknown name, or wider than the CPU), a warning saying why. An empty
+/// value asks for nothing.
+struct IsaRequest {
+  Isa isa;
+  std::string warning;
+};
+IsaRequest resolve_isa_request(std::string_view value, Isa cpu);
+}  // namespace detail
+
+}  // namespace mf
