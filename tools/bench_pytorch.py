@@ -145,7 +145,7 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_in, memory, src):
         T = tgt_in.shape[1]
-        causal = torch.triu(torch.full((T, T), MASK_VALUE), diagonal=1)  # [T, T]
+        causal = torch.triu(torch.full((T, T), MASK_VALUE, device=tgt_in.device), diagonal=1)  # [T, T]
         self_mask = causal + padding_mask(tgt_in)                 # [B, 1, T, T]
         cross_mask = padding_mask(src)                            # [B, 1, 1, S]
         y = self.embed_tokens(tgt_in)
@@ -159,7 +159,7 @@ class Transformer(nn.Module):
 
 def padding_mask(tokens):
     """tokens [B, L] -> additive mask [B, 1, 1, L] hiding PAD keys."""
-    return torch.zeros(tokens.shape).masked_fill(tokens == PAD, MASK_VALUE)[:, None, None, :]
+    return torch.zeros(tokens.shape, device=tokens.device).masked_fill(tokens == PAD, MASK_VALUE)[:, None, None, :]
 
 
 def forward_flops(d_model, layers, d_ff, vocab, batch, length):
@@ -174,22 +174,36 @@ def forward_flops(d_model, layers, d_ff, vocab, batch, length):
     return 2 * (N * (encoder_layer + decoder_layer) + tokens * C * V)
 
 
+def synchronize(device):
+    """Waits for the work queued on `device` (CUDA kernels run asynchronously), as miniflow's bench does."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds_since(start, device):
+    synchronize(device)
+    return time.perf_counter() - start
+
+
 class GemmYardstick:
-    """Float32 2048^3 torch.matmul (torch's own GEMM: MKL/oneDNN in the x86 wheels), one product
-    timed after every timed training step, as miniflow's bench does: the rate is measured under the
-    conditions the steps ran in."""
+    """Float32 2048^3 torch.matmul (torch's own GEMM: MKL/oneDNN in the x86 wheels, cuBLAS on a GPU),
+    one product timed after every timed training step, as miniflow's bench does: the rate is measured
+    under the conditions the steps ran in."""
 
     SIZE = 2048
 
-    def __init__(self):
-        self.a, self.b = torch.randn(self.SIZE, self.SIZE), torch.randn(self.SIZE, self.SIZE)
+    def __init__(self, device):
+        self.device = device
+        self.a = torch.randn(self.SIZE, self.SIZE, device=device)
+        self.b = torch.randn(self.SIZE, self.SIZE, device=device)
         torch.matmul(self.a, self.b)  # warm-up
+        synchronize(device)
         self.seconds = []
 
     def sample(self):
         start = time.perf_counter()
         torch.matmul(self.a, self.b)
-        self.seconds.append(time.perf_counter() - start)
+        self.seconds.append(seconds_since(start, self.device))
 
     def gflops(self):
         return 2.0 * self.SIZE ** 3 / statistics.median(self.seconds) / 1e9
@@ -204,8 +218,8 @@ def tutorial_greedy(model, src, max_new_tokens):
     the whole prefix [B, t] and keeps the last position's argmax; rows after EOS get PAD.
     Returns [B, 1 + generated]: BOS, then the tokens."""
     memory = model.encode(src)
-    ys = torch.full((src.shape[0], 1), BOS, dtype=torch.long)     # [B, 1]
-    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    ys = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)  # [B, 1]
+    finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for _ in range(max_new_tokens):
         logits = model.decode(ys, memory, src)[:, -1]             # [B, V]
         next_tokens = logits.argmax(-1).masked_fill(finished, PAD)
@@ -221,31 +235,31 @@ def generated_tokens(ys):
     return sum((row == EOS).nonzero()[0].item() + 1 if (row == EOS).any() else len(row) for row in ys[:, 1:])
 
 
-def bench_config(name, steps, decode):
+def bench_config(name, steps, decode, device):
     d_model, layers, heads, d_ff, vocab, batch, length = CONFIGS[name]
     torch.manual_seed(0)
-    model = Transformer(vocab, d_model, layers, heads, d_ff, dropout=0.1, max_len=max(length, 64) + 1)
+    model = Transformer(vocab, d_model, layers, heads, d_ff, dropout=0.1, max_len=max(length, 64) + 1).to(device)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     criterion = nn.CrossEntropyLoss(ignore_index=PAD)
     # Random ids in [1, V): no padding, so every position does full work.
-    src = torch.randint(1, vocab, (batch, length))
-    tgt_in = torch.randint(1, vocab, (batch, length))
-    tgt_out = torch.randint(1, vocab, (batch, length))
+    src = torch.randint(1, vocab, (batch, length)).to(device)
+    tgt_in = torch.randint(1, vocab, (batch, length)).to(device)
+    tgt_out = torch.randint(1, vocab, (batch, length)).to(device)
 
-    yardstick = GemmYardstick()
+    yardstick = GemmYardstick(device)
     phases = {"forward": [], "backward": [], "optimizer": [], "total": []}
     for step in range(steps + 2):  # two warm-up steps, as the C++ bench
         start = time.perf_counter()
         loss = criterion(model(src, tgt_in).reshape(-1, vocab), tgt_out.reshape(-1))
-        forward = time.perf_counter() - start
+        forward = seconds_since(start, device)
         start = time.perf_counter()
         loss.backward()
-        backward = time.perf_counter() - start
+        backward = seconds_since(start, device)
         start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()
-        opt = time.perf_counter() - start
+        opt = seconds_since(start, device)
         if step >= 2:
             for key, value in zip(phases, (forward, backward, opt, forward + backward + opt)):
                 phases[key].append(value)
@@ -263,25 +277,29 @@ def bench_config(name, steps, decode):
         "gflops_vs_sgemm": gflops / yardstick.gflops(),
         "peak_rss_mb": peak_rss_mb(),
     }
+    if device.type == "cuda":
+        out["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     if decode:
         model.eval()
-        sources = torch.randint(3, vocab, (32, length))
+        sources = torch.randint(3, vocab, (32, length)).to(device)
         with torch.no_grad():
             start = time.perf_counter()
             ys = tutorial_greedy(model, sources, max_new_tokens=32)
-            elapsed = time.perf_counter() - start
+            elapsed = seconds_since(start, device)
         out["greedy_tokens_per_s"] = generated_tokens(ys) / elapsed
         out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
-def run_here(names, threads, steps):
+def run_here(names, threads, steps, device):
     """Benchmarks `names` in this process at `threads` intra-op threads; yields JSON-ready dicts."""
     torch.set_num_threads(threads)
     for name in names:
-        result = {"config": name, "threads": threads, "torch_version": torch.__version__,
+        result = {"config": name, "device": str(device), "threads": threads, "torch_version": torch.__version__,
                   "import_rss_mb": IMPORT_RSS_MB}
-        result.update(bench_config(name, steps, decode=name == "small"))
+        if device.type == "cuda":
+            result["gpu"] = torch.cuda.get_device_name(device)
+        result.update(bench_config(name, steps, decode=name == "small", device=device))
         yield result
 
 
@@ -326,13 +344,28 @@ def main():
                         help="intra-op threads; without it, 1 and 2 are tried per config and the fastest kept")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per config, after 2 warm-up steps")
     parser.add_argument("--json", action="store_true", help="print one JSON object per config")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (on a GPU the configs run in this process, at the default threads)")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"unknown device '{args.device}' (cpu, cuda or cuda:N)")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"unknown device '{args.device}' (cpu, cuda or cuda:N)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"bench_pytorch.py: --device {args.device}: torch.cuda.is_available() is false")
     names = [args.config] if args.config else list(CONFIGS)
-    results = run_here(names, args.threads, args.steps) if args.threads else run_children(names, args.steps)
+    if device.type == "cuda":
+        results = run_here(names, args.threads or torch.get_num_threads(), args.steps, device)
+    elif args.threads:
+        results = run_here(names, args.threads, args.steps, device)
+    else:
+        results = run_children(names, args.steps)
     for result in results:
         print_result(result, args.json)
 
