@@ -14,8 +14,8 @@
 #include "core/shape.h"
 #include "core/tensor.h"
 
-#include "ops/op.h"
-#include "ops/ops.h"
+#include "ops/registry.h"
+#include "ops/functional.h"
 
 #include "cuda/cuda.h"
 
@@ -35,11 +35,11 @@
 #include "optim/sgd.h"
 #include "optim/training_state.h"
 
-#include "models/batching.h"
-#include "models/bleu.h"
-#include "models/corpus.h"
+#include "text/batching.h"
+#include "text/bleu.h"
+#include "text/corpus.h"
 #include "models/generation.h"
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 #include "models/transformer.h"
 #include "models/translation.h"
-#include "models/vocab.h"
+#include "text/vocab.h"

@@ -5,7 +5,7 @@
 
 #include "core/graph.h"
 #include "ops/anomaly.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <fmt/ranges.h>
 

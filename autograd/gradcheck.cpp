@@ -1,6 +1,6 @@
 #include "autograd/autograd.h"
 
-#include "ops/ops.h"
+#include "ops/functional.h"
 #include "ops/reference.h"
 
 #include <cmath>

@@ -2,7 +2,7 @@
 // register_cuda_kernels calls them all. Each sets the CUDA slot of the ops it implements.
 #pragma once
 
-#include "ops/op.h"
+#include "ops/registry.h"
 
 namespace mf::cuda {
 

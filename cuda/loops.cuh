@@ -5,7 +5,7 @@
 
 #include "core/tensor.h"
 #include "cuda/runtime.h"
-#include "ops/loops.h"
+#include "ops/cpu/loops.h"
 
 #include <algorithm>
 #include <array>

@@ -1,6 +1,6 @@
 // cuda::missing_ops, the same in builds with and without CUDA: it reads the registry's CUDA slots.
 #include "cuda/cuda.h"
-#include "ops/op.h"
+#include "ops/registry.h"
 
 namespace mf::cuda {
 

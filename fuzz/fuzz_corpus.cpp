@@ -14,17 +14,17 @@
 
 namespace {
 
-void check_sentence(const std::vector<std::string>& tokens, const mf::CorpusOptions& options) {
+void check_sentence(const std::vector<std::string>& tokens, const mf::text::CorpusOptions& options) {
   mf::fuzz::require(!tokens.empty(), "no sentence is empty");
   mf::fuzz::require(options.max_length == 0 || static_cast<int64_t>(tokens.size()) <= options.max_length,
                     "sentences are cut to max_length");
   for (const std::string& token : tokens) {
     mf::fuzz::require(!token.empty(), "no token is empty");
-    mf::fuzz::require(mf::find_invalid_utf8(token) == std::string::npos, "tokens are valid UTF-8");
+    mf::fuzz::require(mf::text::find_invalid_utf8(token) == std::string::npos, "tokens are valid UTF-8");
     mf::fuzz::require(token.find_first_of(" \t\n\r\f\v") == std::string::npos, "tokens hold no whitespace");
   }
-  mf::Tokenizer tokenizer(options.tokenizer);
-  mf::fuzz::require(tokenizer.tokenize(mf::Tokenizer::detokenize(tokens)) == tokens,
+  mf::text::Tokenizer tokenizer(options.tokenizer);
+  mf::fuzz::require(tokenizer.tokenize(mf::text::Tokenizer::detokenize(tokens)) == tokens,
                     "tokenize(detokenize(tokens)) == tokens");
 }
 
@@ -33,7 +33,7 @@ void check_sentence(const std::vector<std::string>& tokens, const mf::CorpusOpti
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const uint8_t flags = data[0];
-  const mf::CorpusOptions options{.tokenizer = {.lowercase = (flags & 1) != 0, .split_punctuation = (flags & 2) != 0},
+  const mf::text::CorpusOptions options{.tokenizer = {.lowercase = (flags & 1) != 0, .split_punctuation = (flags & 2) != 0},
                                   .max_length = flags >> 3,
                                   .skip_empty = (flags & 4) != 0};
   const std::string_view text = mf::fuzz::as_text(data + 1, size - 1);
@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::istringstream source(std::string(text.substr(0, nul)));
   std::istringstream target(nul == std::string_view::npos ? std::string() : std::string(text.substr(nul + 1)));
   mf::fuzz::expect_only_mf_errors([&] {
-    mf::Corpus corpus = mf::read_parallel_corpus(source, target, "source.txt", "target.txt", options);
+    mf::text::Corpus corpus = mf::text::read_parallel_corpus(source, target, "source.txt", "target.txt", options);
     mf::fuzz::require(corpus.sources.size() == corpus.targets.size() &&
                           static_cast<int64_t>(corpus.sources.size()) == corpus.stats.pairs,
                       "one source and one target per pair");

@@ -61,11 +61,11 @@ void safetensors_seeds(const fs::path& dir) {
 /// its optimizer, schedulers and generator as train_transformer --resume reads it.
 void checkpoint_seeds(const fs::path& dir) {
   mf::manual_seed(1);
-  mf::Corpus corpus = mf::make_corpus({{"ein test", "a test"}, {"kleiner hund", "small dog"}});
-  mf::TokenCounts src_counts, tgt_counts;
-  mf::count_tokens(corpus.sources, src_counts);
-  mf::count_tokens(corpus.targets, tgt_counts);
-  mf::Vocab src = mf::Vocab::build(src_counts), tgt = mf::Vocab::build(tgt_counts);
+  mf::text::Corpus corpus = mf::text::make_corpus({{"ein test", "a test"}, {"kleiner hund", "small dog"}});
+  mf::text::TokenCounts src_counts, tgt_counts;
+  mf::text::count_tokens(corpus.sources, src_counts);
+  mf::text::count_tokens(corpus.targets, tgt_counts);
+  mf::text::Vocab src = mf::text::Vocab::build(src_counts), tgt = mf::text::Vocab::build(tgt_counts);
   mf::models::TransformerConfig config{.src_vocab = src.size(), .tgt_vocab = tgt.size(), .d_model = 4, .heads = 2,
                                        .encoder_layers = 1, .decoder_layers = 1, .d_ff = 8, .dropout = 0.0,
                                        .max_len = 8, .shared_embeddings = false};
@@ -95,10 +95,10 @@ void checkpoint_seeds(const fs::path& dir) {
 }
 
 void vocab_seeds(const fs::path& dir) {
-  mf::TokenCounts counts;
-  mf::count_tokens({{"der", "hund", "läuft", "über", "die", "straße", "."}, {"„", "hallo", "“", "der"}}, counts);
-  write(dir / "vocab.json", mf::Vocab::build(counts).to_json());
-  write(dir / "specials_only.json", mf::Vocab().to_json());
+  mf::text::TokenCounts counts;
+  mf::text::count_tokens({{"der", "hund", "läuft", "über", "die", "straße", "."}, {"„", "hallo", "“", "der"}}, counts);
+  write(dir / "vocab.json", mf::text::Vocab::build(counts).to_json());
+  write(dir / "specials_only.json", mf::text::Vocab().to_json());
   write(dir / "duplicate.json",
         R"({"format": "miniflow-vocab", "version": 1, "tokens": ["<pad>", "<sos>", "<eos>", "<unk>", "a", "a"]})");
   write(dir / "missing_special.json", R"({"format": "miniflow-vocab", "version": 1, "tokens": ["<pad>", "<sos>"]})");

@@ -4,7 +4,7 @@
 #include "models/generation.h"
 
 #include "core/graph.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <algorithm>
 #include <cmath>

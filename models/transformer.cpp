@@ -2,7 +2,7 @@
 
 #include "core/graph.h"
 #include "core/json_brief.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <nlohmann/json.hpp>
 

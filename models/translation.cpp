@@ -2,7 +2,7 @@
 
 #include "core/graph.h"
 #include "nn/checkpoint.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <nlohmann/json.hpp>
 
@@ -18,16 +18,16 @@ constexpr int64_t kMaxGrowth = 2;
 Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows, Device device) {
   size_t longest = 1;
   for (const auto& row : rows) longest = std::max(longest, row.size());
-  std::vector<int64_t> flat(rows.size() * longest, Vocab::kPad);
+  std::vector<int64_t> flat(rows.size() * longest, text::Vocab::kPad);
   for (size_t r = 0; r < rows.size(); ++r) std::copy(rows[r].begin(), rows[r].end(), flat.begin() + r * longest);
   return from_vector(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(longest)}, device);
 }
 
-std::string tokenizer_json(const TokenizerOptions& options) {
+std::string tokenizer_json(const text::TokenizerOptions& options) {
   return nlohmann::json{{"lowercase", options.lowercase}, {"split_punctuation", options.split_punctuation}}.dump();
 }
 
-TokenizerOptions tokenizer_from_json(const std::string& text, const std::filesystem::path& path) {
+text::TokenizerOptions tokenizer_from_json(const std::string& text, const std::filesystem::path& path) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   MF_CHECK(j.is_object() && j.contains("lowercase") && j["lowercase"].is_boolean() && j.contains("split_punctuation") &&
                j["split_punctuation"].is_boolean(),
@@ -52,17 +52,17 @@ TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>&
     MF_CHECK(i >= 0 && i < static_cast<int64_t>(sources.size()) && sources.size() == targets.size(),
              "make_translation_batch: example {} is out of range for {} pairs", i, sources.size());
     src.push_back(sources[i]);
-    src.back().push_back(Vocab::kEos);
-    tgt_in.push_back({Vocab::kSos});
+    src.back().push_back(text::Vocab::kEos);
+    tgt_in.push_back({text::Vocab::kSos});
     tgt_in.back().insert(tgt_in.back().end(), targets[i].begin(), targets[i].end());
     tgt_out.push_back(targets[i]);
-    tgt_out.back().push_back(Vocab::kEos);
+    tgt_out.back().push_back(text::Vocab::kEos);
     target_tokens += static_cast<int64_t>(tgt_out.back().size());
   }
   return {pad_rows(src, device), pad_rows(tgt_in, device), pad_rows(tgt_out, device), target_tokens};
 }
 
-Translator::Translator(const TransformerConfig& config, Vocab src_vocab, Vocab tgt_vocab, TokenizerOptions tokenizer)
+Translator::Translator(const TransformerConfig& config, text::Vocab src_vocab, text::Vocab tgt_vocab, text::TokenizerOptions tokenizer)
     : src_vocab_(std::move(src_vocab)), tgt_vocab_(std::move(tgt_vocab)), tokenizer_(tokenizer) {
   MF_CHECK(config.src_vocab == src_vocab_.size() && config.tgt_vocab == tgt_vocab_.size(),
            "Translator: config vocabularies {} / {} do not match the vocabularies' sizes {} / {}", config.src_vocab,
@@ -78,14 +78,14 @@ Tensor Translator::encode_sources(const std::vector<std::string>& sentences) con
   for (const std::string& sentence : sentences) {
     std::vector<int64_t> ids = src_vocab_.encode(tokenizer_.tokenize(sentence));
     if (static_cast<int64_t>(ids.size()) > limit) ids.resize(static_cast<size_t>(limit));
-    ids.push_back(Vocab::kEos);
+    ids.push_back(text::Vocab::kEos);
     rows.push_back(std::move(ids));
   }
   return pad_rows(rows, model_->device());
 }
 
 std::string Translator::decode_target(std::span<const int64_t> ids) const {
-  return Tokenizer::detokenize(tgt_vocab_.decode(ids));
+  return text::Tokenizer::detokenize(tgt_vocab_.decode(ids));
 }
 
 std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
@@ -134,9 +134,9 @@ Translator Translator::load(const std::filesystem::path& path) {
            "'{}' is not a miniflow translation checkpoint (metadata '{}' is missing or not '{}')", path.string(),
            kFormatKey, kFormat);
   std::string origin = path.string();
-  Vocab src = Vocab::from_json(entry(file.metadata, "translation.src_vocab", path), origin + " (source vocabulary)");
-  Vocab tgt = Vocab::from_json(entry(file.metadata, "translation.tgt_vocab", path), origin + " (target vocabulary)");
-  TokenizerOptions tokenizer = tokenizer_from_json(entry(file.metadata, "translation.tokenizer", path), path);
+  text::Vocab src = text::Vocab::from_json(entry(file.metadata, "translation.src_vocab", path), origin + " (source vocabulary)");
+  text::Vocab tgt = text::Vocab::from_json(entry(file.metadata, "translation.tgt_vocab", path), origin + " (target vocabulary)");
+  text::TokenizerOptions tokenizer = tokenizer_from_json(entry(file.metadata, "translation.tokenizer", path), path);
   nn::StateDict weights;
   for (nn::NamedTensor& t : file.tensors)
     if (t.name.starts_with("model.")) weights.push_back({t.name.substr(6), t.tensor});

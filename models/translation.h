@@ -6,9 +6,9 @@
 #pragma once
 
 #include "models/generation.h"
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 #include "models/transformer.h"
-#include "models/vocab.h"
+#include "text/vocab.h"
 #include "optim/training_state.h"
 
 #include <filesystem>
@@ -36,7 +36,7 @@ class Translator {
  public:
   /// A fresh (untrained) model for the given vocabularies; shared embeddings need src and tgt to be
   /// the same vocabulary.
-  Translator(const TransformerConfig& config, Vocab src_vocab, Vocab tgt_vocab, TokenizerOptions tokenizer);
+  Translator(const TransformerConfig& config, text::Vocab src_vocab, text::Vocab tgt_vocab, text::TokenizerOptions tokenizer);
 
   /// Tokenizes and encodes sentences into a padded source batch [B, S] (+ <eos>), truncated to the
   /// model's max_len, on the model's device.
@@ -62,14 +62,14 @@ class Translator {
 
   Transformer& model() { return *model_; }
   const std::shared_ptr<Transformer>& model_ptr() const { return model_; }
-  const Vocab& src_vocab() const { return src_vocab_; }
-  const Vocab& tgt_vocab() const { return tgt_vocab_; }
-  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const text::Vocab& src_vocab() const { return src_vocab_; }
+  const text::Vocab& tgt_vocab() const { return tgt_vocab_; }
+  const text::Tokenizer& tokenizer() const { return tokenizer_; }
 
  private:
   std::shared_ptr<Transformer> model_;
-  Vocab src_vocab_, tgt_vocab_;
-  Tokenizer tokenizer_;
+  text::Vocab src_vocab_, tgt_vocab_;
+  text::Tokenizer tokenizer_;
 };
 
 }  // namespace mf::models

@@ -2,7 +2,7 @@
 // H = heads, D = head dim (C / H), F = feed-forward width, L = either T or S.
 #include "nn/attention.h"
 
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <fmt/format.h>
 

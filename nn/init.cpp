@@ -1,7 +1,7 @@
 #include "nn/init.h"
 
 #include "core/graph.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 #include "nn/layers.h"
 
 #include "nn/init.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <fmt/format.h>
 

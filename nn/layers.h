@@ -6,7 +6,7 @@
 
 #include "core/tensor.h"
 #include "nn/module.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <optional>
 #include <string>

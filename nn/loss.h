@@ -11,7 +11,7 @@
 
 #include "core/tensor.h"
 #include "nn/module.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <cstdint>
 #include <string>

@@ -18,12 +18,12 @@
 // The references below compute the same by plain loops. The backward op is not differentiable
 // itself (as cross_entropy_backward): no second derivatives; nor is the mask (a mask that needs a
 // gradient is refused here: scaled_dot_product_attention composes ops for it).
-#include "ops/blas.h"
+#include "ops/cpu/blas.h"
 #include "ops/families.h"
 #include "ops/kernel_checks.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 #include "ops/reference.h"
-#include "ops/softmax_row.h"
+#include "ops/cpu/softmax_row.h"
 
 #include "core/parallel.h"
 

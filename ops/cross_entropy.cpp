@@ -2,9 +2,9 @@
 // log-sum-exp per row, no log_softmax tensor. N = rows, C = classes.
 #include "ops/families.h"
 #include "ops/kernel_checks.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 #include "ops/reference.h"
-#include "ops/simd.h"
+#include "ops/cpu/simd.h"
 
 #include <cmath>
 

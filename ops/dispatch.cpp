@@ -2,7 +2,7 @@
 #include "core/graph.h"
 #include "ops/anomaly.h"
 #include "ops/families.h"
-#include "ops/op.h"
+#include "ops/registry.h"
 
 #include <fmt/format.h>
 

@@ -3,9 +3,9 @@
 // a cast first, so kernels see one dtype (logical ops excepted: they read each operand as truthy).
 #include "ops/families.h"
 #include "ops/kernel_checks.h"
-#include "ops/loops.h"
+#include "ops/cpu/loops.h"
 #include "ops/math.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 #include "ops/reference.h"
 
 #include <cmath>

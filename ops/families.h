@@ -1,7 +1,7 @@
 // One registration function per op family; dispatch.cpp calls each once to build the registry.
 #pragma once
 
-#include "ops/op.h"
+#include "ops/registry.h"
 
 namespace mf {
 

@@ -8,8 +8,8 @@
 #include "core/graph.h"
 #include "ops/families.h"
 #include "ops/kernel_checks.h"
-#include "ops/loops.h"
-#include "ops/ops.h"
+#include "ops/cpu/loops.h"
+#include "ops/functional.h"
 #include "ops/reference.h"
 
 #include <array>

@@ -7,8 +7,8 @@
 // kernel runs, and the front checks them instead). Outputs are written (=);
 // scatter_add accumulates (+=) into its copy of x.
 #include "ops/families.h"
-#include "ops/loops.h"
-#include "ops/ops.h"
+#include "ops/cpu/loops.h"
+#include "ops/functional.h"
 #include "ops/reference.h"
 
 #include <algorithm>

@@ -4,9 +4,9 @@
 #include "core/generator.h"
 #include "core/graph.h"
 #include "core/tensor.h"
-#include "ops/loops.h"
-#include "ops/op.h"
-#include "ops/simd.h"
+#include "ops/cpu/loops.h"
+#include "ops/registry.h"
+#include "ops/cpu/simd.h"
 
 #include <cmath>
 #include <optional>

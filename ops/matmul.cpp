@@ -2,13 +2,13 @@
 // AVX-512 CPUs, OpenBLAS otherwise), transposed views passed as transpose flags (no copies), and a
 // batch folded into one GEMM when the right operand is shared. Each GEMM call is single-threaded
 // inside miniflow's one pool: batches split by element, single products by blocks of rows or columns.
-#include "ops/blas.h"
+#include "ops/cpu/blas.h"
 #include "ops/families.h"
-#include "ops/loops.h"
-#include "ops/ops.h"
-#include "ops/reduce_util.h"
+#include "ops/cpu/loops.h"
+#include "ops/functional.h"
+#include "ops/cpu/reduce_util.h"
 #include "ops/reference.h"
-#include "ops/skinny_gemm.h"
+#include "ops/cpu/skinny_gemm.h"
 
 #include "core/graph.h"
 #include "core/parallel.h"

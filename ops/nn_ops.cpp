@@ -8,11 +8,11 @@
 // alone, so they do not depend on the thread count.
 #include "core/graph.h"
 #include "ops/families.h"
-#include "ops/loops.h"
-#include "ops/ops.h"
+#include "ops/cpu/loops.h"
+#include "ops/functional.h"
 #include "ops/kernel_checks.h"
 #include "ops/reference.h"
-#include "ops/simd.h"
+#include "ops/cpu/simd.h"
 
 #include <algorithm>
 #include <bit>

@@ -4,9 +4,9 @@
 // inner is 1, else column slabs whose loops vectorise across inner. Each output element is folded
 // on one thread in a fixed order, so results do not depend on the thread count.
 #include "ops/families.h"
-#include "ops/loops.h"
-#include "ops/ops.h"
-#include "ops/reduce_util.h"
+#include "ops/cpu/loops.h"
+#include "ops/functional.h"
+#include "ops/cpu/reduce_util.h"
 #include "ops/reference.h"
 
 #include <algorithm>

@@ -8,11 +8,11 @@
 //   softmax:      dx = y * (g - sum(g * y, dim))
 //   log_softmax:  dx = g - exp(y) * sum(g, dim)
 #include "ops/families.h"
-#include "ops/loops.h"
-#include "ops/ops.h"
-#include "ops/reduce_util.h"
+#include "ops/cpu/loops.h"
+#include "ops/functional.h"
+#include "ops/cpu/reduce_util.h"
 #include "ops/reference.h"
-#include "ops/softmax_row.h"
+#include "ops/cpu/softmax_row.h"
 
 #include <algorithm>
 #include <cmath>

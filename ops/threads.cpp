@@ -1,5 +1,5 @@
 #include "core/parallel.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 namespace mf {
 

@@ -2,7 +2,7 @@
 // route the gradient back into the input's layout.
 #include "core/graph.h"
 #include "ops/families.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 #include "ops/reference.h"
 
 #include <algorithm>

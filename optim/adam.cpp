@@ -1,8 +1,8 @@
 #include "optim/adam.h"
 
 #include "core/parallel.h"
-#include "ops/ops.h"
-#include "ops/simd.h"
+#include "ops/functional.h"
+#include "ops/cpu/simd.h"
 
 #include <nlohmann/json.hpp>
 

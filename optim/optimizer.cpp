@@ -3,7 +3,7 @@
 #include "core/format.h"
 #include "core/graph.h"
 #include "core/json_brief.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,7 @@
 #include "optim/sgd.h"
 
 #include "core/parallel.h"
-#include "ops/ops.h"
+#include "ops/functional.h"
 
 #include <nlohmann/json.hpp>
 

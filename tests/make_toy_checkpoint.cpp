@@ -28,15 +28,15 @@ const std::vector<std::pair<std::string, std::string>> kPairs = {
     {"this is a book", "este es un libro"},       {"what is your name", "como te llamas"},
 };
 
-mf::Vocab build_vocab(const std::vector<std::vector<std::string>>& sentences) {
-  mf::TokenCounts counts;
-  mf::count_tokens(sentences, counts);
-  return mf::Vocab::build(counts);
+mf::text::Vocab build_vocab(const std::vector<std::vector<std::string>>& sentences) {
+  mf::text::TokenCounts counts;
+  mf::text::count_tokens(sentences, counts);
+  return mf::text::Vocab::build(counts);
 }
 
 /// An untrained translator for the toy pairs: 2 + 2 layers, d_model 32, max_len 16.
-mf::models::Translator toy_translator(const mf::Corpus& corpus) {
-  mf::Vocab src = build_vocab(corpus.sources), tgt = build_vocab(corpus.targets);
+mf::models::Translator toy_translator(const mf::text::Corpus& corpus) {
+  mf::text::Vocab src = build_vocab(corpus.sources), tgt = build_vocab(corpus.targets);
   mf::models::TransformerConfig config{.src_vocab = src.size(), .tgt_vocab = tgt.size(), .d_model = 32, .heads = 4,
                                        .encoder_layers = 2, .decoder_layers = 2, .d_ff = 64, .dropout = 0.0,
                                        .max_len = 16, .shared_embeddings = false};
@@ -47,10 +47,10 @@ mf::models::Translator toy_translator(const mf::Corpus& corpus) {
 /// (a margin, so beam search and batching cannot tip a near tie), checked every 25 steps.
 int train(const std::string& path) {
   mf::manual_seed(7);
-  mf::Corpus corpus = mf::make_corpus(kPairs);
+  mf::text::Corpus corpus = mf::text::make_corpus(kPairs);
   mf::models::Translator translator = toy_translator(corpus);
-  const mf::Vocab& src = translator.src_vocab();
-  const mf::Vocab& tgt = translator.tgt_vocab();
+  const mf::text::Vocab& src = translator.src_vocab();
+  const mf::text::Vocab& tgt = translator.tgt_vocab();
   std::vector<std::vector<int64_t>> src_ids, tgt_ids;
   std::vector<int64_t> all;
   std::vector<std::string> sources, targets;
@@ -86,13 +86,13 @@ int train(const std::string& path) {
 /// A toy checkpoint whose metadata no longer fits its tensors: d_ff doubled, or a source vocabulary
 /// with one more token (and the config's src_vocab to match it).
 void write_mismatched(const std::string& path, bool other_vocab) {
-  mf::Corpus corpus = mf::make_corpus(kPairs);
+  mf::text::Corpus corpus = mf::text::make_corpus(kPairs);
   toy_translator(corpus).save(path);
   mf::nn::TensorFile file = mf::nn::load_tensors(path);
   auto config = mf::models::TransformerConfig::from_json(file.metadata.at("translation.config"));
   if (other_vocab) {
     corpus.sources.push_back({"zusätzlich"});
-    mf::Vocab bigger = build_vocab(corpus.sources);
+    mf::text::Vocab bigger = build_vocab(corpus.sources);
     config.src_vocab = bigger.size();
     file.metadata["translation.src_vocab"] = bigger.to_json();
   } else {

@@ -40,7 +40,7 @@ ToyRun train_toy(Device device, int64_t max_steps, double dropout = tools::ToySe
   tools::ToySetup setup;
   setup.dropout = dropout;
   manual_seed(static_cast<uint64_t>(setup.optim.seed));
-  Corpus corpus = tools::make_toy_corpus(
+  text::Corpus corpus = tools::make_toy_corpus(
       setup.repeats, {.tokenizer = {.lowercase = true}, .max_length = setup.max_len - 1, .skip_empty = true});
   ToyRun run{.translator = std::make_shared<models::Translator>(tools::build_translator(
                  corpus, {.d_model = setup.d_model, .heads = setup.heads, .encoder_layers = setup.layers,

@@ -10,7 +10,7 @@
 #include <doctest/doctest.h>
 
 #include "helpers.h"
-#include "ops/simd.h"
+#include "ops/cpu/simd.h"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "helpers.h"
-#include "ops/op.h"
+#include "ops/registry.h"
 
 #include <algorithm>
 #include <cmath>

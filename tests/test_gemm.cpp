@@ -1,5 +1,5 @@
 // miniflow's AVX-512 float GEMM (ops/sgemm.cpp) against naive loops in double.
-#include "ops/sgemm.h"
+#include "ops/cpu/sgemm.h"
 
 #include "core/isa.h"
 

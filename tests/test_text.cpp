@@ -46,7 +46,7 @@ struct doctest::StringMaker<std::vector<std::string>> {
 // Tokenizer
 
 TEST_CASE("tokenizer splits punctuation and lowercases ASCII") {
-  const mf::Tokenizer tokenizer;
+  const mf::text::Tokenizer tokenizer;
   CHECK(tokenizer.tokenize("Hello, World! It's 3.5") ==
         Tokens{"hello", ",", "world", "!", "it", "'", "s", "3", ".", "5"});
   CHECK(tokenizer.tokenize("").empty());
@@ -54,7 +54,7 @@ TEST_CASE("tokenizer splits punctuation and lowercases ASCII") {
 }
 
 TEST_CASE("tokenizer lowercases German umlauts and Latin letters, keeping ß") {
-  const mf::Tokenizer tokenizer;
+  const mf::text::Tokenizer tokenizer;
   CHECK(tokenizer.tokenize("Über den ÄRGER mit ÖL in der STRAßE") ==
         Tokens{"über", "den", "ärger", "mit", "öl", "in", "der", "straße"});
   CHECK(tokenizer.tokenize("École ÇA ÑANDÚ ØRE Þorn") == Tokens{"école", "ça", "ñandú", "øre", "þorn"});
@@ -64,7 +64,7 @@ TEST_CASE("tokenizer lowercases German umlauts and Latin letters, keeping ß") {
 }
 
 TEST_CASE("tokenizer splits Unicode quotes and punctuation off words") {
-  const mf::Tokenizer tokenizer;
+  const mf::text::Tokenizer tokenizer;
   CHECK(tokenizer.tokenize("„Guten Morgen“, sagte sie…") ==
         Tokens{"„", "guten", "morgen", "“", ",", "sagte", "sie", "…"});
   CHECK(tokenizer.tokenize("¿Qué? ¡Sí! «oui» ‘x’ “y” a–b c—d 5€") ==
@@ -73,7 +73,7 @@ TEST_CASE("tokenizer splits Unicode quotes and punctuation off words") {
 }
 
 TEST_CASE("tokenizer splits on Unicode whitespace, including no-break spaces") {
-  const mf::Tokenizer tokenizer;
+  const mf::text::Tokenizer tokenizer;
   // U+00A0 no-break space, U+202F narrow no-break space, U+2003 em space, U+3000 ideographic space,
   // U+200B zero-width space, U+FEFF byte order mark; then tab, CR LF.
   CHECK(tokenizer.tokenize("\xEF\xBB\xBF" "a\u00A0b\u202Fc\u2003d\u3000e\u200Bf\tg\r\nh") ==
@@ -82,12 +82,12 @@ TEST_CASE("tokenizer splits on Unicode whitespace, including no-break spaces") {
 }
 
 TEST_CASE("tokenizer options turn lowercasing and punctuation splitting off") {
-  CHECK(mf::Tokenizer({.lowercase = false}).tokenize("Über „Ä“") == Tokens{"Über", "„", "Ä", "“"});
-  CHECK(mf::Tokenizer({.split_punctuation = false}).tokenize("Hallo, Welt!") == Tokens{"hallo,", "welt!"});
+  CHECK(mf::text::Tokenizer({.lowercase = false}).tokenize("Über „Ä“") == Tokens{"Über", "„", "Ä", "“"});
+  CHECK(mf::text::Tokenizer({.split_punctuation = false}).tokenize("Hallo, Welt!") == Tokens{"hallo,", "welt!"});
 }
 
 TEST_CASE("tokenizer replaces each invalid UTF-8 byte with U+FFFD") {
-  const mf::Tokenizer tokenizer;
+  const mf::text::Tokenizer tokenizer;
   const std::string replacement = "\uFFFD";
   // A Latin-1 "ü" (0xFC) inside a UTF-8 line: one bad byte, one replacement, the word stays whole.
   CHECK(tokenizer.tokenize("gr\xFC\xDF" "e dich") == Tokens{"gr" + replacement + replacement + "e", "dich"});
@@ -98,61 +98,61 @@ TEST_CASE("tokenizer replaces each invalid UTF-8 byte with U+FFFD") {
   CHECK(tokenizer.tokenize("\xF4\x90\x80\x80") == Tokens{replacement + replacement + replacement + replacement});
   CHECK(tokenizer.tokenize("\x80 ok") == Tokens{replacement, "ok"});                     // stray continuation
 
-  CHECK(mf::find_invalid_utf8("grüße „x“ 😀") == std::string_view::npos);
-  CHECK(mf::find_invalid_utf8("ab\xFF") == 2);
-  CHECK(mf::find_invalid_utf8("ü\xE2\x80") == 2);
+  CHECK(mf::text::find_invalid_utf8("grüße „x“ 😀") == std::string_view::npos);
+  CHECK(mf::text::find_invalid_utf8("ab\xFF") == 2);
+  CHECK(mf::text::find_invalid_utf8("ü\xE2\x80") == 2);
 }
 
 TEST_CASE("detokenize joins tokens with spaces") {
-  CHECK(mf::Tokenizer::detokenize({"hallo", ",", "welt", "!"}) == "hallo , welt !");
-  CHECK(mf::Tokenizer::detokenize({}).empty());
+  CHECK(mf::text::Tokenizer::detokenize({"hallo", ",", "welt", "!"}) == "hallo , welt !");
+  CHECK(mf::text::Tokenizer::detokenize({}).empty());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Vocabulary
 
 namespace {
-mf::TokenCounts sample_counts() { return {{"a", 5}, {"b", 3}, {"c", 3}, {"d", 1}, {"<unk>", 9}, {"äpfel", 3}}; }
+mf::text::TokenCounts sample_counts() { return {{"a", 5}, {"b", 3}, {"c", 3}, {"d", 1}, {"<unk>", 9}, {"äpfel", 3}}; }
 }  // namespace
 
 TEST_CASE("vocab has the specials at fixed ids") {
-  const mf::Vocab vocab;
+  const mf::text::Vocab vocab;
   CHECK(vocab.size() == 4);
-  CHECK(vocab.id("<pad>") == mf::Vocab::kPad);
-  CHECK(vocab.id("<sos>") == mf::Vocab::kSos);
-  CHECK(vocab.id("<eos>") == mf::Vocab::kEos);
-  CHECK(vocab.id("<unk>") == mf::Vocab::kUnk);
-  CHECK((mf::Vocab::kPad == 0 && mf::Vocab::kSos == 1 && mf::Vocab::kEos == 2 && mf::Vocab::kUnk == 3));
+  CHECK(vocab.id("<pad>") == mf::text::Vocab::kPad);
+  CHECK(vocab.id("<sos>") == mf::text::Vocab::kSos);
+  CHECK(vocab.id("<eos>") == mf::text::Vocab::kEos);
+  CHECK(vocab.id("<unk>") == mf::text::Vocab::kUnk);
+  CHECK((mf::text::Vocab::kPad == 0 && mf::text::Vocab::kSos == 1 && mf::text::Vocab::kEos == 2 && mf::text::Vocab::kUnk == 3));
 }
 
 TEST_CASE("vocab build applies min_freq and max_size, most frequent first, ties alphabetical") {
   // "<unk>" in the text maps to the special instead of a second entry; b, c and äpfel tie at 3 and
   // are ordered by bytes (ä is 0xC3 0xA4, after ASCII).
-  const mf::Vocab all = mf::Vocab::build(sample_counts());
+  const mf::text::Vocab all = mf::text::Vocab::build(sample_counts());
   CHECK(all.tokens() == Tokens{"<pad>", "<sos>", "<eos>", "<unk>", "a", "b", "c", "äpfel", "d"});
-  CHECK(mf::Vocab::build(sample_counts(), {.min_freq = 2}).tokens() ==
+  CHECK(mf::text::Vocab::build(sample_counts(), {.min_freq = 2}).tokens() ==
         Tokens{"<pad>", "<sos>", "<eos>", "<unk>", "a", "b", "c", "äpfel"});
-  CHECK(mf::Vocab::build(sample_counts(), {.min_freq = 2, .max_size = 6}).tokens() ==
+  CHECK(mf::text::Vocab::build(sample_counts(), {.min_freq = 2, .max_size = 6}).tokens() ==
         Tokens{"<pad>", "<sos>", "<eos>", "<unk>", "a", "b"});
-  CHECK(mf::Vocab::build(sample_counts(), {.max_size = 4}).size() == 4);
+  CHECK(mf::text::Vocab::build(sample_counts(), {.max_size = 4}).size() == 4);
 }
 
 TEST_CASE("vocab build is deterministic whatever the hash map's order") {
-  mf::TokenCounts forward, backward;
+  mf::text::TokenCounts forward, backward;
   backward.reserve(1000);  // a different bucket count gives a different iteration order
   std::vector<std::string> words;
   for (int i = 0; i < 200; ++i) words.push_back(fmt::format("w{}", i));
   for (size_t i = 0; i < words.size(); ++i) forward[words[i]] = static_cast<int64_t>(i % 7);
   for (size_t i = words.size(); i-- > 0;) backward[words[i]] = static_cast<int64_t>(i % 7);
-  CHECK(mf::Vocab::build(forward, {.max_size = 50}) == mf::Vocab::build(backward, {.max_size = 50}));
+  CHECK(mf::text::Vocab::build(forward, {.max_size = 50}) == mf::text::Vocab::build(backward, {.max_size = 50}));
 }
 
 TEST_CASE("vocab counts tokens, encodes and decodes") {
-  mf::TokenCounts counts;
-  mf::count_tokens({{"der", "hund"}, {"der", "ball", "."}}, counts);
-  CHECK(counts == mf::TokenCounts{{"der", 2}, {"hund", 1}, {"ball", 1}, {".", 1}});
-  const mf::Vocab vocab = mf::Vocab::build(counts);  // der=4, then ". ball hund" = 5, 6, 7
-  CHECK(vocab.encode({"der", "katze", "."}) == std::vector<int64_t>{4, mf::Vocab::kUnk, 5});
+  mf::text::TokenCounts counts;
+  mf::text::count_tokens({{"der", "hund"}, {"der", "ball", "."}}, counts);
+  CHECK(counts == mf::text::TokenCounts{{"der", 2}, {"hund", 1}, {"ball", 1}, {".", 1}});
+  const mf::text::Vocab vocab = mf::text::Vocab::build(counts);  // der=4, then ". ball hund" = 5, 6, 7
+  CHECK(vocab.encode({"der", "katze", "."}) == std::vector<int64_t>{4, mf::text::Vocab::kUnk, 5});
   CHECK(vocab.encode({"hund"}, {.add_sos = true, .add_eos = true}) == std::vector<int64_t>{1, 7, 2});
   CHECK(vocab.contains("hund"));
   CHECK(!vocab.contains("katze"));
@@ -166,27 +166,27 @@ TEST_CASE("vocab counts tokens, encodes and decodes") {
 }
 
 TEST_CASE("vocab build rejects bad options and tokens") {
-  CHECK_THROWS_WITH_AS(mf::Vocab::build(sample_counts(), {.min_freq = 0}),
+  CHECK_THROWS_WITH_AS(mf::text::Vocab::build(sample_counts(), {.min_freq = 0}),
                        "Vocab::build: min_freq must be at least 1, got 0", mf::Error);
-  CHECK_THROWS_WITH_AS(mf::Vocab::build(sample_counts(), {.max_size = 3}),
+  CHECK_THROWS_WITH_AS(mf::text::Vocab::build(sample_counts(), {.max_size = 3}),
                        "Vocab::build: max_size must be 0 (no limit) or at least 4 (the special tokens), got 3",
                        mf::Error);
-  CHECK_THROWS_WITH_AS(mf::Vocab::build({{"ab\xFF", 1}}),
+  CHECK_THROWS_WITH_AS(mf::text::Vocab::build({{"ab\xFF", 1}}),
                        "Vocab::build: token \"ab...\" is not valid UTF-8 (byte 0xFF at offset 2)", mf::Error);
-  CHECK_THROWS_WITH_AS(mf::Vocab::build({{"", 1}}), "Vocab::build: the counts hold an empty token", mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Vocab::build({{"", 1}}), "Vocab::build: the counts hold an empty token", mf::Error);
 }
 
 TEST_CASE("vocab round-trips through JSON strings and files") {
-  const mf::Vocab vocab = mf::Vocab::build(sample_counts());
-  CHECK(mf::Vocab::from_json(vocab.to_json()) == vocab);
+  const mf::text::Vocab vocab = mf::text::Vocab::build(sample_counts());
+  CHECK(mf::text::Vocab::from_json(vocab.to_json()) == vocab);
 
   TempDir dir;
   const fs::path path = dir.path / "vocab.json";
   vocab.save(path);
-  mf::Vocab{}.save(path);  // overwriting works, and replaces the content
-  CHECK(mf::Vocab::load(path) == mf::Vocab{});
+  mf::text::Vocab{}.save(path);  // overwriting works, and replaces the content
+  CHECK(mf::text::Vocab::load(path) == mf::text::Vocab{});
   vocab.save(path);
-  CHECK(mf::Vocab::load(path) == vocab);
+  CHECK(mf::text::Vocab::load(path) == vocab);
   // The temporary file was renamed into place, not left behind.
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
 }
@@ -194,7 +194,7 @@ TEST_CASE("vocab round-trips through JSON strings and files") {
 TEST_CASE("vocab loading reports corrupt files by name") {
   TempDir dir;
   auto load = [&](const std::string& name, const std::string& content) {
-    return mf::Vocab::load(dir.write(name, content));
+    return mf::text::Vocab::load(dir.write(name, content));
   };
   const std::string good_specials = R"("<pad>", "<sos>", "<eos>", "<unk>")";
   auto file = [&](const std::string& name) { return (dir.path / name).string(); };
@@ -239,11 +239,11 @@ TEST_CASE("vocab loading reports corrupt files by name") {
   // A million nested arrays: the message must describe the value, not dump it (recursion per level
   // overflowed the stack).
   const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
-  CHECK_THROWS_WITH_AS(mf::Vocab::from_json(R"({"format": "miniflow-vocab", "version": )" + deep + "}", "deep"),
+  CHECK_THROWS_WITH_AS(mf::text::Vocab::from_json(R"({"format": "miniflow-vocab", "version": )" + deep + "}", "deep"),
                        "vocab from deep: \"version\" is a JSON array of size 1 (this build reads version 1)", mf::Error);
-  CHECK_THROWS_WITH_AS(mf::Vocab::load(dir.path / "missing.json"),
+  CHECK_THROWS_WITH_AS(mf::text::Vocab::load(dir.path / "missing.json"),
                        ("Vocab::load: '" + file("missing.json") + "' does not exist").c_str(), mf::Error);
-  CHECK_THROWS_WITH_AS(mf::Vocab::from_json("{}", "my string"),
+  CHECK_THROWS_WITH_AS(mf::text::Vocab::from_json("{}", "my string"),
                        "vocab from my string: \"format\" is missing or not \"miniflow-vocab\"", mf::Error);
 }
 
@@ -255,7 +255,7 @@ TEST_CASE("corpus reads line-aligned files") {
   // CRLF line ends and a last line without a newline are both fine.
   const fs::path source = dir.write("train.de", "Guten Morgen!\r\n„Danke“, sagte er.\r\nJa");
   const fs::path target = dir.write("train.en", "Good morning!\n\"Thanks,\" he said.\nYes\n");
-  const mf::Corpus corpus = mf::read_parallel_corpus(source, target);
+  const mf::text::Corpus corpus = mf::text::read_parallel_corpus(source, target);
   CHECK(corpus.sources ==
         std::vector<Tokens>{{"guten", "morgen", "!"}, {"„", "danke", "“", ",", "sagte", "er", "."}, {"ja"}});
   CHECK(corpus.targets ==
@@ -265,13 +265,13 @@ TEST_CASE("corpus reads line-aligned files") {
 }
 
 TEST_CASE("corpus truncates to max_length and counts truncated sentences") {
-  const mf::Corpus corpus = mf::make_corpus({{"a b c d", "w x"}, {"a b", "w x y z"}, {"a b c", "w x y"}},
+  const mf::text::Corpus corpus = mf::text::make_corpus({{"a b c d", "w x"}, {"a b", "w x y z"}, {"a b c", "w x y"}},
                                             {.max_length = 3});
   CHECK(corpus.sources == std::vector<Tokens>{{"a", "b", "c"}, {"a", "b"}, {"a", "b", "c"}});
   CHECK(corpus.targets == std::vector<Tokens>{{"w", "x"}, {"w", "x", "y"}, {"w", "x", "y"}});
   CHECK(corpus.stats.truncated_sources == 1);
   CHECK(corpus.stats.truncated_targets == 1);
-  CHECK_THROWS_WITH_AS(mf::make_corpus({}, {.max_length = -1}),
+  CHECK_THROWS_WITH_AS(mf::text::make_corpus({}, {.max_length = -1}),
                        "corpus: max_length must be 0 (no limit) or positive, got -1", mf::Error);
 }
 
@@ -279,13 +279,13 @@ TEST_CASE("corpus reports files of different lengths with both counts") {
   TempDir dir;
   const fs::path three = dir.write("three.txt", "a\nb\nc\n");
   const fs::path five = dir.write("five.txt", "a\nb\nc\nd\ne");
-  CHECK_THROWS_WITH_AS(mf::read_parallel_corpus(three, five),
+  CHECK_THROWS_WITH_AS(mf::text::read_parallel_corpus(three, five),
                        fmt::format("read_parallel_corpus: source file '{}' has 3 lines but target file '{}' has 5; "
                                    "'{}' ends after line 3",
                                    three.string(), five.string(), three.string())
                            .c_str(),
                        mf::Error);
-  CHECK_THROWS_WITH_AS(mf::read_parallel_corpus(five, three),
+  CHECK_THROWS_WITH_AS(mf::text::read_parallel_corpus(five, three),
                        fmt::format("read_parallel_corpus: source file '{}' has 5 lines but target file '{}' has 3; "
                                    "'{}' ends after line 3",
                                    five.string(), three.string(), three.string())
@@ -297,23 +297,23 @@ TEST_CASE("corpus rejects blank lines, or skips and counts them") {
   TempDir dir;
   const fs::path source = dir.write("src.txt", "eins\nzwei\n\u00A0\t\nvier\n");
   const fs::path target = dir.write("tgt.txt", "one\n\nthree\nfour\n");
-  CHECK_THROWS_WITH_AS(mf::read_parallel_corpus(source, target),
+  CHECK_THROWS_WITH_AS(mf::text::read_parallel_corpus(source, target),
                        fmt::format("read_parallel_corpus: line 2 of target file '{}' is blank (set "
                                    "CorpusOptions::skip_empty to drop such pairs)",
                                    target.string())
                            .c_str(),
                        mf::Error);
-  const mf::Corpus corpus = mf::read_parallel_corpus(source, target, {.skip_empty = true});
+  const mf::text::Corpus corpus = mf::text::read_parallel_corpus(source, target, {.skip_empty = true});
   CHECK(corpus.sources == std::vector<Tokens>{{"eins"}, {"vier"}});
   CHECK(corpus.targets == std::vector<Tokens>{{"one"}, {"four"}});
   CHECK(corpus.stats.pairs == 2);
   CHECK(corpus.stats.skipped_empty == 2);
 
-  CHECK_THROWS_WITH_AS(mf::make_corpus({{"a", "b"}, {" ", "c"}}),
+  CHECK_THROWS_WITH_AS(mf::text::make_corpus({{"a", "b"}, {" ", "c"}}),
                        "make_corpus: pair 2 has a blank source sentence (set CorpusOptions::skip_empty to drop such "
                        "pairs)",
                        mf::Error);
-  CHECK(mf::make_corpus({{"a", "b"}, {" ", "c"}}, {.skip_empty = true}).stats.skipped_empty == 1);
+  CHECK(mf::text::make_corpus({{"a", "b"}, {" ", "c"}}, {.skip_empty = true}).stats.skipped_empty == 1);
 }
 
 TEST_CASE("corpus names a missing or unreadable file") {
@@ -321,9 +321,9 @@ TEST_CASE("corpus names a missing or unreadable file") {
   const fs::path source = dir.write("src.txt", "a\n");
   const fs::path missing = dir.path / "missing.txt";
   CHECK_THROWS_WITH_AS(
-      mf::read_parallel_corpus(source, missing),
+      mf::text::read_parallel_corpus(source, missing),
       fmt::format("read_parallel_corpus: target file '{}' does not exist", missing.string()).c_str(), mf::Error);
   CHECK_THROWS_WITH_AS(
-      mf::read_parallel_corpus(dir.path, source),
+      mf::text::read_parallel_corpus(dir.path, source),
       fmt::format("read_parallel_corpus: source file '{}' is a directory", dir.path.string()).c_str(), mf::Error);
 }

@@ -28,8 +28,8 @@ Lengths random_lengths(size_t n) {
   std::mt19937_64 rng(7);
   Lengths lengths;
   for (size_t i = 0; i < n; ++i) {
-    const auto source = 1 + static_cast<int64_t>(mf::uniform_below(rng, 50));
-    const auto offset = static_cast<int64_t>(mf::uniform_below(rng, 7)) - 3;
+    const auto source = 1 + static_cast<int64_t>(mf::text::uniform_below(rng, 50));
+    const auto offset = static_cast<int64_t>(mf::text::uniform_below(rng, 7)) - 3;
     lengths.source.push_back(source);
     lengths.target.push_back(std::max<int64_t>(1, source + offset));
   }
@@ -47,16 +47,16 @@ TEST_CASE("Fisher-Yates shuffle is pinned to mt19937_64, the same on every stand
   std::vector<int> items(10);
   std::iota(items.begin(), items.end(), 0);
   std::mt19937_64 rng(42);
-  mf::fisher_yates_shuffle(items.begin(), items.end(), rng);
+  mf::text::fisher_yates_shuffle(items.begin(), items.end(), rng);
   CHECK(items == std::vector<int>{1, 7, 9, 0, 3, 8, 4, 2, 5, 6});
 
   std::iota(items.begin(), items.end(), 0);
   rng.seed(43);
-  mf::fisher_yates_shuffle(items.begin(), items.end(), rng);
+  mf::text::fisher_yates_shuffle(items.begin(), items.end(), rng);
   CHECK(items == std::vector<int>{2, 4, 3, 8, 1, 7, 5, 9, 0, 6});
 
-  CHECK(mf::uniform_below(rng, 1) == 0);
-  CHECK_THROWS_WITH_AS(mf::uniform_below(rng, 0), "uniform_below: the range [0, n) is empty (n = 0)", mf::Error);
+  CHECK(mf::text::uniform_below(rng, 1) == 0);
+  CHECK_THROWS_WITH_AS(mf::text::uniform_below(rng, 0), "uniform_below: the range [0, n) is empty (n = 0)", mf::Error);
 }
 
 TEST_CASE("batches cover every example once and respect the token budget") {
@@ -65,10 +65,10 @@ TEST_CASE("batches cover every example once and respect the token budget") {
     for (int64_t max_sentences : {0, 8}) {
       CAPTURE(pool_size);
       CAPTURE(max_sentences);
-      const mf::BatchingOptions options{.max_tokens = 200, .max_sentences = max_sentences, .pool_size = pool_size};
-      const std::vector<mf::Batch> batches = mf::make_batches(lengths.source, lengths.target, options, 1);
+      const mf::text::BatchingOptions options{.max_tokens = 200, .max_sentences = max_sentences, .pool_size = pool_size};
+      const std::vector<mf::text::Batch> batches = mf::text::make_batches(lengths.source, lengths.target, options, 1);
       std::vector<int64_t> seen;
-      for (const mf::Batch& batch : batches) {
+      for (const mf::text::Batch& batch : batches) {
         REQUIRE(!batch.empty());
         int64_t width = 0;
         for (int64_t i : batch) width = std::max({width, lengths.source[i], lengths.target[i]});
@@ -90,8 +90,8 @@ TEST_CASE("bucketing by length keeps padding low") {
   const Lengths lengths = random_lengths(2000);
   auto padded_over_real = [&](int64_t pool_size) {
     int64_t padded = 0, real = 0;
-    const mf::BatchingOptions options{.max_tokens = 400, .pool_size = pool_size};
-    for (const mf::Batch& batch : mf::make_batches(lengths.source, lengths.target, options, 3)) {
+    const mf::text::BatchingOptions options{.max_tokens = 400, .pool_size = pool_size};
+    for (const mf::text::Batch& batch : mf::text::make_batches(lengths.source, lengths.target, options, 3)) {
       int64_t width = 0;
       for (int64_t i : batch) {
         width = std::max({width, lengths.source[i], lengths.target[i]});
@@ -107,10 +107,10 @@ TEST_CASE("bucketing by length keeps padding low") {
 
 TEST_CASE("batches are reproducible from the seed") {
   const Lengths lengths = random_lengths(500);
-  const mf::BatchingOptions options{.max_tokens = 256, .pool_size = 100};
-  const auto first = mf::make_batches(lengths.source, lengths.target, options, 11);
-  CHECK(mf::make_batches(lengths.source, lengths.target, options, 11) == first);
-  CHECK(mf::make_batches(lengths.source, lengths.target, options, 12) != first);
+  const mf::text::BatchingOptions options{.max_tokens = 256, .pool_size = 100};
+  const auto first = mf::text::make_batches(lengths.source, lengths.target, options, 11);
+  CHECK(mf::text::make_batches(lengths.source, lengths.target, options, 11) == first);
+  CHECK(mf::text::make_batches(lengths.source, lengths.target, options, 12) != first);
 
   // The overload on encoded sequences batches by their sizes.
   std::vector<std::vector<int64_t>> sources, targets;
@@ -118,25 +118,25 @@ TEST_CASE("batches are reproducible from the seed") {
     sources.emplace_back(static_cast<size_t>(lengths.source[i]), 5);
     targets.emplace_back(static_cast<size_t>(lengths.target[i]), 6);
   }
-  CHECK(mf::make_batches(sources, targets, options, 11) == first);
-  CHECK(mf::make_batches(std::vector<int64_t>{}, std::vector<int64_t>{}, options, 11).empty());
+  CHECK(mf::text::make_batches(sources, targets, options, 11) == first);
+  CHECK(mf::text::make_batches(std::vector<int64_t>{}, std::vector<int64_t>{}, options, 11).empty());
 }
 
 TEST_CASE("batching rejects inconsistent input") {
   const std::vector<int64_t> lengths{3, 9, 4};
-  CHECK_THROWS_WITH_AS(mf::make_batches(lengths, std::vector<int64_t>{3, 4}, {}, 0),
+  CHECK_THROWS_WITH_AS(mf::text::make_batches(lengths, std::vector<int64_t>{3, 4}, {}, 0),
                        "make_batches: 3 source lengths but 2 target lengths (one of each per example)", mf::Error);
-  CHECK_THROWS_WITH_AS(mf::make_batches(lengths, lengths, {.max_tokens = 8}, 0),
+  CHECK_THROWS_WITH_AS(mf::text::make_batches(lengths, lengths, {.max_tokens = 8}, 0),
                        "make_batches: example 1 is 9 tokens long (source 9, target 9), more than max_tokens = 8; "
                        "raise max_tokens or truncate the corpus (CorpusOptions::max_length)",
                        mf::Error);
-  CHECK_THROWS_WITH_AS(mf::make_batches(lengths, std::vector<int64_t>{3, -1, 4}, {}, 0),
+  CHECK_THROWS_WITH_AS(mf::text::make_batches(lengths, std::vector<int64_t>{3, -1, 4}, {}, 0),
                        "make_batches: example 1 has a negative length (source 9, target -1)", mf::Error);
-  CHECK_THROWS_WITH_AS(mf::make_batches(lengths, lengths, {.max_tokens = 0}, 0),
+  CHECK_THROWS_WITH_AS(mf::text::make_batches(lengths, lengths, {.max_tokens = 0}, 0),
                        "make_batches: max_tokens must be positive, got 0", mf::Error);
-  CHECK_THROWS_WITH_AS(mf::make_batches(lengths, lengths, {.max_sentences = -2}, 0),
+  CHECK_THROWS_WITH_AS(mf::text::make_batches(lengths, lengths, {.max_sentences = -2}, 0),
                        "make_batches: max_sentences must be 0 (no cap) or positive, got -2", mf::Error);
-  CHECK_THROWS_WITH_AS(mf::make_batches(lengths, lengths, {.pool_size = -1}, 0),
+  CHECK_THROWS_WITH_AS(mf::text::make_batches(lengths, lengths, {.pool_size = -1}, 0),
                        "make_batches: pool_size must be 0 (one pool) or positive, got -1", mf::Error);
 }
 
@@ -146,7 +146,7 @@ TEST_CASE("batching rejects inconsistent input") {
 
 TEST_CASE("BLEU of a perfect hypothesis is 100") {
   const auto sentences = split_all({"the cat sat on the mat", "ein kleiner test mit vier wörtern"});
-  const mf::BleuScore bleu = mf::corpus_bleu(sentences, sentences);
+  const mf::text::BleuScore bleu = mf::text::corpus_bleu(sentences, sentences);
   CHECK(bleu.score == doctest::Approx(100.0));
   CHECK(bleu.brevity_penalty == 1.0);
   for (double p : bleu.precisions) CHECK(p == doctest::Approx(100.0));
@@ -162,7 +162,7 @@ TEST_CASE("BLEU with a brevity penalty, worked by hand") {
   // geometric mean = (1 * 6/7 * 5/6 * 4/5)^(1/4) = (4/7)^(1/4) = 0.869447...
   // c < r, so BP = exp(1 - 9/8) = exp(-0.125) = 0.882497...
   // BLEU = 100 * 0.882497 * 0.869447 = 76.7279645961
-  const mf::BleuScore bleu = mf::sentence_bleu(split_all({"the quick brown fox jumps over the dog"})[0],
+  const mf::text::BleuScore bleu = mf::text::sentence_bleu(split_all({"the quick brown fox jumps over the dog"})[0],
                                                split_all({"the quick brown fox jumps over the lazy dog"})[0]);
   CHECK(bleu.matches == std::array<int64_t, 4>{8, 6, 5, 4});
   CHECK(bleu.totals == std::array<int64_t, 4>{8, 7, 6, 5});
@@ -180,7 +180,7 @@ TEST_CASE("BLEU sums n-gram counts over the corpus before dividing") {
   // not the mean of the sentence scores ((76.73 + 100) / 2 = 88.36).
   const auto hyps = split_all({"the quick brown fox jumps over the dog", "a b c d"});
   const auto refs = split_all({"the quick brown fox jumps over the lazy dog", "a b c d"});
-  const mf::BleuScore bleu = mf::corpus_bleu(hyps, refs);
+  const mf::text::BleuScore bleu = mf::text::corpus_bleu(hyps, refs);
   CHECK(bleu.hypothesis_length == 12);
   CHECK(bleu.reference_length == 13);
   CHECK(bleu.score == doctest::Approx(100.0 * std::exp(-1.0 / 12) * std::pow(0.9 * 0.875 * 5.0 / 6.0, 0.25)));
@@ -189,8 +189,8 @@ TEST_CASE("BLEU sums n-gram counts over the corpus before dividing") {
 
 TEST_CASE("BLEU clips repeated words and is zero without a 4-gram match unless smoothed") {
   // "the" occurs 7 times but only twice in the reference: p1 = 2/7; no bigram matches.
-  const mf::BleuScore clipped =
-      mf::sentence_bleu(split_all({"the the the the the the the"})[0], split_all({"the cat is on the mat"})[0]);
+  const mf::text::BleuScore clipped =
+      mf::text::sentence_bleu(split_all({"the the the the the the the"})[0], split_all({"the cat is on the mat"})[0]);
   CHECK(clipped.matches[0] == 2);
   CHECK(clipped.precisions[0] == doctest::Approx(100.0 * 2 / 7));
   CHECK(clipped.score == 0.0);
@@ -201,8 +201,8 @@ TEST_CASE("BLEU clips repeated words and is zero without a 4-gram match unless s
   // Add-one for n > 1: p = 5/6, 4/6, 2/5, 1/4; product = 40/720 = 1/18; BLEU = 100 * (1/18)^(1/4) = 48.5491771707
   const Tokens hyp = split_all({"the cat sat on the mat"})[0];
   const Tokens ref = split_all({"the cat is on the mat"})[0];
-  CHECK(mf::sentence_bleu(hyp, ref).score == 0.0);
-  const mf::BleuScore smoothed = mf::sentence_bleu(hyp, ref, mf::BleuSmoothing::AddOne);
+  CHECK(mf::text::sentence_bleu(hyp, ref).score == 0.0);
+  const mf::text::BleuScore smoothed = mf::text::sentence_bleu(hyp, ref, mf::text::BleuSmoothing::AddOne);
   CHECK(smoothed.matches == std::array<int64_t, 4>{5, 3, 1, 0});  // counts are reported unsmoothed
   CHECK(smoothed.precisions[3] == doctest::Approx(25.0));
   CHECK(smoothed.score == doctest::Approx(100.0 * std::pow(1.0 / 18.0, 0.25)));
@@ -210,15 +210,15 @@ TEST_CASE("BLEU clips repeated words and is zero without a 4-gram match unless s
 
   // Add-one on a hypothesis too short for 3- and 4-grams: those orders count (0+1)/(0+1).
   // p = 2/2, (1+1)/(1+1), 1/1, 1/1; BP = exp(1 - 3/2), so BLEU = 100 * exp(-0.5) = 60.653...
-  CHECK(mf::sentence_bleu({"a", "b"}, {"a", "b", "c"}, mf::BleuSmoothing::AddOne).score ==
+  CHECK(mf::text::sentence_bleu({"a", "b"}, {"a", "b", "c"}, mf::text::BleuSmoothing::AddOne).score ==
         doctest::Approx(100.0 * std::exp(-0.5)));
 }
 
 TEST_CASE("BLEU edge cases") {
-  CHECK(mf::corpus_bleu({}, {}).score == 0.0);
-  const mf::BleuScore empty = mf::sentence_bleu({}, {"a", "b"});
+  CHECK(mf::text::corpus_bleu({}, {}).score == 0.0);
+  const mf::text::BleuScore empty = mf::text::sentence_bleu({}, {"a", "b"});
   CHECK(empty.score == 0.0);
   CHECK(empty.brevity_penalty == 0.0);
-  CHECK_THROWS_WITH_AS(mf::corpus_bleu(split_all({"a b"}), {}),
+  CHECK_THROWS_WITH_AS(mf::text::corpus_bleu(split_all({"a b"}), {}),
                        "corpus_bleu: 1 hypotheses but 0 references (one reference per hypothesis)", mf::Error);
 }

@@ -11,12 +11,12 @@ namespace {
 
 models::Translator toy_translator() {
   manual_seed(3);
-  Corpus corpus = make_corpus({{"ich mochte ein bier", "i want a beer"},
+  text::Corpus corpus = text::make_corpus({{"ich mochte ein bier", "i want a beer"},
                                                {"ich mochte ein cola", "i want a coke"}});
-  TokenCounts src_counts, tgt_counts;
-  count_tokens(corpus.sources, src_counts);
-  count_tokens(corpus.targets, tgt_counts);
-  Vocab src = Vocab::build(src_counts), tgt = Vocab::build(tgt_counts);
+  text::TokenCounts src_counts, tgt_counts;
+  text::count_tokens(corpus.sources, src_counts);
+  text::count_tokens(corpus.targets, tgt_counts);
+  text::Vocab src = text::Vocab::build(src_counts), tgt = text::Vocab::build(tgt_counts);
   models::TransformerConfig config{.src_vocab = src.size(), .tgt_vocab = tgt.size(), .d_model = 16, .heads = 2,
                                    .encoder_layers = 1, .decoder_layers = 1, .d_ff = 32, .dropout = 0.0,
                                    .max_len = 12, .shared_embeddings = false};

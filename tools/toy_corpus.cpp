@@ -12,10 +12,10 @@ const std::vector<std::pair<std::string, std::string>>& toy_pairs() {
   return pairs;
 }
 
-Corpus make_toy_corpus(int64_t repeats, const CorpusOptions& options) {
+text::Corpus make_toy_corpus(int64_t repeats, const text::CorpusOptions& options) {
   std::vector<std::pair<std::string, std::string>> pairs;
   for (int64_t r = 0; r < repeats; ++r) pairs.insert(pairs.end(), toy_pairs().begin(), toy_pairs().end());
-  return make_corpus(pairs, options);
+  return text::make_corpus(pairs, options);
 }
 
 std::vector<ToyTranslation> translate_toy(models::Translator& translator) {

@@ -4,7 +4,7 @@
 // the same corpus through the same loop on a GPU.
 #pragma once
 
-#include "models/corpus.h"
+#include "text/corpus.h"
 #include "models/translation.h"
 #include "tools/train_loop.h"
 
@@ -28,7 +28,7 @@ struct ToySetup {
 };
 
 /// The toy pairs, each repeated `repeats` times, tokenized with `options`.
-Corpus make_toy_corpus(int64_t repeats, const CorpusOptions& options);
+text::Corpus make_toy_corpus(int64_t repeats, const text::CorpusOptions& options);
 
 /// One toy source with its greedy and beam-4 translations and the expected one.
 struct ToyTranslation {

@@ -3,9 +3,9 @@
 #include "core/json_brief.h"
 
 #include "core/graph.h"
-#include "models/batching.h"
-#include "models/bleu.h"
-#include "ops/ops.h"
+#include "text/batching.h"
+#include "text/bleu.h"
+#include "ops/functional.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/scheduler.h"
@@ -120,7 +120,7 @@ Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesyst
   }
 }
 
-int64_t batch_tokens(const ParallelData& data, const Batch& batch) {
+int64_t batch_tokens(const ParallelData& data, const text::Batch& batch) {
   int64_t tokens = 0;
   for (int64_t i : batch) tokens += static_cast<int64_t>(data.sources[i].size() + data.targets[i].size()) + 2;
   return tokens;
@@ -137,7 +137,7 @@ double validation_loss(models::Translator& translator, const ParallelData& data,
   NoGradGuard no_grad;
   double sum = 0;
   int64_t tokens = 0;
-  for (const Batch& batch : make_batches(data.sources, data.targets, {.max_tokens = max_tokens}, 0)) {
+  for (const text::Batch& batch : text::make_batches(data.sources, data.targets, {.max_tokens = max_tokens}, 0)) {
     models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batch, model.device());
     Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, 0.0);
     sum += loss.item<double>() * static_cast<double>(b.target_tokens);
@@ -200,13 +200,13 @@ class ProgressLine {
 
 }  // namespace
 
-models::Translator build_translator(const Corpus& train, const ModelSettings& s) {
+models::Translator build_translator(const text::Corpus& train, const ModelSettings& s) {
   auto vocab_of = [&](const std::vector<std::vector<std::string>>& sentences) {
-    TokenCounts counts;
-    count_tokens(sentences, counts);
-    return Vocab::build(counts, {.min_freq = s.min_freq, .max_size = s.max_vocab});
+    text::TokenCounts counts;
+    text::count_tokens(sentences, counts);
+    return text::Vocab::build(counts, {.min_freq = s.min_freq, .max_size = s.max_vocab});
   };
-  Vocab src_vocab = vocab_of(train.sources), tgt_vocab = vocab_of(train.targets);
+  text::Vocab src_vocab = vocab_of(train.sources), tgt_vocab = vocab_of(train.targets);
   models::TransformerConfig config{.src_vocab = src_vocab.size(), .tgt_vocab = tgt_vocab.size(),
                                    .d_model = s.d_model, .heads = s.heads, .encoder_layers = s.encoder_layers,
                                    .decoder_layers = s.decoder_layers, .d_ff = s.d_ff, .dropout = s.dropout,
@@ -247,7 +247,7 @@ double greedy_bleu(models::Translator& translator, const ParallelData& data, int
       hypotheses.push_back(translator.tgt_vocab().decode(
           std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width))));
   }
-  return corpus_bleu(hypotheses, references).score;
+  return text::corpus_bleu(hypotheses, references).score;
 }
 
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
@@ -283,7 +283,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   auto should_stop = [&] { return g_interrupted || (options.max_steps > 0 && steps_this_run >= options.max_steps); };
 
   while (progress.epoch < options.epochs && !stopped) {
-    std::vector<Batch> batches = make_batches(train.sources, train.targets, {.max_tokens = settings.max_tokens},
+    std::vector<text::Batch> batches = text::make_batches(train.sources, train.targets, {.max_tokens = settings.max_tokens},
                                               static_cast<uint64_t>(settings.seed + progress.epoch));
     const auto n_batches = static_cast<int64_t>(batches.size());
     model.train();

@@ -5,7 +5,7 @@
 // the host.
 #pragma once
 
-#include "models/corpus.h"
+#include "text/corpus.h"
 #include "models/translation.h"
 
 #include <cstdint>
@@ -32,7 +32,7 @@ struct ModelSettings {
 
 /// Vocabularies from `train`'s two sides, and a Transformer with separate source and target
 /// embeddings and the output projection tied to the target's, initialised on the CPU.
-models::Translator build_translator(const Corpus& train, const ModelSettings& settings);
+models::Translator build_translator(const text::Corpus& train, const ModelSettings& settings);
 
 /// Encodes a tokenized corpus with the translator's vocabularies.
 ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,

@@ -86,10 +86,10 @@ void check_flags(const Flags& f) {
 }
 
 /// Reads a corpus, logging what was skipped or truncated.
-mf::Corpus read_corpus(const std::string& what, const std::string& src, const std::string& tgt,
-                       const mf::CorpusOptions& options) {
-  mf::Corpus corpus = mf::read_parallel_corpus(src, tgt, options);
-  const mf::CorpusStats& s = corpus.stats;
+mf::text::Corpus read_corpus(const std::string& what, const std::string& src, const std::string& tgt,
+                       const mf::text::CorpusOptions& options) {
+  mf::text::Corpus corpus = mf::text::read_parallel_corpus(src, tgt, options);
+  const mf::text::CorpusStats& s = corpus.stats;
   fmt::print("{}: {} pairs from '{}' / '{}'", what, s.pairs, src, tgt);
   if (s.skipped_empty > 0) fmt::print(", {} pairs skipped for an empty line", s.skipped_empty);
   if (s.truncated_sources + s.truncated_targets > 0)
@@ -192,9 +192,9 @@ int run(int argc, char** argv) {
   mf::autograd::set_detect_anomaly(f.detect_anomaly);
   mf::manual_seed(static_cast<uint64_t>(f.optim.seed));
 
-  mf::CorpusOptions corpus_options{.tokenizer = {.lowercase = !f.no_lowercase}, .max_length = f.max_len - 1,
+  mf::text::CorpusOptions corpus_options{.tokenizer = {.lowercase = !f.no_lowercase}, .max_length = f.max_len - 1,
                                    .skip_empty = true};
-  mf::Corpus train_corpus, valid_corpus;
+  mf::text::Corpus train_corpus, valid_corpus;
   if (toy) {
     const mf::tools::ToySetup setup;
     train_corpus = mf::tools::make_toy_corpus(setup.repeats, corpus_options);

@@ -160,14 +160,14 @@ std::string format_output(const std::vector<Hypotheses>& results, int64_t nbest)
 }
 
 /// Corpus BLEU of the best translations against the reference lines, both tokenized and lowercased.
-mf::BleuScore score_bleu(const std::vector<Hypotheses>& results, const std::vector<std::string>& references) {
-  mf::Tokenizer tokenizer({.lowercase = true, .split_punctuation = true});
+mf::text::BleuScore score_bleu(const std::vector<Hypotheses>& results, const std::vector<std::string>& references) {
+  mf::text::Tokenizer tokenizer({.lowercase = true, .split_punctuation = true});
   std::vector<std::vector<std::string>> hyp_tokens, ref_tokens;
   for (size_t i = 0; i < results.size(); ++i) {
     hyp_tokens.push_back(tokenizer.tokenize(results[i].front().first));
     ref_tokens.push_back(tokenizer.tokenize(references[i]));
   }
-  return mf::corpus_bleu(hyp_tokens, ref_tokens);
+  return mf::text::corpus_bleu(hyp_tokens, ref_tokens);
 }
 
 /// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
@@ -183,7 +183,7 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const mf::Tensor
                                  .tokens.select(0, 0)
                                  .to_vector<int64_t>();
   std::vector<int64_t> ids(row.begin() + 1, row.end());  // drop <sos>
-  auto eos = std::find(ids.begin(), ids.end(), mf::Vocab::kEos);
+  auto eos = std::find(ids.begin(), ids.end(), mf::text::Vocab::kEos);
   if (eos != ids.end()) ids.erase(eos + 1, ids.end());  // padding after <eos>
   return ids;
 }
@@ -195,7 +195,7 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   mf::NoGradGuard no_grad;
   mf::Tensor src = translator.encode_sources({sentence});  // [1, S]: tokens + <eos>
   std::vector<int64_t> ids = decode_ids(translator, src, o);
-  std::vector<int64_t> tgt_in{mf::Vocab::kSos};
+  std::vector<int64_t> tgt_in{mf::text::Vocab::kSos};
   tgt_in.insert(tgt_in.end(), ids.begin(), ids.end() - 1);  // row t predicts ids[t]
   models::Transformer& model = translator.model();
   model.set_record_attention(true);

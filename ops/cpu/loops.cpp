@@ -1,4 +1,4 @@
-#include "ops/loops.h"
+#include "ops/cpu/loops.h"
 
 namespace mf::cpu {
 

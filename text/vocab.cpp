@@ -1,16 +1,16 @@
-#include "models/vocab.h"
+#include "text/vocab.h"
 
 #include "core/error.h"
 #include "core/json_brief.h"
-#include "models/files.h"
-#include "models/tokenizer.h"
+#include "text/files.h"
+#include "text/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <sstream>
 
-namespace mf {
+namespace mf::text {
 namespace {
 
 constexpr std::string_view kFormat = "miniflow-vocab";
@@ -144,4 +144,4 @@ Vocab Vocab::load(const std::filesystem::path& path) {
   return from_json(content.str(), fmt::format("file '{}'", path.string()));
 }
 
-}  // namespace mf
+}  // namespace mf::text

@@ -4,7 +4,7 @@
 // of std::exp), double calls std::exp.
 #pragma once
 
-#include "ops/simd.h"
+#include "ops/cpu/simd.h"
 
 #include <algorithm>
 #include <cmath>

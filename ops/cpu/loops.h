@@ -5,7 +5,7 @@
 
 #include "core/parallel.h"
 #include "core/tensor.h"
-#include "ops/simd.h"
+#include "ops/cpu/simd.h"
 
 #include <algorithm>
 #include <array>

@@ -1,10 +1,10 @@
 // W streams through once, untouched: A^T (at most 128 rows, zero-padded to whole 16-lane vectors)
 // sits in a small buffer, and each 16-row slice of it meets 8 rows of W at a time in 16 (2 x 8)
 // accumulators, one FMA per element of W per slice, with no horizontal sums.
-#include "ops/skinny_gemm.h"
+#include "ops/cpu/skinny_gemm.h"
 
 #include "core/parallel.h"
-#include "ops/simd.h"
+#include "ops/cpu/simd.h"
 
 #include <immintrin.h>
 

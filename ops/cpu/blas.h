@@ -3,7 +3,7 @@
 #pragma once
 
 #include "ops/math.h"
-#include "ops/sgemm.h"
+#include "ops/cpu/sgemm.h"
 
 #include <cblas.h>
 

@@ -1,11 +1,11 @@
-#include "models/corpus.h"
+#include "text/corpus.h"
 
 #include "core/error.h"
-#include "models/files.h"
+#include "text/files.h"
 
 #include <fstream>
 
-namespace mf {
+namespace mf::text {
 namespace {
 
 enum class Side : uint8_t { None, Source, Target };
@@ -108,4 +108,4 @@ Corpus make_corpus(const std::vector<std::pair<std::string, std::string>>& pairs
   return builder.finish();
 }
 
-}  // namespace mf
+}  // namespace mf::text

@@ -3,8 +3,8 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "ops/loops.h"
-#include "ops/simd.h"
+#include "ops/cpu/loops.h"
+#include "ops/cpu/simd.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,8 +1,8 @@
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <array>
 
-namespace mf {
+namespace mf::text {
 namespace {
 
 struct Decoded {
@@ -168,4 +168,4 @@ size_t find_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
-}  // namespace mf
+}  // namespace mf::text

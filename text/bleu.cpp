@@ -1,4 +1,4 @@
-#include "models/bleu.h"
+#include "text/bleu.h"
 
 #include "core/error.h"
 
@@ -7,7 +7,7 @@
 #include <limits>
 #include <unordered_map>
 
-namespace mf {
+namespace mf::text {
 namespace {
 
 constexpr int kMaxOrder = 4;
@@ -92,4 +92,4 @@ BleuScore sentence_bleu(const std::vector<std::string>& hypothesis, const std::v
   return corpus_bleu({hypothesis}, {reference}, smoothing);
 }
 
-}  // namespace mf
+}  // namespace mf::text

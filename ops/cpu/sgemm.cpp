@@ -14,10 +14,10 @@
 // loads. Rows of A (op(A) = A) are read in place: 12 streams the prefetchers follow, each cache
 // line serving 16 values of k. Columns of A^T are not: their values for one k sit lda apart, so a
 // block of rows is packed first, from contiguous runs of each row of A^T.
-#include "ops/sgemm.h"
+#include "ops/cpu/sgemm.h"
 
 #include "ops/math.h"
-#include "ops/simd.h"
+#include "ops/cpu/simd.h"
 
 #include <immintrin.h>
 

@@ -1,4 +1,4 @@
-#include "models/batching.h"
+#include "text/batching.h"
 
 #include "core/error.h"
 
@@ -6,7 +6,7 @@
 #include <numeric>
 #include <tuple>
 
-namespace mf {
+namespace mf::text {
 
 uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
   MF_CHECK(n > 0, "uniform_below: the range [0, n) is empty (n = 0)");
@@ -91,4 +91,4 @@ std::vector<Batch> make_batches(const std::vector<std::vector<int64_t>>& sources
   return make_batches(lengths(sources), lengths(targets), options, seed);
 }
 
-}  // namespace mf
+}  // namespace mf::text

@@ -1,4 +1,4 @@
-#include "models/files.h"
+#include "text/files.h"
 
 #include "core/error.h"
 

@@ -1,0 +1,170 @@
+// The functional API: thin functions that call the registry's ops (see ops/registry.h). Each takes a
+// defaulted call site so that errors and autograd nodes point at the caller's line.
+#pragma once
+
+#include "core/generator.h"
+#include "core/tensor.h"
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace mf {
+
+// ---- factories ----------------------------------------------------------------------------------
+Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor zeros_like(const Tensor& like);
+Tensor ones_like(const Tensor& like);
+Tensor empty_like(const Tensor& like);
+/// A 0-dim tensor holding `value`.
+Tensor scalar_tensor(double value, DType dtype = DType::Float32, Device device = Device::cpu());
+/// start, start + step, ... below end (like torch.arange).
+Tensor arange(double start, double end, double step = 1, DType dtype = DType::Int64, Device device = Device::cpu());
+Tensor arange(int64_t end, DType dtype = DType::Int64, Device device = Device::cpu());
+/// Copies `values` into a new tensor of `shape` (1-D of all values when shape is empty and values has
+/// more than one element).
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, Device device = Device::cpu());
+/// 1-D tensor from a braced list: mf::tensor({1, 2, 3}).
+Tensor tensor(std::initializer_list<double> values, DType dtype = DType::Float32, Device device = Device::cpu());
+/// Uniform on [0, 1) (default generator when none is given).
+Tensor rand(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu(),
+            Generator* generator = nullptr);
+/// Standard normal.
+Tensor randn(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu(),
+             Generator* generator = nullptr);
+/// Uniform on [low, high).
+Tensor uniform(const Shape& shape, double low, double high, DType dtype = DType::Float32,
+               Device device = Device::cpu(), Generator* generator = nullptr);
+/// 1 with probability p, else 0.
+Tensor bernoulli(const Shape& shape, double p, DType dtype = DType::Float32, Device device = Device::cpu(),
+                 Generator* generator = nullptr);
+/// Integers uniform on [low, high), int64.
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device = Device::cpu(),
+               Generator* generator = nullptr);
+/// In-place fills from a generator (init helpers use these).
+void uniform_(Tensor& t, double low, double high, Generator* generator = nullptr, Site site = Site::current());
+void normal_(Tensor& t, double mean, double std, Generator* generator = nullptr, Site site = Site::current());
+
+// ---- elementwise (NumPy broadcasting; mixed dtypes promote) --------------------------------------
+Tensor add(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor sub(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor mul(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor div(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor pow(const Tensor& base, const Tensor& exponent, Site site = Site::current());
+Tensor pow(const Tensor& base, double exponent, Site site = Site::current());
+Tensor neg(const Tensor& x, Site site = Site::current());
+Tensor abs(const Tensor& x, Site site = Site::current());
+Tensor exp(const Tensor& x, Site site = Site::current());
+Tensor log(const Tensor& x, Site site = Site::current());
+Tensor sqrt(const Tensor& x, Site site = Site::current());
+Tensor rsqrt(const Tensor& x, Site site = Site::current());
+Tensor relu(const Tensor& x, Site site = Site::current());
+/// Exact GELU, x * Phi(x) (PyTorch's default, approximate='none').
+Tensor gelu(const Tensor& x, Site site = Site::current());
+Tensor tanh(const Tensor& x, Site site = Site::current());
+Tensor sigmoid(const Tensor& x, Site site = Site::current());
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Site site = Site::current());
+/// cond ? a : b, elementwise with broadcasting (cond is bool).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value, Site site = Site::current());
+Tensor eq(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor ne(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor lt(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor le(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor gt(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor ge(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor logical_not(const Tensor& x, Site site = Site::current());
+Tensor logical_and(const Tensor& a, const Tensor& b, Site site = Site::current());
+Tensor logical_or(const Tensor& a, const Tensor& b, Site site = Site::current());
+
+// ---- reductions ---------------------------------------------------------------------------------
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false, Site site = Site::current());
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false, Site site = Site::current());
+Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false,
+           Site site = Site::current());
+/// Largest / smallest value over `dims` (all when empty), without indices.
+Tensor amax(const Tensor& x, const Shape& dims = {}, bool keepdim = false, Site site = Site::current());
+Tensor amin(const Tensor& x, const Shape& dims = {}, bool keepdim = false, Site site = Site::current());
+/// Sums `x` down to `shape` (the shape it was broadcast from): autograd's un-broadcast.
+Tensor sum_to(const Tensor& x, const Shape& shape, Site site = Site::current());
+
+// ---- joining and indexing -----------------------------------------------------------------------
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0, Site site = Site::current());
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0, Site site = Site::current());
+/// Views of `split_size` along dim (the last may be smaller).
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0, Site site = Site::current());
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0, Site site = Site::current());
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Site site = Site::current());
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Site site = Site::current());
+/// Copy of x with src added at index along dim (torch.scatter_add).
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+                   Site site = Site::current());
+/// The k largest (or smallest) values along dim, sorted, and their int64 indices.
+std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
+                                Site site = Site::current());
+Tensor one_hot(const Tensor& indices, int64_t num_classes, Site site = Site::current());
+/// Keeps elements on and below the `diagonal`-th diagonal of the last two dims.
+Tensor tril(const Tensor& x, int64_t diagonal = 0, Site site = Site::current());
+Tensor triu(const Tensor& x, int64_t diagonal = 0, Site site = Site::current());
+
+// ---- linear algebra and fused nn ops ------------------------------------------------------------
+/// torch.matmul semantics: 1-D operands are promoted and squeezed back, batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b, Site site = Site::current());
+/// x @ weight^T + bias (torch::linear): x [..., in], weight [out, in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Site site = Site::current());
+/// relu(linear(x, weight, bias)) as one op: the ReLU is applied as the GEMM writes its result (no
+/// pass of its own, no pre-activation tensor). The bias is required.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site = Site::current());
+Tensor softmax(const Tensor& x, int64_t dim, Site site = Site::current());
+Tensor log_softmax(const Tensor& x, int64_t dim, Site site = Site::current());
+/// Normalises over the last normalized_shape.size() dims, then scales by weight and adds bias
+/// (both of normalized_shape, or undefined for none).
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps = 1e-5, Site site = Site::current());
+/// Rows of weight [V, C] picked by int64 indices [...] -> [..., C]. Rows at padding_idx get no
+/// gradient.
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx = std::nullopt,
+                 Site site = Site::current());
+/// Zeroes elements with probability p and scales the rest by 1/(1-p) when training; identity otherwise.
+Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr,
+               Site site = Site::current());
+
+/// Scaled dot-product attention (torch.nn.functional.scaled_dot_product_attention, with the default
+/// scale 1/sqrt(D)): softmax(q k^T / sqrt(D) + attn_mask) @ v, dropout p on the weights, for
+/// q [B, H, T, D] and k, v [B, H, S, D]. attn_mask is additive (0 keeps, a large negative value drops)
+/// and broadcasts to [B, H, T, S], or is undefined for none. On CPU it is one fused op whose output
+/// is a view of [B, T, H, D] memory, so merging the heads (transpose(1, 2), reshape to [B, T, H * D])
+/// copies nothing; on other devices, and for a mask that needs a gradient, it is the composition of
+/// matmul, softmax and dropout. Second derivatives through the fused op are not supported.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
+                                    double dropout_p = 0.0, Generator* generator = nullptr,
+                                    Site site = Site::current());
+struct AttentionResult {
+  Tensor output;   // [B, H, T, D]
+  Tensor weights;  // [B, H, T, S], before dropout
+};
+/// scaled_dot_product_attention, with the attention weights as well (they cost nothing extra: the
+/// fused op keeps them for backward).
+AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                          const Tensor& attn_mask = {}, double dropout_p = 0.0,
+                                                          Generator* generator = nullptr,
+                                                          Site site = Site::current());
+
+enum class Reduction { None, Mean, Sum };
+/// Cross-entropy of logits [N, C] (or [N, C] after flattening leading dims) against int64 targets [N]:
+/// fused log_softmax + NLL, targets equal to ignore_index skipped, label smoothing as PyTorch defines
+/// it ((1-e) * NLL + e * mean over classes of -log p). Mean divides by the non-ignored count.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     double label_smoothing = 0.0, Reduction reduction = Reduction::Mean,
+                     Site site = Site::current());
+
+// ---- threads ------------------------------------------------------------------------------------
+/// Sets the intra-op pool to n threads; GEMMs split across it too (OpenBLAS itself stays
+/// single-threaded, so the cores are never oversubscribed).
+void set_num_threads(int n);
+int get_num_threads();
+
+}  // namespace mf
