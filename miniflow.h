@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/allocator.h"
+#include "core/atomic_file.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -102,12 +102,9 @@ std::vector<std::byte> serialize_safetensors(std::span<const TensorRecord> recor
 SafetensorsContents parse_safetensors(std::span<const std::byte> bytes, std::string_view source = "<memory>",
                                       const SafetensorsReadOptions& options = {});
 
-/// Writes a safetensors file atomically: the bytes of serialize_safetensors go to a new temporary
-/// file in the target's directory (`path`.tmp.HOST.PID.N, unique per writer), which is fsync'ed and
-/// then renamed over `path`, and the directory is fsync'ed. On any failure the temporary file is
-/// removed and whatever was at `path` is left untouched; a process killed mid-save leaves its
-/// temporary file, which readers never look at and the next write to `path` on the same host deletes
-/// (once no process with that id is running). Throws mf::Error naming the path and the system's reason.
+/// Writes a safetensors file atomically (core/atomic_file.h): the bytes of serialize_safetensors go to
+/// a temporary file beside `path`, fsync'ed and renamed over it; on any failure whatever was at `path`
+/// is left untouched. Throws mf::Error naming the path and the system's reason.
 void write_safetensors(const std::filesystem::path& path, std::span<const TensorRecordView> records,
                        const SafetensorsMetadata& metadata = {});
 /// write_safetensors for owned records.

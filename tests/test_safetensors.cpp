@@ -469,6 +469,31 @@ TEST_CASE("write_safetensors is atomic") {
   }
 }
 
+// Every other writer (vocabularies, translations, charts) goes through the same AtomicFile as
+// write_safetensors; this holds the text entry point to the same contract.
+TEST_CASE("write_file_atomic replaces a text file whole, or leaves it and names what failed") {
+  TempDir dir;
+  const std::filesystem::path path = dir.path / "out.txt";
+  mf::write_file_atomic(path, "first version\n", "translations");
+  mf::write_file_atomic(path, "second\n", "translations");
+  const std::vector<std::byte> second = read_file_bytes(path);
+  CHECK(second == bytes_of("second\n"));
+  CHECK(dir.entries() == std::vector<std::string>{"out.txt"});  // no temporary file left
+
+  const std::filesystem::path missing = dir.path / "no_such_dir" / "x.txt";
+  const std::string message = "cannot write translations '" + missing.string() + "': creating temporary file";
+  CHECK_THROWS_WITH_AS(mf::write_file_atomic(missing, "x", "translations"), doctest::Contains(message.c_str()),
+                       mf::Error);
+
+  // An AtomicFile abandoned before commit() (an exception between writes) leaves the target as it was.
+  {
+    mf::AtomicFile file(path, "translations");
+    file.write(std::string_view("half of a new"));
+  }
+  CHECK(read_file_bytes(path) == second);
+  CHECK(dir.entries() == std::vector<std::string>{"out.txt"});
+}
+
 TEST_CASE("read_safetensors names the path when it cannot read") {
   TempDir dir;
   const std::filesystem::path missing = dir.path / "missing.safetensors";

@@ -4,9 +4,6 @@
 #include "helpers.h"
 #include "tools/svg.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 using namespace mf;
 
@@ -40,16 +37,4 @@ TEST_CASE("heatmap: one cell per value, shaded by value, and shape errors") {
   CHECK(svg.find("fill=\"rgb(255,255,255)\"") != std::string::npos);  // value 0: white
   CHECK_THROWS_WITH_AS(tools::heatmap_svg("t", {"a"}, {"x"}, {{1, 2}}), "heatmap_svg: a row has 2 values for 1 column labels",
                        Error);
-}
-
-TEST_CASE("write_text_file_atomic writes the text and names the path when it cannot") {
-  std::filesystem::path path = std::filesystem::temp_directory_path() / "miniflow_test_svg.svg";
-  tools::write_text_file_atomic(path, "<svg/>");
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  CHECK(text.str() == "<svg/>");
-  std::filesystem::remove(path);
-  CHECK_THROWS_WITH_AS(tools::write_text_file_atomic("/nonexistent-dir/x.svg", "x"),
-                       doctest::Contains("/nonexistent-dir/x.svg"), Error);
 }

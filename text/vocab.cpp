@@ -1,5 +1,6 @@
 #include "text/vocab.h"
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/json_brief.h"
 #include "text/files.h"
@@ -134,7 +135,7 @@ Vocab Vocab::from_json(std::string_view json, std::string_view origin) {
   return Vocab(std::move(tokens));
 }
 
-void Vocab::save(const std::filesystem::path& path) const { detail::write_file_atomic(path, to_json(), "Vocab::save"); }
+void Vocab::save(const std::filesystem::path& path) const { write_file_atomic(path, to_json(), "vocabulary"); }
 
 Vocab Vocab::load(const std::filesystem::path& path) {
   std::ifstream in = detail::open_input(path, "Vocab::load:");

@@ -75,7 +75,7 @@ class Vocab {
   /// version, specials missing from ids 0..3, and empty, invalid or duplicate tokens.
   static Vocab from_json(std::string_view json, std::string_view origin = "JSON string");
 
-  /// Writes to_json() to `path` atomically (temporary file in the same directory, then rename).
+  /// Writes to_json() to `path` atomically (core/atomic_file.h).
   void save(const std::filesystem::path& path) const;
   /// Reads a file written by save; errors name the file.
   static Vocab load(const std::filesystem::path& path);

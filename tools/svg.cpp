@@ -5,10 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <limits>
 
 namespace mf::tools {
@@ -131,24 +128,6 @@ std::string heatmap_svg(const std::string& title, const std::vector<std::string>
     }
   }
   return svg + "</svg>\n";
-}
-
-void write_text_file_atomic(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::path temp = path;
-  temp += ".tmp";
-  std::FILE* file = std::fopen(temp.c_str(), "wb");
-  MF_CHECK(file != nullptr, "cannot write '{}': {}", temp.string(), std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  ok = std::fclose(file) == 0 && ok;
-  if (!ok) {
-    std::remove(temp.c_str());
-    fail("cannot write '{}': {}", path.string(), std::strerror(errno));
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    int error = errno;
-    std::remove(temp.c_str());
-    fail("cannot write '{}': {}", path.string(), std::strerror(error));
-  }
 }
 
 }  // namespace mf::tools

@@ -2,7 +2,6 @@
 // so they open in any browser without dependencies.
 #pragma once
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -20,10 +19,6 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
 /// A heatmap: values[row][column] in [0, 1] (darker = larger), rows and columns labelled.
 std::string heatmap_svg(const std::string& title, const std::vector<std::string>& row_labels,
                         const std::vector<std::string>& column_labels, const std::vector<std::vector<double>>& values);
-
-/// Writes `text` to `path` atomically (a temporary file in the same directory, then rename); errors
-/// name the path.
-void write_text_file_atomic(const std::filesystem::path& path, const std::string& text);
 
 /// `text` with &, <, >, " and ' escaped for XML.
 std::string xml_escape(const std::string& text);

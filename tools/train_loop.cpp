@@ -2,6 +2,7 @@
 
 #include "core/json_brief.h"
 
+#include "core/atomic_file.h"
 #include "core/graph.h"
 #include "text/batching.h"
 #include "text/bleu.h"
@@ -379,7 +380,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   }
   const int status = stopped && g_interrupted ? 130 : 0;
   if (!options.plot.empty()) {
-    write_text_file_atomic(options.plot, training_chart(progress));
+    write_file_atomic(options.plot, training_chart(progress), "training chart");
     fmt::print("training curves written to '{}'\n", options.plot.string());
   }
   return status;

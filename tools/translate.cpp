@@ -264,12 +264,12 @@ int run(int argc, char** argv) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     if (std::fflush(stdout) != 0) mf::fail("cannot write the translations to stdout: {}", std::strerror(errno));
   } else {
-    mf::tools::write_text_file_atomic(o.output, text);
+    mf::write_file_atomic(o.output, text, "translations");
   }
   if (!o.reference.empty()) fmt::print(stderr, "{}\n", score_bleu(results, references).str());
   if (!o.attention_svg.empty())
-    mf::tools::write_text_file_atomic(o.attention_svg,
-                                      attention_svg(translator, lines[o.attention_sentence - 1], o));
+    mf::write_file_atomic(o.attention_svg, attention_svg(translator, lines[o.attention_sentence - 1], o),
+                          "attention chart");
   return 0;
 }
 
