@@ -38,8 +38,8 @@ void philox_fill_scalar(uint64_t key, uint64_t counter, int64_t blocks, uint32_t
   hi = _mm512_mask_shuffle_epi32(high, 0x5555, even, _MM_PERM_CDAB);
 }
 
-/// Blocks counter .. counter + 16 * Groups - 1 into out, the rounds of the groups interleaved:
-/// four groups run 0.42 -> 0.355 ns a word (two, no faster than one).
+/// Blocks counter .. counter + 16 * Groups - 1 into out, the rounds of the groups interleaved: each
+/// round's multiplies have a latency that one group alone cannot hide (BENCHMARKS.md has the timings).
 template <int Groups>
 [[gnu::target("avx512f"), gnu::always_inline]] inline void philox_groups_avx512(uint64_t key, uint64_t counter,
                                                                                  uint32_t* out) {

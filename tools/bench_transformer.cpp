@@ -102,8 +102,8 @@ class GemmYardstick {
     mf::matmul(a_, b_);
   }
 
-  // cblas_sgemm with its rows split over the pool, as miniflow split its products before it had a
-  // kernel of its own (inside miniflow OpenBLAS runs single-threaded). Its output comes from the
+  // cblas_sgemm with its rows split over the pool, as miniflow splits the products it gives OpenBLAS
+  // (inside miniflow OpenBLAS runs single-threaded). Its output comes from the
   // caching allocator, as matmul's does (the same block, once the first product has freed it).
   void sgemm() {
     if (!device_.is_cpu()) return matmul();

@@ -207,7 +207,7 @@ template <int64_t Rows, ALayout Layout>
   }
 }
 
-// GCC inlines every tile into the loops (about 1.5% faster on a training step than calls); clang,
+// GCC inlines every tile into the loops (calls cost time on a training step); clang,
 // under the fuzz build's sanitizers and coverage, takes minutes over one function holding all 24
 // tiles, so there each strip height is a function of its own.
 #if defined(__clang__)

@@ -1,7 +1,7 @@
-// miniflow's own float GEMM for AVX-512 CPUs. OpenBLAS 0.3.21 packs both operands on every call;
-// on the products of a training step (k of 256 to 1024, operands fresh from other kernels) that
-// packing and its cache misses make it 13-28% slower than this kernel, which reads A where it
-// lies and packs only B (ops/sgemm.cpp says how; tools/benchmark_notes.md has the figures).
+// miniflow's own float GEMM for AVX-512 CPUs. OpenBLAS packs both operands on every call, and on the
+// products of a training step (k of 256 to 1024, operands fresh from other kernels) that packing and
+// its cache misses cost more than the product; this kernel reads A where it lies and packs only B
+// (ops/cpu/sgemm.cpp says how; BENCHMARKS.md has the figures).
 #pragma once
 
 #include <cstdint>
