@@ -12,7 +12,7 @@
 namespace mf::testing {
 
 /// Shape, dtype and every value of `actual` against `expected` (|a - e| <= atol + rtol |e|; exact for
-/// integer and bool tensors; NaNs must match NaNs).
+/// integer and bool tensors; NaNs must match NaNs), on whatever devices they are.
 inline void check_close(const Tensor& actual, const Tensor& expected, double rtol, double atol) {
   REQUIRE(actual.defined());
   REQUIRE(expected.defined());
@@ -30,6 +30,24 @@ inline void check_close(const Tensor& actual, const Tensor& expected, double rto
   }
 }
 
+/// The devices a test written once runs on: the CPU, and the first GPU where one is present. Without a
+/// GPU the first call says, once per test binary, that CUDA was skipped and why; tests take their
+/// inputs from the host and move them: `for (Device device : test_devices()) { CAPTURE(device); ...}`.
+inline const std::vector<Device>& test_devices() {
+  static const std::vector<Device> devices = [] {
+    std::vector<Device> found{Device::cpu()};
+    if (cuda::is_available()) {
+      found.push_back(Device::cuda(0));
+    } else {
+      const std::string why = cuda::is_built() ? "no GPU (cuda::is_available() is false)"
+                                               : "this miniflow was built without CUDA";
+      MESSAGE(("SKIPPED device cuda: " + why));
+    }
+    return found;
+  }();
+  return devices;
+}
+
 /// Restores the thread count a test found, however the test ends.
 struct ThreadCountGuard {
   int saved = get_num_threads();
@@ -42,3 +60,9 @@ inline Tensor f64(const std::vector<double>& values, const Shape& shape = {}) {
 }
 
 }  // namespace mf::testing
+
+/// CAPTURE(device) prints "cpu" or "cuda:0".
+template <>
+struct doctest::StringMaker<mf::Device> {
+  static doctest::String convert(const mf::Device& device) { return device.str().c_str(); }
+};

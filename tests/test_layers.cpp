@@ -136,24 +136,29 @@ TEST_CASE("init works in place on parameters and replays from a generator") {
 // ---- Linear -------------------------------------------------------------------------------------
 
 TEST_CASE("Linear computes x W^T + b") {
-  nn::Linear layer({.in_features = 3, .out_features = 2});
-  {
-    NoGradGuard no_grad;
-    layer.weight.copy_(tensor({1, 2, 3, 4, 5, 6}).view({2, 3}));
-    layer.bias.copy_(tensor({0.5, -1}));
-  }
-  // [1, 0, -1] -> [1 - 3 + 0.5, 4 - 6 - 1] = [-1.5, -3]; [2, 1, 0] -> [2 + 2 + 0.5, 8 + 5 - 1] = [4.5, 12].
-  Tensor x = tensor({1, 0, -1, 2, 1, 0}).view({2, 1, 3});
-  check_close(layer.forward(x), tensor({-1.5, -3, 4.5, 12}).view({2, 1, 2}), 0, 0);
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    nn::Linear layer({.in_features = 3, .out_features = 2});
+    {
+      NoGradGuard no_grad;
+      layer.weight.copy_(tensor({1, 2, 3, 4, 5, 6}).view({2, 3}));
+      layer.bias.copy_(tensor({0.5, -1}));
+    }
+    layer.to(device);
+    // [1, 0, -1] -> [1 - 3 + 0.5, 4 - 6 - 1] = [-1.5, -3]; [2, 1, 0] -> [2 + 2 + 0.5, 8 + 5 - 1] = [4.5, 12].
+    Tensor x = tensor({1, 0, -1, 2, 1, 0}).view({2, 1, 3}).to(device);
+    check_close(layer.forward(x), tensor({-1.5, -3, 4.5, 12}).view({2, 1, 2}), 0, 0);
 
-  nn::Linear no_bias({.in_features = 3, .out_features = 2, .bias = false});
-  CHECK_FALSE(no_bias.bias.defined());
-  CHECK(no_bias.named_parameters().size() == 1);
-  {
-    NoGradGuard no_grad;
-    no_bias.weight.copy_(layer.weight);
+    nn::Linear no_bias({.in_features = 3, .out_features = 2, .bias = false});
+    CHECK_FALSE(no_bias.bias.defined());
+    CHECK(no_bias.named_parameters().size() == 1);
+    no_bias.to(device);
+    {
+      NoGradGuard no_grad;
+      no_bias.weight.copy_(layer.weight);
+    }
+    check_close(no_bias.forward(x), tensor({-2, -2, 4, 13}).view({2, 1, 2}), 0, 0);
   }
-  check_close(no_bias.forward(x), tensor({-2, -2, 4, 13}).view({2, 1, 2}), 0, 0);
 }
 
 TEST_CASE("Linear's default initialisation, names and printing") {
@@ -264,19 +269,23 @@ TEST_CASE("linear_relu equals relu(linear(x)), bit for bit, forward and backward
 }
 
 TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient") {
-  nn::Embedding table({.num_embeddings = 4, .embedding_dim = 3, .padding_idx = 0});
-  check_close(table.weight.select(0, 0), zeros({3}), 0, 0);
-  {
-    NoGradGuard no_grad;
-    table.weight.copy_(arange(0, 12, 1, DType::Float32).view({4, 3}));
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    nn::Embedding table({.num_embeddings = 4, .embedding_dim = 3, .padding_idx = 0});
+    check_close(table.weight.select(0, 0), zeros({3}), 0, 0);
+    {
+      NoGradGuard no_grad;
+      table.weight.copy_(arange(0, 12, 1, DType::Float32).view({4, 3}));
+    }
+    table.to(device);
+    Tensor ids = from_vector<int64_t>({1, 3, 0, 1}, {2, 2}).to(device);
+    // Row r of arange(12).view(4, 3) is [3r, 3r + 1, 3r + 2].
+    check_close(table.forward(ids), tensor({3, 4, 5, 9, 10, 11, 0, 1, 2, 3, 4, 5}).view({2, 2, 3}), 0, 0);
+    table.forward(ids).sum().backward();
+    // Row 1 is used twice, row 3 once, row 0 is padding, row 2 unused.
+    check_close(table.weight.grad(), tensor({0, 0, 0, 2, 2, 2, 0, 0, 0, 1, 1, 1}).view({4, 3}), 0, 0);
+    CHECK(table.extra_repr() == "4, 3, padding_idx=0");
   }
-  Tensor ids = from_vector<int64_t>({1, 3, 0, 1}, {2, 2});
-  // Row r of arange(12).view(4, 3) is [3r, 3r + 1, 3r + 2].
-  check_close(table.forward(ids), tensor({3, 4, 5, 9, 10, 11, 0, 1, 2, 3, 4, 5}).view({2, 2, 3}), 0, 0);
-  table.forward(ids).sum().backward();
-  // Row 1 is used twice, row 3 once, row 0 is padding, row 2 unused.
-  check_close(table.weight.grad(), tensor({0, 0, 0, 2, 2, 2, 0, 0, 0, 1, 1, 1}).view({4, 3}), 0, 0);
-  CHECK(table.extra_repr() == "4, 3, padding_idx=0");
 }
 
 TEST_CASE("an embedding adds its rows into a tied weight's gradient in place, as the plain sum would") {
@@ -336,22 +345,26 @@ TEST_CASE("Embedding gradcheck over weight") {
 // ---- LayerNorm ----------------------------------------------------------------------------------
 
 TEST_CASE("LayerNorm of [1, 2, 3]") {
-  nn::LayerNorm norm({.normalized_shape = {3}});
-  check_close(norm.weight, ones({3}), 0, 0);
-  check_close(norm.bias, zeros({3}), 0, 0);
-  norm.to(DType::Float64);
-  // mean 2, biased variance (1 + 0 + 1) / 3 = 2/3, so the output is (x - 2) / sqrt(2/3 + 1e-5).
-  double s = 1.0 / std::sqrt(2.0 / 3.0 + 1e-5);
-  check_close(norm.forward(f64({1, 2, 3})), f64({-s, 0, s}), 1e-14, 1e-14);
-  {
-    NoGradGuard no_grad;
-    norm.weight.copy_(f64({2, 1, 0.5}));
-    norm.bias.copy_(f64({0, 1, -1}));
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    nn::LayerNorm norm({.normalized_shape = {3}});
+    check_close(norm.weight, ones({3}), 0, 0);
+    check_close(norm.bias, zeros({3}), 0, 0);
+    norm.to(DType::Float64);
+    norm.to(device);
+    // mean 2, biased variance (1 + 0 + 1) / 3 = 2/3, so the output is (x - 2) / sqrt(2/3 + 1e-5).
+    double s = 1.0 / std::sqrt(2.0 / 3.0 + 1e-5);
+    check_close(norm.forward(f64({1, 2, 3}).to(device)), f64({-s, 0, s}), 1e-14, 1e-14);
+    {
+      NoGradGuard no_grad;
+      norm.weight.copy_(f64({2, 1, 0.5}).to(device));
+      norm.bias.copy_(f64({0, 1, -1}).to(device));
+    }
+    // [7, 6, 5] has the same spread about its mean 6, mirrored: [s, 0, -s] before the affine step.
+    check_close(norm.forward(f64({1, 2, 3, 7, 6, 5}, {2, 3}).to(device)),
+                f64({-2 * s, 1, 0.5 * s - 1, 2 * s, 1, -0.5 * s - 1}, {2, 3}), 1e-14, 1e-14);
+    CHECK(norm.extra_repr() == "(3,), eps=1e-05, elementwise_affine=True");
   }
-  // [7, 6, 5] has the same spread about its mean 6, mirrored: [s, 0, -s] before the affine step.
-  check_close(norm.forward(f64({1, 2, 3, 7, 6, 5}, {2, 3})),
-              f64({-2 * s, 1, 0.5 * s - 1, 2 * s, 1, -0.5 * s - 1}, {2, 3}), 1e-14, 1e-14);
-  CHECK(norm.extra_repr() == "(3,), eps=1e-05, elementwise_affine=True");
 }
 
 TEST_CASE("LayerNorm without affine parameters, over two dims") {

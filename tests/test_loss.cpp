@@ -198,13 +198,16 @@ TEST_CASE("cross-entropy of the PyTorch reference logits matches PyTorch's loss"
   // torch.nn.functional.cross_entropy(logits.view(-1, 13), tgt_out.view(-1), ignore_index=0,
   // label_smoothing=0.1), in float64 (reference/generate.py).
   using testing::reference;
-  const Tensor logits = reference("expected.logits");  // [3, 6, 13]
-  const Tensor target = reference("input.tgt_out");    // [3, 6]
-  REQUIRE(logits.shape() == Shape{3, 6, 13});
-  check_close(nn::cross_entropy(logits, target, {.ignore_index = 0, .label_smoothing = 0.1}),
-              reference("expected.loss"), 1e-10, 0);
-  check_close(nn::CrossEntropyLoss({.ignore_index = 0})(logits, target),
-              reference("expected.loss_no_smoothing"), 1e-10, 0);
-  check_close(nn::nll_loss(log_softmax(logits, -1), target, {.ignore_index = 0}),
-              reference("expected.loss_no_smoothing"), 1e-10, 0);
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    const Tensor logits = reference("expected.logits").to(device);  // [3, 6, 13]
+    const Tensor target = reference("input.tgt_out").to(device);    // [3, 6]
+    REQUIRE(logits.shape() == Shape{3, 6, 13});
+    check_close(nn::cross_entropy(logits, target, {.ignore_index = 0, .label_smoothing = 0.1}),
+                reference("expected.loss"), 1e-10, 0);
+    check_close(nn::CrossEntropyLoss({.ignore_index = 0})(logits, target),
+                reference("expected.loss_no_smoothing"), 1e-10, 0);
+    check_close(nn::nll_loss(log_softmax(logits, -1), target, {.ignore_index = 0}),
+                reference("expected.loss_no_smoothing"), 1e-10, 0);
+  }
 }

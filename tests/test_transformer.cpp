@@ -20,12 +20,13 @@ models::TransformerConfig reference_config() {
           .d_ff = 32, .dropout = 0.0, .max_len = 16};
 }
 
-std::shared_ptr<models::Transformer> reference_model(DType dtype) {
+std::shared_ptr<models::Transformer> reference_model(DType dtype, Device device = Device::cpu()) {
   auto model = std::make_shared<models::Transformer>(reference_config());
   model->to(dtype);
   nn::StateDict params = testing::reference_with_prefix("param.");
   for (auto& entry : params) entry.tensor = entry.tensor.to(dtype);
   model->load_state_dict(params);  // strict: the names match PyTorch's one for one
+  model->to(device);
   return model;
 }
 
@@ -61,43 +62,50 @@ TEST_CASE("parameter names are PyTorch's, one for one") {
 }
 
 TEST_CASE("forward, attention, loss and every gradient match PyTorch in float64") {
-  auto model = reference_model(DType::Float64);
-  model->set_record_attention(true);
-  const Tensor &src = reference("input.src"), &tgt_in = reference("input.tgt_in"), &tgt_out = reference("input.tgt_out");
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    auto model = reference_model(DType::Float64, device);
+    model->set_record_attention(true);
+    const Tensor src = reference("input.src").to(device), tgt_in = reference("input.tgt_in").to(device),
+                 tgt_out = reference("input.tgt_out").to(device);
 
-  check_close(model->encode(src), reference("expected.encoder_out"), 1e-10, 1e-12);
-  Tensor logits = model->forward(src, tgt_in);
-  check_close(logits, reference("expected.logits"), 1e-10, 1e-12);
-  for (int64_t i = 0; i < 2; ++i) {
-    CAPTURE(i);
-    check_close(model->encoder->layers[i]->attention,
-                reference(fmt::format("expected.attn.encoder.layers.{}.self_attn", i)), 1e-10, 1e-12);
-    check_close(model->decoder->layers[i]->self_attention,
-                reference(fmt::format("expected.attn.decoder.layers.{}.self_attn", i)), 1e-10, 1e-12);
-    check_close(model->decoder->layers[i]->cross_attention,
-                reference(fmt::format("expected.attn.decoder.layers.{}.cross_attn", i)), 1e-10, 1e-12);
-  }
-  check_close(model->loss(logits, tgt_out, 0.0), reference("expected.loss_no_smoothing"), 1e-10, 1e-12);
-  Tensor loss = model->loss(logits, tgt_out, 0.1);
-  check_close(loss, reference("expected.loss"), 1e-10, 1e-12);
+    check_close(model->encode(src), reference("expected.encoder_out"), 1e-10, 1e-12);
+    Tensor logits = model->forward(src, tgt_in);
+    check_close(logits, reference("expected.logits"), 1e-10, 1e-12);
+    for (int64_t i = 0; i < 2; ++i) {
+      CAPTURE(i);
+      check_close(model->encoder->layers[i]->attention,
+                  reference(fmt::format("expected.attn.encoder.layers.{}.self_attn", i)), 1e-10, 1e-12);
+      check_close(model->decoder->layers[i]->self_attention,
+                  reference(fmt::format("expected.attn.decoder.layers.{}.self_attn", i)), 1e-10, 1e-12);
+      check_close(model->decoder->layers[i]->cross_attention,
+                  reference(fmt::format("expected.attn.decoder.layers.{}.cross_attn", i)), 1e-10, 1e-12);
+    }
+    check_close(model->loss(logits, tgt_out, 0.0), reference("expected.loss_no_smoothing"), 1e-10, 1e-12);
+    Tensor loss = model->loss(logits, tgt_out, 0.1);
+    check_close(loss, reference("expected.loss"), 1e-10, 1e-12);
 
-  loss.backward();
-  for (const auto& [name, param] : model->named_parameters()) {
-    CAPTURE(name);
-    check_close(param.grad(), reference("grad." + name), 1e-9, 1e-12);
+    loss.backward();
+    for (const auto& [name, param] : model->named_parameters()) {
+      CAPTURE(name);
+      check_close(param.grad(), reference("grad." + name), 1e-9, 1e-12);
+    }
   }
 }
 
 TEST_CASE("float32 stays within float32 tolerances of PyTorch's float64 numbers") {
-  auto model = reference_model(DType::Float32);
-  Tensor logits = model->forward(reference("input.src"), reference("input.tgt_in"));
-  check_close(logits, reference("expected.logits").to(DType::Float32), 1e-5, 1e-5);
-  Tensor loss = model->loss(logits, reference("input.tgt_out"), 0.1);
-  check_close(loss, reference("expected.loss").to(DType::Float32), 1e-5, 1e-6);
-  loss.backward();
-  for (const auto& [name, param] : model->named_parameters()) {
-    CAPTURE(name);
-    check_close(param.grad(), reference("grad." + name).to(DType::Float32), 1e-4, 1e-6);
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    auto model = reference_model(DType::Float32, device);
+    Tensor logits = model->forward(reference("input.src").to(device), reference("input.tgt_in").to(device));
+    check_close(logits, reference("expected.logits").to(DType::Float32), 1e-5, 1e-5);
+    Tensor loss = model->loss(logits, reference("input.tgt_out").to(device), 0.1);
+    check_close(loss, reference("expected.loss").to(DType::Float32), 1e-5, 1e-6);
+    loss.backward();
+    for (const auto& [name, param] : model->named_parameters()) {
+      CAPTURE(name);
+      check_close(param.grad(), reference("grad." + name).to(DType::Float32), 1e-4, 1e-6);
+    }
   }
 }
 
