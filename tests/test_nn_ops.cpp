@@ -111,6 +111,14 @@ TEST_CASE("embedding's padding row is looked up but gets no gradient") {
   }
 }
 
+TEST_CASE("embedding_backward's errors name its parameters") {
+  Tensor dout = zeros({3, 2}, DType::Float64), ids = from_vector<int64_t>({1, 0, 1});
+  CHECK_THROWS_WITH_AS(call1<OpId::embedding_backward>({dout, ids}, {.num_embeddings = -1}),
+                       doctest::Contains("embedding_backward: num_embeddings must be >= 0, got -1"), Error);
+  CHECK_THROWS_WITH_AS(call1<OpId::embedding_backward>({dout, ids}, {.num_embeddings = 2, .padding_idx = 2}),
+                       doctest::Contains("embedding_backward: padding_idx 2 is out of range for 2 rows"), Error);
+}
+
 TEST_CASE("embedding_backward's own gradient skips the padding row") {
   // d/d dout of <G, dweight>: position n receives G[ids[n]], except where ids[n] is the padding row.
   Tensor dout = reference::randn({3, 2}, 931).set_requires_grad();
