@@ -71,22 +71,24 @@ __global__ void cross_entropy_backward_kernel(const T* dl, const T* x, const int
 
 void cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor logits = dense(in[0]), target = dense(in[1]);
+  const CrossEntropyParams& params = std::get<CrossEntropyParams>(attrs);
   int64_t N = logits.size(0), C = logits.size(1);
   visit_floating(logits.dtype(), [&]<typename T>() {
     cross_entropy_kernel<T><<<blocks_for_rows(N), kThreads, 0, stream(logits.device().index)>>>(
         logits.data_ptr<T>(), target.data_ptr<int64_t>(), out[0].data_ptr<T>(), out[1].data_ptr<T>(), N, C,
-        attrs.label_smoothing, attrs.ignore_index);
+        params.label_smoothing, params.ignore_index);
   });
   check_launch("cross_entropy");
 }
 
 void cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]), lse = dense(in[3]), dlse = dense(in[4]);
+  const CrossEntropyParams& params = std::get<CrossEntropyParams>(attrs);
   int64_t N = logits.size(0), C = logits.size(1);
   visit_floating(logits.dtype(), [&]<typename T>() {
     cross_entropy_backward_kernel<T><<<blocks_for_rows(N), kThreads, 0, stream(logits.device().index)>>>(
         dloss.data_ptr<T>(), logits.data_ptr<T>(), target.data_ptr<int64_t>(), lse.data_ptr<T>(), dlse.data_ptr<T>(),
-        out[0].data_ptr<T>(), N, C, attrs.label_smoothing, attrs.ignore_index);
+        out[0].data_ptr<T>(), N, C, params.label_smoothing, params.ignore_index);
   });
   check_launch("cross_entropy_backward");
 }

@@ -56,14 +56,16 @@ void unary_float(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
 
 void pow_scalar(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
-    if constexpr (!std::is_same_v<T, bool>) map<T, T>(out[0], {&in[0]}, PowBy<T>{static_cast<T>(attrs.value)});
+    if constexpr (!std::is_same_v<T, bool>)
+      map<T, T>(out[0], {&in[0]}, PowBy<T>{static_cast<T>(std::get<PowParams>(attrs).exponent)});
   });
 }
 
 void clamp(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      auto fn = math::Clamp<T>::from(attrs.min, attrs.max);
+      const auto& [min, max] = std::get<ClampParams>(attrs);
+      auto fn = math::Clamp<T>::from(min, max);
       map<T, T>(out[0], {&in[0]}, fn);
     }
   });
@@ -91,7 +93,7 @@ void where(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&
 
 void masked_fill(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
-    map<T, T, bool>(out[0], {&in[0], &in[1]}, FillWhere<T>{static_cast<T>(attrs.value)});
+    map<T, T, bool>(out[0], {&in[0], &in[1]}, FillWhere<T>{static_cast<T>(std::get<FillParams>(attrs).value)});
   });
 }
 

@@ -90,30 +90,37 @@ struct Bernoulli {
 };
 
 void fill(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
-  visit_dtype(out[0].dtype(), [&]<typename T>() { map<T>(out[0], {}, Constant<T>{static_cast<T>(attrs.value)}); });
+  visit_dtype(out[0].dtype(), [&]<typename T>() {
+    map<T>(out[0], {}, Constant<T>{static_cast<T>(std::get<FillParams>(attrs).value)});
+  });
 }
 
 void arange(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
-  visit_dtype(out[0].dtype(), [&]<typename T>() { fill_pairs<T>(out[0], Arange{attrs.value, attrs.eps}); });
+  const ArangeParams& arange = std::get<ArangeParams>(attrs);
+  visit_dtype(out[0].dtype(), [&]<typename T>() { fill_pairs<T>(out[0], Arange{arange.start, arange.step}); });
 }
 
 void uniform(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
+  const UniformParams& uniform = std::get<UniformParams>(attrs);
+  const PhiloxStream& philox = uniform.stream;
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>)
-      fill_pairs<T>(out[0], Uniform<T>{attrs.seed, attrs.counter, *attrs.min, *attrs.max - *attrs.min});
+      fill_pairs<T>(out[0], Uniform<T>{philox.seed, philox.counter, uniform.low, uniform.high - uniform.low});
   });
 }
 
 void normal(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
+  const NormalParams& normal = std::get<NormalParams>(attrs);
   visit_floating(out[0].dtype(), [&]<typename T>() {
-    fill_pairs<T>(out[0], Normal{attrs.seed, attrs.counter, attrs.value, attrs.eps});
+    fill_pairs<T>(out[0], Normal{normal.stream.seed, normal.stream.counter, normal.mean, normal.std});
   });
 }
 
 void bernoulli(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
-  auto threshold = static_cast<uint64_t>(std::ceil(attrs.value * 0x1p32));
+  const BernoulliParams& bernoulli = std::get<BernoulliParams>(attrs);
+  auto threshold = static_cast<uint64_t>(std::ceil(bernoulli.p * 0x1p32));
   visit_dtype(out[0].dtype(), [&]<typename T>() {
-    fill_pairs<T>(out[0], Bernoulli{attrs.seed, attrs.counter, threshold});
+    fill_pairs<T>(out[0], Bernoulli{bernoulli.stream.seed, bernoulli.stream.counter, threshold});
   });
 }
 

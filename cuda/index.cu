@@ -29,7 +29,7 @@ void check_index_range(const Tensor& index, int64_t dim, const Tensor& x) {
 
 void cat(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor& o = out[0];
-  int64_t dim = normalize_dim(attrs.dim, o.dim()), start = 0;
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, o.dim()), start = 0;
   visit_dtype(o.dtype(), [&]<typename T>() {
     for (const Tensor& t : in) {
       Tensor window(std::make_shared<TensorImpl>(o.storage(), t.shape(), o.strides(),
@@ -69,7 +69,7 @@ void gather_along(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index
 
 void index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   check_index_range(index, dim, x);
   Shape index_strides(static_cast<size_t>(x.dim()), 0);  // the 1-D index, broadcast over the other dims
   index_strides[dim] = index.dim() == 1 ? index.strides()[0] : 0;
@@ -78,7 +78,7 @@ void index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, const
 
 void gather(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   check_index_range(index, dim, x);
   gather_along(out[0], x, dim, index, index.strides());
 }
@@ -106,7 +106,7 @@ __global__ void scatter_add_kernel(DevicePlan<3> plan, int64_t dim_stride_bytes)
 void scatter_add(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1], &src = in[2];
   Tensor& o = out[0];  // contiguous
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   check_index_range(index, dim, x);
   visit_dtype(o.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
@@ -161,7 +161,8 @@ __global__ void topk_kernel(DevicePlan<3> fibers, int64_t size, int64_t k, int64
 void topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor& x = in[0];
   if (out[0].numel() == 0) return;
-  int64_t dim = normalize_dim(attrs.dim, x.dim()), size = x.shape()[dim];
+  const TopKParams& params = std::get<TopKParams>(attrs);
+  int64_t dim = normalize_dim(params.dim, x.dim()), size = x.shape()[dim];
   Shape fiber_shape = x.shape();
   fiber_shape[dim] = 1;
   auto starts = [&](const Tensor& t) { return restrided(t, fiber_shape, t.strides()); };
@@ -170,9 +171,9 @@ void topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& 
   auto bytes = [&](const Tensor& t) { return t.strides()[dim] * static_cast<int64_t>(t.element_size()); };
   visit_dtype(x.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      auto kernel = attrs.flag ? topk_kernel<T, true> : topk_kernel<T, false>;
+      auto kernel = params.largest ? topk_kernel<T, true> : topk_kernel<T, false>;
       kernel<<<blocks_for(fibers.numel * size), kThreads, 0, stream(x.device().index)>>>(
-          fibers, size, attrs.k, bytes(x), bytes(out[0]), bytes(out[1]));
+          fibers, size, params.k, bytes(x), bytes(out[0]), bytes(out[1]));
     }
   });
   check_launch("topk");
@@ -188,13 +189,14 @@ __global__ void one_hot_kernel(const int64_t* idx, int64_t* out, int64_t count, 
 
 void one_hot(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor indices = in[0].contiguous();
+  int64_t num_classes = std::get<OneHotParams>(attrs).num_classes;
   for (int64_t value : indices.to_vector<int64_t>()) {
     MF_CHECK(value >= 0, "class index {} is negative (indices of shape {})", value, shape_str(indices.shape()));
-    MF_CHECK(value < attrs.k, "class index {} is out of range for num_classes = {} (indices of shape {})", value,
-             attrs.k, shape_str(indices.shape()));
+    MF_CHECK(value < num_classes, "class index {} is out of range for num_classes = {} (indices of shape {})", value,
+             num_classes, shape_str(indices.shape()));
   }
   one_hot_kernel<<<blocks_for(out[0].numel()), kThreads, 0, stream(indices.device().index)>>>(
-      indices.data_ptr<int64_t>(), out[0].data_ptr<int64_t>(), indices.numel(), attrs.k);
+      indices.data_ptr<int64_t>(), out[0].data_ptr<int64_t>(), indices.numel(), num_classes);
   check_launch("one_hot");
 }
 
@@ -216,7 +218,7 @@ void triangle(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Att
   DevicePlan<2> plan = plan_for<2>(out[0].shape(), {&out[0], &x});
   visit_dtype(x.dtype(), [&]<typename T>() {
     triangle_kernel<T, Lower><<<blocks_for(plan.numel), kThreads, 0, stream(x.device().index)>>>(
-        plan, x.size(-2), x.size(-1), attrs.k);
+        plan, x.size(-2), x.size(-1), std::get<TriangleParams>(attrs).diagonal);
   });
   check_launch(Lower ? "tril" : "triu");
 }

@@ -106,7 +106,7 @@ void linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs
 /// relu(x @ weight^T + bias): linear's GEMM, then the ReLU in place over its result.
 void linear_relu(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   linear(in, out, attrs);
-  call_inplace(OpId::relu, out[0], {out[0]});
+  call_inplace<OpId::relu>(out[0], {out[0]});
 }
 
 }  // namespace

@@ -56,12 +56,13 @@ __global__ void layer_norm_kernel(const T* inp, const T* w, const T* b, T* out, 
 
 void layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor x = dense(in[0]), weight = dense(in[1]), bias = dense(in[2]);
-  int64_t N = out[1].numel(), C = shape_numel(attrs.dims);
+  const LayerNormParams& params = std::get<LayerNormParams>(attrs);
+  int64_t N = out[1].numel(), C = shape_numel(params.normalized_shape);
   if (C == 0) return;
   visit_floating(x.dtype(), [&]<typename T>() {
     layer_norm_kernel<T><<<blocks_for_rows(N), kThreads, 0, stream(x.device().index)>>>(
         x.data_ptr<T>(), weight.data_ptr<T>(), bias.data_ptr<T>(), out[0].data_ptr<T>(), out[1].data_ptr<T>(),
-        out[2].data_ptr<T>(), N, C, attrs.eps);
+        out[2].data_ptr<T>(), N, C, params.eps);
   });
   check_launch("layer_norm");
 }
@@ -104,7 +105,7 @@ __global__ void layer_norm_dparams_kernel(const T* g, const T* inp, const T* mu,
 void layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor dout = dense(in[0]), x = dense(in[1]), mean = dense(in[2]), rstd = dense(in[3]), weight = dense(in[4]),
          dmean = dense(in[5]), drstd = dense(in[6]);
-  int64_t N = mean.numel(), C = shape_numel(attrs.dims);
+  int64_t N = mean.numel(), C = shape_numel(std::get<LayerNormParams>(attrs).normalized_shape);
   if (C == 0) return;
   cudaStream_t s = stream(x.device().index);
   visit_floating(x.dtype(), [&]<typename T>() {
@@ -147,15 +148,16 @@ __global__ void embedding_backward_kernel(const T* g, const int64_t* idx, T* dw,
 
 void embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor dout = dense(in[0]), indices = dense(in[1]);
+  const EmbeddingBackwardParams& params = std::get<EmbeddingBackwardParams>(attrs);
   int64_t C = out[0].size(1), N = indices.numel();
   cudaStream_t s = stream(dout.device().index);
-  if (!attrs.flag)  // else the rows add to what out holds (ops/nn_ops.cpp)
+  if (!params.accumulate)  // else the rows add to what out holds (ops/nn_ops.cpp)
     MF_CUDA_CHECK(
         cudaMemsetAsync(out[0].raw_data(), 0, static_cast<size_t>(out[0].numel()) * out[0].element_size(), s));
   if (N * C == 0) return;
   visit_floating(dout.dtype(), [&]<typename T>() {
     embedding_backward_kernel<T><<<blocks_for(N * C), kThreads, 0, s>>>(
-        dout.data_ptr<T>(), indices.data_ptr<int64_t>(), out[0].data_ptr<T>(), N, C, attrs.ignore_index);
+        dout.data_ptr<T>(), indices.data_ptr<int64_t>(), out[0].data_ptr<T>(), N, C, params.padding_idx);
   });
   check_launch("embedding_backward");
 }
@@ -173,11 +175,12 @@ __global__ void dropout_kernel(const T* inp, T* out, int64_t numel, uint64_t see
 
 void dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor x = dense(in[0]);
-  double p = attrs.value;
+  const DropoutParams& dropout = std::get<DropoutParams>(attrs);
+  double p = dropout.p;
   visit_floating(x.dtype(), [&]<typename T>() {
     T scale = p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T{0};
     dropout_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream(x.device().index)>>>(
-        x.data_ptr<T>(), out[0].data_ptr<T>(), x.numel(), attrs.seed, attrs.counter, p, scale);
+        x.data_ptr<T>(), out[0].data_ptr<T>(), x.numel(), dropout.stream.seed, dropout.stream.counter, p, scale);
   });
   check_launch("dropout");
 }

@@ -75,7 +75,8 @@ struct ArgExtremeRow {
 
 template <bool Greater>
 void arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, attrs.keepdim));
+  const auto& [dim, keepdim] = std::get<ReduceDimParams>(attrs);
+  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {dim}, keepdim));
   visit_dtype(in[0].dtype(), [&]<typename T>() {
     const T* data = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
     ArgExtremeRow<Greater, T> row{out.size() == 2 ? out[0].data_ptr<T>() : nullptr, out.back().data_ptr<int64_t>()};
@@ -86,11 +87,14 @@ void arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
 /// out = Op over each output element's values. Arithmetic ops skip bool (sum reads bool as int64).
 template <typename Op, bool kArithmetic = true>
 void reduce(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  ReduceLayout layout = reduce_layout(in[0].to(out[0].dtype()), plan_reduction(in[0], attrs.dims, attrs.keepdim));
+  const ReduceParams& params = reduction_of(attrs);
+  ReduceLayout layout = reduce_layout(in[0].to(out[0].dtype()), plan_reduction(in[0], params.dims, params.keepdim));
+  const auto* var = std::get_if<VarParams>(&attrs);
+  int64_t correction = var != nullptr ? var->correction : 0;  // only var's fold reads it
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!(kArithmetic && std::is_same_v<T, bool>)) {
       const T* data = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
-      ReduceRow<Op, T> row{out[0].data_ptr<T>(), layout.n, attrs.correction};
+      ReduceRow<Op, T> row{out[0].data_ptr<T>(), layout.n, correction};
       fold_layout<T>(out[0].device().index, data, layout.outer, layout.n, layout.inner, row);
     }
   });

@@ -32,7 +32,7 @@ struct SoftmaxRow {
 
 template <bool Log>
 void softmax(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, false));
+  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {std::get<DimParams>(attrs).dim}, false));
   if (layout.n == 0) return;
   visit_floating(out[0].dtype(), [&]<typename T>() {
     const T* inp = layout.data.data_ptr<T>();

@@ -4,7 +4,7 @@
 // where the composition of ops makes a [B, H, T, S] pass of its own for each step; pairs split over
 // threads. Outputs: the result with the heads interleaved, [B, T, H, D] (merging the heads for the
 // output projection is then a view), and the weights before dropout, [B, H, T, S], kept for backward.
-// Attrs: value = dropout p, seed/counter = its Philox stream, read as dropout reads it over a
+// DropoutParams: p and its Philox stream, read as dropout reads them over a
 // contiguous [B, H, T, S] tensor, so that the fused op drops exactly the weights that
 // dropout(weights) drops on the same stream. Every output and gradient is written (=), none
 // accumulated.
@@ -64,7 +64,8 @@ std::vector<OutputSpec> infer_attention(const std::vector<Tensor>& in, const Att
            "does not differentiate attn_mask {}; scaled_dot_product_attention composes ops for a mask that "
            "needs a gradient",
            shape_str(mask.shape()));
-  MF_CHECK(attrs.value >= 0 && attrs.value <= 1, "dropout probability p must be in [0, 1], got {}", attrs.value);
+  double p = std::get<DropoutParams>(attrs).p;
+  MF_CHECK(p >= 0 && p <= 1, "dropout probability p must be in [0, 1], got {}", p);
   return {{{q.size(0), q.size(2), q.size(1), q.size(3)}, q.dtype()}, {weights, q.dtype()}};
 }
 
@@ -91,7 +92,8 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
   int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
   Shape weights_dims = weights_shape(q, k);
   Shape mask_strides = broadcast_strides(mask.shape(), mask.strides(), weights_dims);
-  double p = attrs.value;
+  const DropoutParams& dropout = std::get<DropoutParams>(attrs);
+  double p = dropout.p;
   visit_floating(q.dtype(), [&]<typename E>() {
     HeadMatrices<E> qs(q), ks(k), vs(v);
     const E* masks = static_cast<const E*>(mask.raw_data());
@@ -121,7 +123,7 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
           }
           const E* kept = w;
           if (p > 0) {
-            apply_dropout(attrs, pair * T * S, T * S, w, dropped.data());
+            apply_dropout(dropout, pair * T * S, T * S, w, dropped.data());
             kept = dropped.data();
           }
           gemm<E>(CblasNoTrans, CblasNoTrans, T, D, S, kept, S, vs.at(b, h), vs.row_stride,
@@ -141,7 +143,8 @@ std::vector<Tensor> attention_rule(const GradContext& ctx) {
                     ? ctx.grads[0]
                     : zeros({q.size(0), q.size(2), q.size(1), q.size(3)}, q.dtype(), q.device());
   Tensor dweights = ctx.grads[1].defined() ? ctx.grads[1] : Tensor::empty({0}, q.dtype(), q.device());
-  std::vector<Tensor> d = call(OpId::attention_backward, {dout, dweights, q, k, v, weights}, ctx.attrs, ctx.site);
+  std::vector<Tensor> d = call<OpId::attention_backward>({dout, dweights, q, k, v, weights},
+                                                         std::get<DropoutParams>(ctx.attrs), ctx.site);
   return {d[0].transpose(1, 2), d[1].transpose(1, 2), d[2].transpose(1, 2), Tensor()};  // the mask: none
 }
 
@@ -161,7 +164,8 @@ void cpu_attention_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
   Tensor dout = dense(in[0]), dweights = dense(in[1]), q = blas_readable(in[2]), k = blas_readable(in[3]),
          v = blas_readable(in[4]), weights = dense(in[5]);
   int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
-  double p = attrs.value;
+  const DropoutParams& dropout = std::get<DropoutParams>(attrs);
+  double p = dropout.p;
   bool weights_grad = has_weights_grad(dweights);
   visit_floating(q.dtype(), [&]<typename E>() {
     HeadMatrices<E> qs(q), ks(k), vs(v);
@@ -183,7 +187,7 @@ void cpu_attention_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
           gemm<E>(CblasNoTrans, CblasTrans, T, S, D, d_o, H * D, vs.at(b, h), vs.row_stride, dkept.data(), S);
           const E* kept = w;
           if (p > 0) {  // one draw of the mask for both: the weights forward, their gradient backward
-            apply_dropout(attrs, pair * T * S, T * S, w, dropped.data(), dkept.data(), dkept.data());
+            apply_dropout(dropout, pair * T * S, T * S, w, dropped.data(), dkept.data(), dkept.data());
             kept = dropped.data();
           }
           gemm<E>(CblasTrans, CblasNoTrans, S, D, T, kept, S, d_o, H * D, dv + b * S * H * D + h * D, H * D);
@@ -235,7 +239,8 @@ std::vector<double> reference_weights(const Tensor& q, const Tensor& k, const Te
 
 /// Element (b, h, t, s) of the dropout scale over a contiguous [B, H, T, S] (1 for p = 0).
 double dropout_scale(const Attrs& attrs, int64_t element) {
-  return reference::dropout_scale(attrs.seed, attrs.counter, attrs.value, element);
+  const auto& [p, stream] = std::get<DropoutParams>(attrs);
+  return reference::dropout_scale(stream.seed, stream.counter, p, element);
 }
 
 std::vector<Tensor> reference_attention(const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -261,18 +266,18 @@ std::vector<Sample> attention_samples() {
   return {
       {"no mask, no dropout", {randn({1, 2, 3, 4}, 501), randn({1, 2, 5, 4}, 502), randn({1, 2, 5, 4}, 503),
                                reference::make({}, DType::Float64, {0})},
-       {}, {false, false, false, true}},
+       DropoutParams{}, {false, false, false, true}},
       {"causal mask [T, S], dropout 0.3",
        {randn({2, 2, 4, 3}, 504), randn({2, 2, 4, 3}, 505), randn({2, 2, 4, 3}, 506),
         reference::make({4, 4}, DType::Float64, {0, -1e9, -1e9, -1e9, 0, 0, -1e9, -1e9, 0, 0, 0, -1e9, 0, 0, 0, 0})},
-       {.value = 0.3, .seed = 11, .counter = 3}, {false, false, false, true}},
+       DropoutParams{.p = 0.3, .stream = {11, 3}}, {false, false, false, true}},
       {"key padding mask [B, 1, 1, S], odd sizes, dropout 0.5",
        {randn({2, 3, 3, 5}, 507), randn({2, 3, 7, 5}, 508), randn({2, 3, 7, 5}, 509),
         reference::make({2, 1, 1, 7}, DType::Float64, {0, 0, 0, 0, 0, -1e9, -1e9, 0, 0, -1e9, 0, 0, 0, 0})},
-       {.value = 0.5, .seed = 12, .counter = 1}, {false, false, false, true}},
+       DropoutParams{.p = 0.5, .stream = {12, 1}}, {false, false, false, true}},
       {"full mask, one query", {randn({1, 1, 1, 2}, 510), randn({1, 1, 3, 2}, 511), randn({1, 1, 3, 2}, 512),
                                 randn({1, 1, 1, 3}, 513)},
-       {}, {false, false, false, true}},
+       DropoutParams{}, {false, false, false, true}},
   };
 }
 
@@ -321,11 +326,12 @@ std::vector<Sample> attention_backward_samples() {
   Tensor padding = reference::make({2, 1, 1, 4}, DType::Float64, {0, 0, 0, -1e9, 0, -1e9, -1e9, 0});
   return {
       {"no dropout", backward_inputs(randn({1, 2, 3, 4}, 521), randn({1, 2, 5, 4}, 522), randn({1, 2, 5, 4}, 523),
-                                     no_mask, false, 524)},
+                                     no_mask, false, 524),
+       DropoutParams{}},
       {"dropout 0.4, weights' gradient",
        backward_inputs(randn({2, 2, 3, 2}, 525), randn({2, 2, 4, 2}, 526), randn({2, 2, 4, 2}, 527), padding, true,
                        528),
-       {.value = 0.4, .seed = 13, .counter = 2}},
+       DropoutParams{.p = 0.4, .stream = {13, 2}}},
   };
 }
 
@@ -365,13 +371,13 @@ AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const
     Tensor weights = softmax(attn_mask.defined() ? scores.add(mask, site) : scores, -1, site);
     return {matmul(dropout(weights, dropout_p, true, generator, site), v, site), weights};
   }
-  Attrs attrs{.value = dropout_p};
+  DropoutParams dropout{.p = dropout_p};
   if (dropout_p > 0 && q.dim() == 4 && k.dim() == 4) {  // other ranks are the op's error to report
     Generator& stream = generator ? *generator : default_generator();
-    attrs.seed = stream.seed();
-    attrs.counter = stream.reserve(static_cast<uint64_t>((shape_numel(weights_shape(q, k)) + 3) / 4));
+    dropout.stream.seed = stream.seed();
+    dropout.stream.counter = stream.reserve(static_cast<uint64_t>((shape_numel(weights_shape(q, k)) + 3) / 4));
   }
-  std::vector<Tensor> out = call(OpId::attention, {q, k, v, mask}, attrs, site);
+  std::vector<Tensor> out = call<OpId::attention>({q, k, v, mask}, dropout, site);
   return {out[0].transpose(1, 2, site), out[1]};  // [B, H, T, D] over [B, T, H, D] memory
 }
 

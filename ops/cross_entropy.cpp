@@ -17,30 +17,30 @@ using cpu::load;
 using cpu::pack_map;
 using cpu::pack_sum;
 
-// Inputs logits [N, C] and int64 target [N], Attrs.ignore_index and Attrs.label_smoothing = e; outputs
+// Inputs logits [N, C] and int64 target [N], with ignore_index and label_smoothing = e; outputs
 // the per-row loss [N]: (1 - e) * -log p[target] + e * mean_c(-log p_c), and lse [N]: the row's
 // log-sum-exp, log p_c = logits_c - lse; both 0 where target == ignore_index.
 // cross_entropy_backward: inputs dloss [N], logits, target, lse, dlse [N]; output
 // dlogits = dloss * (softmax - (1 - e) * onehot(target) - e / C) + dlse * softmax, zero rows where
 // ignored, with softmax = exp(logits - lse): the forward's lse spares the backward two passes a row.
 
-void check_cross_entropy(const Tensor& logits, const Tensor& target, const Attrs& attrs) {
+void check_cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyParams& params) {
   expect_float(logits, "logits");
   MF_CHECK(logits.dim() == 2 && logits.size(1) > 0, "expects logits [N, C] with C > 0, got shape {}",
            shape_str(logits.shape()));
   MF_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
            "target of shape {} does not match logits of shape {} (expected [{}])", shape_str(target.shape()),
            shape_str(logits.shape()), logits.size(0));
-  MF_CHECK(attrs.label_smoothing >= 0 && attrs.label_smoothing <= 1, "label_smoothing must be in [0, 1], got {}",
-           attrs.label_smoothing);
+  MF_CHECK(params.label_smoothing >= 0 && params.label_smoothing <= 1, "label_smoothing must be in [0, 1], got {}",
+           params.label_smoothing);
   expect_int64(target, "target");
-  if (auto bad = find_bad_index(target, logits.size(1), attrs.ignore_index))
+  if (auto bad = find_bad_index(target, logits.size(1), params.ignore_index))
     fail("target {} (at position {}) is out of range for {} classes (valid targets are 0 to {}, or ignore_index {})",
-         bad->second, bad->first, logits.size(1), logits.size(1) - 1, attrs.ignore_index);
+         bad->second, bad->first, logits.size(1), logits.size(1) - 1, params.ignore_index);
 }
 
 std::vector<OutputSpec> infer_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
-  check_cross_entropy(in[0], in[1], attrs);
+  check_cross_entropy(in[0], in[1], std::get<CrossEntropyParams>(attrs));
   return {{{in[0].size(0)}, in[0].dtype()}, {{in[0].size(0)}, in[0].dtype()}};
 }
 
@@ -57,9 +57,10 @@ MF_INLINE double log_sum_exp(const T* row, int64_t C) {
 }
 
 void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const CrossEntropyParams& params = std::get<CrossEntropyParams>(attrs);
   Tensor logits = dense(in[0]), target = dense(in[1]);
   int64_t N = logits.size(0), C = logits.size(1);
-  double e = attrs.label_smoothing;
+  double e = params.label_smoothing;
   visit_floating(logits.dtype(), [&]<typename T>() {
     const T* x = logits.data_ptr<T>();                // [N, C]
     const int64_t* t = target.data_ptr<int64_t>();  // [N]
@@ -67,7 +68,7 @@ void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, 
     parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
       cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
         for (int64_t n = begin; n < end; ++n) {
-          if (t[n] == attrs.ignore_index) {
+          if (t[n] == params.ignore_index) {
             loss[n] = lse_out[n] = T{0};
             continue;
           }
@@ -87,9 +88,10 @@ void cpu_cross_entropy(const std::vector<Tensor>& in, std::vector<Tensor>& out, 
 }
 
 std::vector<Tensor> cross_entropy_rule(const GradContext& ctx) {
-  return {call1(OpId::cross_entropy_backward,
-                {ctx.grads[0], ctx.inputs[0], ctx.inputs[1], ctx.outputs[1], ctx.grads[1]}, ctx.attrs, ctx.site),
-          Tensor()};
+  return {
+      call1<OpId::cross_entropy_backward>({ctx.grads[0], ctx.inputs[0], ctx.inputs[1], ctx.outputs[1], ctx.grads[1]},
+                                          std::get<CrossEntropyParams>(ctx.attrs), ctx.site),
+      Tensor()};
 }
 
 /// log p_c of one row, by an explicit max-shifted log-sum-exp in double.
@@ -104,12 +106,13 @@ std::vector<double> reference_log_probs(const Tensor& logits, int64_t n) {
 }
 
 std::vector<Tensor> reference_cross_entropy(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const CrossEntropyParams& params = std::get<CrossEntropyParams>(attrs);
   const Tensor &logits = in[0], &target = in[1];
-  double e = attrs.label_smoothing;
+  double e = params.label_smoothing;
   std::vector<double> losses, lses;
   for (int64_t n = 0; n < logits.size(0); ++n) {
     int64_t t = target.at<int64_t>({n});
-    if (t == attrs.ignore_index) {
+    if (t == params.ignore_index) {
       losses.push_back(0);
       lses.push_back(0);
       continue;
@@ -133,18 +136,22 @@ Tensor targets_with_ignored(int64_t n, int64_t classes, uint64_t seed, int64_t i
 
 std::vector<Sample> cross_entropy_samples() {
   return {
-      {"plain", {reference::randn({4, 5}, 471), reference::randint({4}, 5, 472)}},
-      {"ignored row, label smoothing 0.1", {reference::randn({6, 4}, 473), targets_with_ignored(6, 4, 474, 2)},
-       {.label_smoothing = 0.1}},
-      {"other ignore_index, large logits", {reference::uniform({3, 7}, 50, 90, 475), reference::randint({3}, 7, 476)},
-       {.label_smoothing = 0.3, .ignore_index = 0}},
-      {"one class", {reference::randn({3, 1}, 477), reference::randint({3}, 1, 478)}, {.label_smoothing = 0.2}},
+      {"plain", {reference::randn({4, 5}, 471), reference::randint({4}, 5, 472)}, CrossEntropyParams{}},
+      {"ignored row, label smoothing 0.1",
+       {reference::randn({6, 4}, 473), targets_with_ignored(6, 4, 474, 2)},
+       CrossEntropyParams{.label_smoothing = 0.1}},
+      {"other ignore_index, large logits",
+       {reference::uniform({3, 7}, 50, 90, 475), reference::randint({3}, 7, 476)},
+       CrossEntropyParams{.ignore_index = 0, .label_smoothing = 0.3}},
+      {"one class",
+       {reference::randn({3, 1}, 477), reference::randint({3}, 1, 478)},
+       CrossEntropyParams{.label_smoothing = 0.2}},
   };
 }
 
 std::vector<OutputSpec> infer_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &dloss = in[0], &logits = in[1];
-  check_cross_entropy(logits, in[2], attrs);
+  check_cross_entropy(logits, in[2], std::get<CrossEntropyParams>(attrs));
   expect_tensor(dloss, "dloss", {logits.size(0)}, logits.dtype());
   expect_tensor(in[3], "lse", {logits.size(0)}, logits.dtype());
   expect_tensor(in[4], "dlse", {logits.size(0)}, logits.dtype());
@@ -152,10 +159,11 @@ std::vector<OutputSpec> infer_cross_entropy_backward(const std::vector<Tensor>& 
 }
 
 void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const CrossEntropyParams& params = std::get<CrossEntropyParams>(attrs);
   Tensor dloss = dense(in[0]), logits = dense(in[1]), target = dense(in[2]), lses = dense(in[3]),
          dlses = dense(in[4]);
   int64_t N = logits.size(0), C = logits.size(1);
-  double e = attrs.label_smoothing, uniform_share = e / static_cast<double>(C);
+  double e = params.label_smoothing, uniform_share = e / static_cast<double>(C);
   visit_floating(logits.dtype(), [&]<typename T>() {
     const T* dl = dloss.data_ptr<T>();               // [N]
     const T *lse_of = lses.data_ptr<T>(), *dlse = dlses.data_ptr<T>();  // [N] each
@@ -166,7 +174,7 @@ void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tenso
       cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
         for (int64_t n = begin; n < end; ++n) {
           T* drow = dx + n * C;
-          if (t[n] == attrs.ignore_index) {
+          if (t[n] == params.ignore_index) {
             std::fill(drow, drow + C, T{0});
             continue;
           }
@@ -183,9 +191,10 @@ void cpu_cross_entropy_backward(const std::vector<Tensor>& in, std::vector<Tenso
 }
 
 std::vector<Tensor> reference_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const CrossEntropyParams& params = std::get<CrossEntropyParams>(attrs);
   const Tensor &dloss = in[0], &logits = in[1], &target = in[2], &lse = in[3], &dlse = in[4];
   int64_t C = logits.size(1);
-  double e = attrs.label_smoothing;
+  double e = params.label_smoothing;
   std::vector<double> grads;
   for (int64_t n = 0; n < logits.size(0); ++n) {
     int64_t t = target.at<int64_t>({n});
@@ -193,7 +202,7 @@ std::vector<Tensor> reference_cross_entropy_backward(const std::vector<Tensor>& 
       double smoothed_target = (c == t ? 1 - e : 0.0) + e / static_cast<double>(C);
       double softmax = std::exp(logits.at<double>({n, c}) - lse.at<double>({n}));
       double grad = dloss.at<double>({n}) * (softmax - smoothed_target) + dlse.at<double>({n}) * softmax;
-      grads.push_back(t == attrs.ignore_index ? 0.0 : grad);
+      grads.push_back(t == params.ignore_index ? 0.0 : grad);
     }
   }
   return {reference::make(logits.shape(), logits.dtype(), grads)};
@@ -210,13 +219,14 @@ std::vector<Tensor> backward_inputs(const Tensor& logits, const Tensor& target, 
 
 std::vector<Sample> cross_entropy_backward_samples() {
   return {
-      {"plain", backward_inputs(reference::randn({4, 5}, 482), reference::randint({4}, 5, 483), 481)},
+      {"plain", backward_inputs(reference::randn({4, 5}, 482), reference::randint({4}, 5, 483), 481),
+       CrossEntropyParams{}},
       {"ignored row, label smoothing 0.1",
        backward_inputs(reference::randn({6, 4}, 485), targets_with_ignored(6, 4, 486, 3), 484),
-       {.label_smoothing = 0.1}},
+       CrossEntropyParams{.label_smoothing = 0.1}},
       {"large logits",
        backward_inputs(reference::uniform({3, 7}, 50, 90, 488), reference::randint({3}, 7, 489), 490),
-       {.label_smoothing = 0.3}},
+       CrossEntropyParams{.label_smoothing = 0.3}},
   };
 }
 
@@ -245,8 +255,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
            "cross_entropy: target of shape {} does not match logits of shape {} (expected target shape {}) at {}",
            shape_str(target.shape()), shape_str(logits.shape()), shape_str(batch), format_location(site));
   int64_t N = shape_numel(batch), C = logits.size(-1);
-  Tensor losses = call(OpId::cross_entropy, {logits.reshape({N, C}, site), target.reshape({N}, site)},
-                       {.label_smoothing = label_smoothing, .ignore_index = ignore_index}, site)[0];  // [N]
+  Tensor losses = call<OpId::cross_entropy>({logits.reshape({N, C}, site), target.reshape({N}, site)},
+                                            {.ignore_index = ignore_index, .label_smoothing = label_smoothing},
+                                            site)[0];  // [N]
   switch (reduction) {
     case Reduction::None: return losses.reshape(batch, site);
     case Reduction::Sum: return losses.sum({}, false, site);

@@ -125,18 +125,31 @@ bool checks_anomaly() {
   return autograd::is_anomaly_enabled() && call_depth == 1 && !autograd::BackwardScope::active();
 }
 
+/// Whether the parameters ask for non-finite values: masked_fill(-inf), fill_(nan), pow(x, inf), a
+/// normal draw of infinite mean.
+bool asks_for_nonfinite(const Attrs& attrs) {
+  return std::visit(
+      []<typename P>(const P& params) {
+        if constexpr (std::is_same_v<P, FillParams>) return !std::isfinite(params.value);
+        else if constexpr (std::is_same_v<P, PowParams>) return !std::isfinite(params.exponent);
+        else if constexpr (std::is_same_v<P, NormalParams>) return !std::isfinite(params.mean);
+        else return false;
+      },
+      attrs);
+}
+
 /// Anomaly mode: throws at the first NaN or inf an op produces (see autograd::set_detect_anomaly).
 /// `sources` counts the op's inputs as they were before it ran. An op told to write a non-finite
-/// value (masked_fill(-inf)) is not blamed for it.
+/// value is not blamed for it.
 void check_anomaly(const std::vector<Tensor>& outputs, const std::function<NonFiniteCount()>& sources,
                    const Attrs& attrs) {
-  if (!std::isfinite(attrs.value)) return;
+  if (asks_for_nonfinite(attrs)) return;
   std::string found = find_anomaly(outputs, sources, "output", "input");
   MF_CHECK(found.empty(), "{}", found);
 }
 
-Device common_device(const OpDef& def, const std::vector<Tensor>& inputs, const Attrs& attrs) {
-  Device device = attrs.device;
+Device common_device(const OpDef& def, const std::vector<Tensor>& inputs) {
+  Device device;
   bool found = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     MF_CHECK(inputs[i].defined(), "input {} is an undefined tensor", i);
@@ -228,6 +241,13 @@ void check_input_count(OpId id, const std::vector<Tensor>& inputs) {
            expected == 1 ? "" : "s", inputs.size());
 }
 
+/// Refuses another op's parameter struct before any check or kernel reads it.
+void check_params(OpId id, const Attrs& attrs) {
+  size_t expected = kOpParamsIndex[static_cast<size_t>(id)];
+  MF_CHECK(attrs.index() == expected, "takes its parameters as {}, got {}", kParamsNames[expected],
+           kParamsNames[attrs.index()]);
+}
+
 }  // namespace
 
 std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
@@ -237,7 +257,8 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
   std::vector<Tensor> outputs;
   try {
     check_input_count(id, inputs);
-    Device device = common_device(def, inputs, attrs);
+    check_params(id, attrs);
+    Device device = common_device(def, inputs);
     if (def.view) {
       outputs.push_back(def.view(inputs[0], attrs));
     } else {
@@ -247,7 +268,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
         check_writable(inputs[0]);
         outputs.push_back(inputs[0]);
       } else {
-        Device out_device = def.mixes_devices ? attrs.device : device;
+        Device out_device = def.mixes_devices ? std::get<ToDeviceParams>(attrs).device : device;
         for (const OutputSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, out_device));
       }
       // Nothing to compute for empty outputs (and the CPU loops cannot plan a zero-size dim).
@@ -273,10 +294,11 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
   CallDepth depth;
   try {
     check_input_count(id, inputs);
+    check_params(id, attrs);
     MF_CHECK(!(grad_mode_enabled() && (self.requires_grad() || any_requires_grad(inputs))),
              "in-place operation on a tensor that requires grad (wrap it in NoGradGuard, or use the "
              "out-of-place form)");
-    Device device = common_device(def, inputs, attrs);
+    Device device = common_device(def, inputs);
     MF_CHECK(self.device() == device, "in-place target is on {} but the inputs are on {}", self.device().str(),
              device.str());
     check_writable(self);
@@ -297,7 +319,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
       std::vector<Tensor> outputs{Tensor::empty(specs[0].shape, specs[0].dtype, device)};
       kernel(inputs, outputs, attrs);
       std::vector<Tensor> casted{self};
-      kernel_for(registry()[OpId::cast], device)({outputs[0]}, casted, Attrs{.dtype = self.dtype()});
+      kernel_for(registry()[OpId::cast], device)({outputs[0]}, casted, CastParams{.dtype = self.dtype()});
     }
     self.storage()->bump_version();
     if (before) check_anomaly({self}, [&] { return *before; }, attrs);

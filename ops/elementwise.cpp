@@ -170,20 +170,22 @@ std::vector<Sample> pow_samples() {
 
 std::vector<OutputSpec> infer_pow_scalar(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
+  double exponent = std::get<PowParams>(attrs).exponent;
   MF_CHECK(x.dtype() != DType::Bool, "not defined for bool tensors (shape {})", shape_str(x.shape()));
-  detail::expect_representable(attrs.value, x.dtype(), "exponent");
+  detail::expect_representable(exponent, x.dtype(), "exponent");
   if (!is_floating(x.dtype()))
-    MF_CHECK(attrs.value >= 0 && attrs.value == std::floor(attrs.value),
+    MF_CHECK(exponent >= 0 && exponent == std::floor(exponent),
              "integer tensors (shape {}) need a non-negative integer exponent, got {}", shape_str(x.shape()),
-             attrs.value);
+             exponent);
   return {{x.shape(), x.dtype()}};
 }
 
 void cpu_pow_scalar(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  double exponent = std::get<PowParams>(attrs).exponent;
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      T c = static_cast<T>(attrs.value);
-      if (attrs.value == 2) {
+      T c = static_cast<T>(exponent);
+      if (exponent == 2) {
         cpu::map<T, T>(out[0], {&in[0]}, [](T x) { return x * x; });
       } else {
         cpu::map<T, T>(out[0], {&in[0]}, [c](T x) { return math::Pow{}(x, c); });
@@ -195,24 +197,25 @@ void cpu_pow_scalar(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
 // d(x^c)/dx = c x^(c-1), and 0 for c = 0.
 std::vector<Tensor> pow_scalar_backward(const GradContext& ctx) {
   const Tensor& x = ctx.inputs[0];
-  double c = ctx.attrs.value;
+  double c = std::get<PowParams>(ctx.attrs).exponent;
   if (c == 0) return {zeros_like(ctx.grads[0])};
   return {mul(ctx.grads[0], pow(x, c - 1).mul(c))};
 }
 
 std::vector<Tensor> reference_pow_scalar(const std::vector<Tensor>& in, const Attrs& attrs) {
-  return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) { return std::pow(v[0], attrs.value); })};
+  double exponent = std::get<PowParams>(attrs).exponent;
+  return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) { return std::pow(v[0], exponent); })};
 }
 
 std::vector<Sample> pow_scalar_samples() {
   return {
-      {"square", {reference::randn({3, 4}, 41)}, {.value = 2}},
-      {"cube, 3-d", {reference::randn({2, 3, 4}, 42)}, {.value = 3}},
-      {"square root", {reference::uniform({3, 4}, 0.5, 2, 43)}, {.value = 0.5}},
-      {"negative fractional", {reference::uniform({5}, 0.5, 2, 44)}, {.value = -1.5}},
-      {"zero exponent", {reference::randn({4}, 45)}, {.value = 0}},
-      {"scalar", {reference::uniform({}, 0.5, 2, 46)}, {.value = 2.5}},
-      {"int64", {reference::randint({6}, 5, 47)}, {.value = 3}},
+      {"square", {reference::randn({3, 4}, 41)}, PowParams{.exponent = 2}},
+      {"cube, 3-d", {reference::randn({2, 3, 4}, 42)}, PowParams{.exponent = 3}},
+      {"square root", {reference::uniform({3, 4}, 0.5, 2, 43)}, PowParams{.exponent = 0.5}},
+      {"negative fractional", {reference::uniform({5}, 0.5, 2, 44)}, PowParams{.exponent = -1.5}},
+      {"zero exponent", {reference::randn({4}, 45)}, PowParams{.exponent = 0}},
+      {"scalar", {reference::uniform({}, 0.5, 2, 46)}, PowParams{.exponent = 2.5}},
+      {"int64", {reference::randint({6}, 5, 47)}, PowParams{.exponent = 3}},
   };
 }
 
@@ -237,11 +240,11 @@ std::vector<Tensor> rsqrt_backward(const GradContext& ctx) {
 }
 // Gradient where the output is positive, in one pass (PyTorch's threshold_backward on the result).
 std::vector<Tensor> relu_backward(const GradContext& ctx) {
-  return {call1(OpId::relu_backward, {ctx.grads[0], ctx.outputs[0]}, {}, ctx.site)};
+  return {call1<OpId::relu_backward>({ctx.grads[0], ctx.outputs[0]}, {}, ctx.site)};
 }
 // relu_backward is linear in grad and piecewise constant in out.
 std::vector<Tensor> relu_backward_backward(const GradContext& ctx) {
-  Tensor dgrad = ctx.needs_grad[0] ? call1(OpId::relu_backward, {ctx.grads[0], ctx.inputs[1]}, {}, ctx.site) : Tensor();
+  Tensor dgrad = ctx.needs_grad[0] ? call1<OpId::relu_backward>({ctx.grads[0], ctx.inputs[1]}, {}, ctx.site) : Tensor();
   return {dgrad, ctx.needs_grad[1] ? zeros_like(ctx.inputs[1]) : Tensor()};
 }
 // d tanh/dx = 1 - tanh^2
@@ -256,7 +259,7 @@ std::vector<Tensor> sigmoid_backward(const GradContext& ctx) {
 }
 
 std::vector<Tensor> gelu_backward(const GradContext& ctx) {
-  return {call1(OpId::gelu_backward, {ctx.grads[0], ctx.inputs[0]}, {}, ctx.site)};
+  return {call1<OpId::gelu_backward>({ctx.grads[0], ctx.inputs[0]}, {}, ctx.site)};
 }
 
 // gelu_backward(grad, x) = grad * (Phi(x) + x phi(x)); its derivative in x is
@@ -264,7 +267,7 @@ std::vector<Tensor> gelu_backward(const GradContext& ctx) {
 std::vector<Tensor> gelu_backward_backward(const GradContext& ctx) {
   const Tensor &grad = ctx.inputs[0], &x = ctx.inputs[1], &gg = ctx.grads[0];
   Tensor dgrad, dx;
-  if (ctx.needs_grad[0]) dgrad = call1(OpId::gelu_backward, {gg, x}, {}, ctx.site);
+  if (ctx.needs_grad[0]) dgrad = call1<OpId::gelu_backward>({gg, x}, {}, ctx.site);
   if (ctx.needs_grad[1]) {
     Tensor pdf = exp(x * x * -0.5) * 0.39894228040143267794;
     dx = mul(gg * grad, pdf * (2.0 - x * x));
@@ -296,16 +299,18 @@ std::vector<Tensor> reference_gelu_backward(const std::vector<Tensor>& in, const
 // ---- clamp --------------------------------------------------------------------------------------
 
 std::vector<OutputSpec> infer_clamp(const std::vector<Tensor>& in, const Attrs& attrs) {
-  MF_CHECK(attrs.min || attrs.max, "at least one of min and max must be given");
-  if (attrs.min) detail::expect_representable(*attrs.min, in[0].dtype(), "min");
-  if (attrs.max) detail::expect_representable(*attrs.max, in[0].dtype(), "max");
+  const auto& [min, max] = std::get<ClampParams>(attrs);
+  MF_CHECK(min || max, "at least one of min and max must be given");
+  if (min) detail::expect_representable(*min, in[0].dtype(), "min");
+  if (max) detail::expect_representable(*max, in[0].dtype(), "max");
   return infer_unary_same(in, attrs);
 }
 
 void cpu_clamp(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      auto fn = math::Clamp<T>::from(attrs.min, attrs.max);
+      const auto& [min, max] = std::get<ClampParams>(attrs);
+      auto fn = math::Clamp<T>::from(min, max);
       cpu::map<T, T>(out[0], {&in[0]}, fn);
     }
   });
@@ -314,31 +319,33 @@ void cpu_clamp(const std::vector<Tensor>& in, std::vector<Tensor>& out, const At
 // The gradient passes where min <= x <= max (bounds included, as PyTorch).
 std::vector<Tensor> clamp_backward(const GradContext& ctx) {
   const Tensor& x = ctx.inputs[0];
+  const auto& [min, max] = std::get<ClampParams>(ctx.attrs);
   Tensor outside;
-  if (ctx.attrs.min) outside = lt(x, scalar_like(*ctx.attrs.min, x));
-  if (ctx.attrs.max) {
-    Tensor above = gt(x, scalar_like(*ctx.attrs.max, x));
+  if (min) outside = lt(x, scalar_like(*min, x));
+  if (max) {
+    Tensor above = gt(x, scalar_like(*max, x));
     outside = outside.defined() ? logical_or(outside, above) : above;
   }
   return {masked_fill(ctx.grads[0], outside, 0)};
 }
 
 std::vector<Tensor> reference_clamp(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const auto& [min, max] = std::get<ClampParams>(attrs);
   return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) {
     double x = v[0];
-    if (attrs.min) x = std::max(x, *attrs.min);
-    if (attrs.max) x = std::min(x, *attrs.max);
+    if (min) x = std::max(x, *min);
+    if (max) x = std::min(x, *max);
     return x;
   })};
 }
 
 std::vector<Sample> clamp_samples() {
   return {
-      {"both bounds", {reference::randn({3, 4}, 71)}, {.min = -0.5, .max = 0.5}},
-      {"min only, 3-d", {reference::randn({2, 3, 4}, 72)}, {.min = 0}},
-      {"max only, scalar", {reference::randn({}, 73)}, {.max = -0.25}},
-      {"min above max", {reference::randn({5}, 74)}, {.min = 1, .max = -1}},
-      {"int64", {reference::randint({6}, 9, 75)}, {.min = 2, .max = 5}},
+      {"both bounds", {reference::randn({3, 4}, 71)}, ClampParams{.min = -0.5, .max = 0.5}},
+      {"min only, 3-d", {reference::randn({2, 3, 4}, 72)}, ClampParams{.min = 0}},
+      {"max only, scalar", {reference::randn({}, 73)}, ClampParams{.max = -0.25}},
+      {"min above max", {reference::randn({5}, 74)}, ClampParams{.min = 1, .max = -1}},
+      {"int64", {reference::randint({6}, 9, 75)}, ClampParams{.min = 2, .max = 5}},
   };
 }
 
@@ -446,13 +453,13 @@ std::vector<OutputSpec> infer_masked_fill(const std::vector<Tensor>& in, const A
            shape_str(mask.shape()));
   MF_CHECK(broadcasts_to(mask.shape(), x.shape()), "mask of shape {} does not broadcast to the input's shape {}",
            shape_str(mask.shape()), shape_str(x.shape()));
-  detail::expect_representable(attrs.value, x.dtype(), "fill value");
+  detail::expect_representable(std::get<FillParams>(attrs).value, x.dtype(), "fill value");
   return {{x.shape(), x.dtype()}};
 }
 
 void cpu_masked_fill(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_dtype(out[0].dtype(), [&]<typename T>() {
-    T value = static_cast<T>(attrs.value);
+    auto value = static_cast<T>(std::get<FillParams>(attrs).value);
     cpu::map<T, T, bool>(out[0], {&in[0], &in[1]}, [value](T x, bool m) { return math::select(m, value, x); });
   });
 }
@@ -462,7 +469,8 @@ std::vector<Tensor> masked_fill_backward(const GradContext& ctx) {
 }
 
 std::vector<Tensor> reference_masked_fill(const std::vector<Tensor>& in, const Attrs& attrs) {
-  return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) { return v[1] != 0 ? attrs.value : v[0]; })};
+  double value = std::get<FillParams>(attrs).value;
+  return {reference::map(in, in[0].dtype(), [&](std::span<const double> v) { return v[1] != 0 ? value : v[0]; })};
 }
 
 // ---- copies -------------------------------------------------------------------------------------
@@ -493,7 +501,7 @@ std::vector<Tensor> to_device_backward(const GradContext& ctx) {
 }
 
 std::vector<OutputSpec> infer_cast(const std::vector<Tensor>& in, const Attrs& attrs) {
-  return {{in[0].shape(), attrs.dtype}};
+  return {{in[0].shape(), std::get<CastParams>(attrs).dtype}};
 }
 
 void cpu_cast(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
@@ -510,7 +518,7 @@ std::vector<Tensor> cast_backward(const GradContext& ctx) {
 }
 
 std::vector<Tensor> reference_cast(const std::vector<Tensor>& in, const Attrs& attrs) {
-  return {reference::map(in, attrs.dtype, [](std::span<const double> v) { return v[0]; })};
+  return {reference::map(in, std::get<CastParams>(attrs).dtype, [](std::span<const double> v) { return v[0]; })};
 }
 
 }  // namespace
@@ -534,24 +542,34 @@ void register_elementwise_ops(Registry& r) {
   r.define(OpId::copy, {.name = "copy", .infer = infer_copy, .kernels = {cpu_copy}, .backward = copy_backward,
                         .saves_inputs = false, .samples = [] { return unary_samples(-2, 2); },
                         .reference = reference_copy});
-  r.define(OpId::cast, {.name = "cast", .infer = infer_cast, .kernels = {cpu_cast}, .backward = cast_backward,
-                        .samples = [] {
-                          return std::vector<Sample>{
-                              {"to float32", {reference::randn({3, 4}, 21)}, {.dtype = DType::Float32}, {}, false},
-                              {"to int64", {reference::uniform({5}, -9, 9, 22)}, {.dtype = DType::Int64}, {}, false},
-                              {"to float64", {reference::randn({2, 3}, 23)}, {.dtype = DType::Float64}},
-                          };
-                        },
-                        .reference = reference_cast});
-  r.define(OpId::to_device, {.name = "to_device", .infer = infer_copy, .kernels = {cpu_to_device},
-                             .backward = to_device_backward, .mixes_devices = true,
-                             .samples = [] {
-                               return std::vector<Sample>{
-                                   {"cpu to cpu", {reference::randn({3, 4}, 24)}, {.device = Device::cpu()}},
-                                   {"int64 scalar", {reference::randint({}, 9, 25)}, {.device = Device::cpu()}},
-                               };
-                             },
-                             .reference = reference_copy});
+  r.define(OpId::cast,
+           {.name = "cast",
+            .infer = infer_cast,
+            .kernels = {cpu_cast},
+            .backward = cast_backward,
+            .samples =
+                [] {
+                  return std::vector<Sample>{
+                      {"to float32", {reference::randn({3, 4}, 21)}, CastParams{.dtype = DType::Float32}, {}, false},
+                      {"to int64", {reference::uniform({5}, -9, 9, 22)}, CastParams{.dtype = DType::Int64}, {}, false},
+                      {"to float64", {reference::randn({2, 3}, 23)}, CastParams{.dtype = DType::Float64}},
+                  };
+                },
+            .reference = reference_cast});
+  r.define(OpId::to_device,
+           {.name = "to_device",
+            .infer = infer_copy,
+            .kernels = {cpu_to_device},
+            .backward = to_device_backward,
+            .mixes_devices = true,
+            .samples =
+                [] {
+                  return std::vector<Sample>{
+                      {"cpu to cpu", {reference::randn({3, 4}, 24)}, ToDeviceParams{.device = Device::cpu()}},
+                      {"int64 scalar", {reference::randint({}, 9, 25)}, ToDeviceParams{.device = Device::cpu()}},
+                  };
+                },
+            .reference = reference_copy});
 
   r.define(OpId::pow, {.name = "pow", .infer = infer_binary_arith, .kernels = {cpu_binary<math::Pow>},
                        .backward = pow_backward, .saves_outputs = true, .samples = pow_samples,
@@ -629,20 +647,24 @@ void register_elementwise_ops(Registry& r) {
                            };
                          },
                          .reference = reference_where});
-  r.define(OpId::masked_fill, {.name = "masked_fill", .infer = infer_masked_fill, .kernels = {cpu_masked_fill},
-                               .backward = masked_fill_backward,
-                               .samples = [] {
-                                 return std::vector<Sample>{
-                                     {"same shape", {reference::randn({3, 4}, 111), sample_bools({3, 4}, 112)},
-                                      {.value = -7.5}},
-                                     {"broadcast mask", {reference::randn({2, 3, 4}, 113), sample_bools({3, 1}, 114)},
-                                      {.value = 2.5}},
-                                     {"scalar mask", {reference::randn({2, 3}, 115), sample_bools({}, 116)}, {}},
-                                     {"int64", {reference::randint({5}, 9, 117), sample_bools({5}, 118)},
-                                      {.value = -3}},
-                                 };
-                               },
-                               .reference = reference_masked_fill});
+  r.define(
+      OpId::masked_fill,
+      {.name = "masked_fill",
+       .infer = infer_masked_fill,
+       .kernels = {cpu_masked_fill},
+       .backward = masked_fill_backward,
+       .samples =
+           [] {
+             return std::vector<Sample>{
+                 {"same shape", {reference::randn({3, 4}, 111), sample_bools({3, 4}, 112)}, FillParams{.value = -7.5}},
+                 {"broadcast mask",
+                  {reference::randn({2, 3, 4}, 113), sample_bools({3, 1}, 114)},
+                  FillParams{.value = 2.5}},
+                 {"scalar mask", {reference::randn({2, 3}, 115), sample_bools({}, 116)}, FillParams{}},
+                 {"int64", {reference::randint({5}, 9, 117), sample_bools({5}, 118)}, FillParams{.value = -3}},
+             };
+           },
+       .reference = reference_masked_fill});
 }
 
 // ---- public API -----------------------------------------------------------------------------------
@@ -669,33 +691,33 @@ Tensor add(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::ad
 Tensor sub(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::sub, a, b, site); }
 Tensor mul(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::mul, a, b, site); }
 Tensor div(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::div, a, b, site); }
-Tensor neg(const Tensor& x, Site site) { return call1(OpId::neg, {x}, {}, site); }
+Tensor neg(const Tensor& x, Site site) { return call1<OpId::neg>({x}, {}, site); }
 
 Tensor pow(const Tensor& base, const Tensor& exponent, Site site) { return binary(OpId::pow, base, exponent, site); }
 Tensor pow(const Tensor& base, double exponent, Site site) {
   Tensor x = fractional(exponent) ? floating(base, site) : base;
-  return call1(OpId::pow_scalar, {x}, {.value = exponent}, site);
+  return call1<OpId::pow_scalar>({x}, {.exponent = exponent}, site);
 }
-Tensor abs(const Tensor& x, Site site) { return call1(OpId::abs, {x}, {}, site); }
-Tensor exp(const Tensor& x, Site site) { return call1(OpId::exp, {floating(x, site)}, {}, site); }
-Tensor log(const Tensor& x, Site site) { return call1(OpId::log, {floating(x, site)}, {}, site); }
-Tensor sqrt(const Tensor& x, Site site) { return call1(OpId::sqrt, {floating(x, site)}, {}, site); }
-Tensor rsqrt(const Tensor& x, Site site) { return call1(OpId::rsqrt, {floating(x, site)}, {}, site); }
-Tensor relu(const Tensor& x, Site site) { return call1(OpId::relu, {x}, {}, site); }
-Tensor gelu(const Tensor& x, Site site) { return call1(OpId::gelu, {floating(x, site)}, {}, site); }
-Tensor tanh(const Tensor& x, Site site) { return call1(OpId::tanh, {floating(x, site)}, {}, site); }
-Tensor sigmoid(const Tensor& x, Site site) { return call1(OpId::sigmoid, {floating(x, site)}, {}, site); }
+Tensor abs(const Tensor& x, Site site) { return call1<OpId::abs>({x}, {}, site); }
+Tensor exp(const Tensor& x, Site site) { return call1<OpId::exp>({floating(x, site)}, {}, site); }
+Tensor log(const Tensor& x, Site site) { return call1<OpId::log>({floating(x, site)}, {}, site); }
+Tensor sqrt(const Tensor& x, Site site) { return call1<OpId::sqrt>({floating(x, site)}, {}, site); }
+Tensor rsqrt(const Tensor& x, Site site) { return call1<OpId::rsqrt>({floating(x, site)}, {}, site); }
+Tensor relu(const Tensor& x, Site site) { return call1<OpId::relu>({x}, {}, site); }
+Tensor gelu(const Tensor& x, Site site) { return call1<OpId::gelu>({floating(x, site)}, {}, site); }
+Tensor tanh(const Tensor& x, Site site) { return call1<OpId::tanh>({floating(x, site)}, {}, site); }
+Tensor sigmoid(const Tensor& x, Site site) { return call1<OpId::sigmoid>({floating(x, site)}, {}, site); }
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Site site) {
   Tensor input = fractional(min) || fractional(max) ? floating(x, site) : x;
-  return call1(OpId::clamp, {input}, {.min = min, .max = max}, site);
+  return call1<OpId::clamp>({input}, {.min = min, .max = max}, site);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Site site) {
   auto [x, y] = promoted(a, b, site);
-  return call1(OpId::where, {cond, x, y}, {}, site);
+  return call1<OpId::where>({cond, x, y}, {}, site);
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value, Site site) {
-  return call1(OpId::masked_fill, {x, mask}, {.value = value}, site);
+  return call1<OpId::masked_fill>({x, mask}, {.value = value}, site);
 }
 
 Tensor eq(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::eq, a, b, site); }
@@ -704,9 +726,9 @@ Tensor lt(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::lt,
 Tensor le(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::le, a, b, site); }
 Tensor gt(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::gt, a, b, site); }
 Tensor ge(const Tensor& a, const Tensor& b, Site site) { return binary(OpId::ge, a, b, site); }
-Tensor logical_not(const Tensor& x, Site site) { return call1(OpId::logical_not, {x}, {}, site); }
-Tensor logical_and(const Tensor& a, const Tensor& b, Site site) { return call1(OpId::logical_and, {a, b}, {}, site); }
-Tensor logical_or(const Tensor& a, const Tensor& b, Site site) { return call1(OpId::logical_or, {a, b}, {}, site); }
+Tensor logical_not(const Tensor& x, Site site) { return call1<OpId::logical_not>({x}, {}, site); }
+Tensor logical_and(const Tensor& a, const Tensor& b, Site site) { return call1<OpId::logical_and>({a, b}, {}, site); }
+Tensor logical_or(const Tensor& a, const Tensor& b, Site site) { return call1<OpId::logical_or>({a, b}, {}, site); }
 
 Tensor Tensor::add(const Tensor& other, Site site) const { return mf::add(*this, other, site); }
 Tensor Tensor::sub(const Tensor& other, Site site) const { return mf::sub(*this, other, site); }
@@ -762,26 +784,26 @@ Tensor operator/(double a, At b) { return div(scalar_like(a, b.tensor), b.tensor
 Tensor operator-(At a) { return neg(a.tensor, a.site); }
 
 Tensor& Tensor::add_(const Tensor& other, Site site) {
-  call_inplace(OpId::add, *this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
+  call_inplace<OpId::add>(*this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
   return *this;
 }
 Tensor& Tensor::add_(double other, Site site) { return add_(scalar_tensor(other, dtype(), device()), site); }
 Tensor& Tensor::sub_(const Tensor& other, Site site) {
-  call_inplace(OpId::sub, *this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
+  call_inplace<OpId::sub>(*this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
   return *this;
 }
 Tensor& Tensor::mul_(const Tensor& other, Site site) {
-  call_inplace(OpId::mul, *this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
+  call_inplace<OpId::mul>(*this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
   return *this;
 }
 Tensor& Tensor::mul_(double other, Site site) { return mul_(scalar_tensor(other, dtype(), device()), site); }
 Tensor& Tensor::div_(const Tensor& other, Site site) {
-  call_inplace(OpId::div, *this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
+  call_inplace<OpId::div>(*this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
   return *this;
 }
 
 Tensor& Tensor::masked_fill_(const Tensor& mask, double value, Site site) {
-  call_inplace(OpId::masked_fill, *this, {*this, mask}, {.value = value}, site);
+  call_inplace<OpId::masked_fill>(*this, {*this, mask}, {.value = value}, site);
   return *this;
 }
 
@@ -789,20 +811,20 @@ Tensor& Tensor::copy_(const Tensor& src, Site site) {
   Tensor source = src.device() == device() ? src : src.to(device(), site);
   if (source.dtype() != dtype()) source = source.to(dtype(), site);
   if (source.shape() != shape()) source = source.expand(shape(), site);
-  call_inplace(OpId::copy, *this, {source}, {}, site);
+  call_inplace<OpId::copy>(*this, {source}, {}, site);
   return *this;
 }
 
-Tensor Tensor::clone(Site site) const { return call1(OpId::copy, {*this}, {}, site); }
+Tensor Tensor::clone(Site site) const { return call1<OpId::copy>({*this}, {}, site); }
 
 Tensor Tensor::contiguous(Site site) const { return is_contiguous() ? *this : clone(site); }
 
 Tensor Tensor::to(Device device, Site site) const {
-  return device == this->device() ? *this : call1(OpId::to_device, {*this}, {.device = device}, site);
+  return device == this->device() ? *this : call1<OpId::to_device>({*this}, {.device = device}, site);
 }
 
 Tensor Tensor::to(DType dtype, Site site) const {
-  return dtype == this->dtype() ? *this : call1(OpId::cast, {*this}, {.dtype = dtype}, site);
+  return dtype == this->dtype() ? *this : call1<OpId::cast>({*this}, {.dtype = dtype}, site);
 }
 
 }  // namespace mf

@@ -132,12 +132,12 @@ void gather_into(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index,
   });
 }
 
-// ---- cat (any number of inputs, along attrs.dim) ------------------------------------------------
+// ---- cat (any number of inputs, along dim) ------------------------------------------------
 
 std::vector<OutputSpec> infer_cat(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& first = in[0];  // the dispatcher refuses an empty list
   MF_CHECK(first.dim() > 0, "cannot concatenate 0-dim tensors (tensor 0 has shape [])");
-  int64_t dim = normalize_dim(attrs.dim, first.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, first.dim());
   Shape shape = first.shape();
   shape[dim] = 0;
   for (size_t i = 0; i < in.size(); ++i) {
@@ -156,7 +156,7 @@ std::vector<OutputSpec> infer_cat(const std::vector<Tensor>& in, const Attrs& at
 // Each input is copied into its window of the output, a strided view over the output's storage.
 void cpu_cat(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor& o = out[0];
-  int64_t dim = normalize_dim(attrs.dim, o.dim()), start = 0;
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, o.dim()), start = 0;
   visit_dtype(o.dtype(), [&]<typename T>() {
     for (const Tensor& t : in) {
       Tensor window = view_of(o, t.shape(), o.strides(), o.offset() + start * o.strides()[dim]);
@@ -168,7 +168,7 @@ void cpu_cat(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attr
 
 std::vector<Tensor> cat_backward(const GradContext& ctx) {
   const Tensor& dout = ctx.grads[0];
-  int64_t dim = normalize_dim(ctx.attrs.dim, dout.dim()), start = 0;
+  int64_t dim = normalize_dim(std::get<DimParams>(ctx.attrs).dim, dout.dim()), start = 0;
   std::vector<Tensor> dinp;
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
     int64_t length = ctx.inputs[i].shape()[dim];
@@ -180,7 +180,7 @@ std::vector<Tensor> cat_backward(const GradContext& ctx) {
 
 std::vector<Tensor> reference_cat(const std::vector<Tensor>& in, const Attrs& attrs) {
   Shape shape = infer_cat(in, attrs)[0].shape;
-  int64_t dim = normalize_dim(attrs.dim, in[0].dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, in[0].dim());
   std::vector<double> values;
   reference::for_each_index(shape, [&](const Shape& index) {
     Shape source = index;
@@ -191,11 +191,11 @@ std::vector<Tensor> reference_cat(const std::vector<Tensor>& in, const Attrs& at
   return {reference::make(shape, in[0].dtype(), values)};
 }
 
-// ---- index_select (x, index [n]) along attrs.dim -----------------------------------------------
+// ---- index_select (x, index [n]) along dim -----------------------------------------------
 
 std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = checked_dim(x, attrs.dim);
+  int64_t dim = checked_dim(x, std::get<DimParams>(attrs).dim);
   check_index_tensor(index);
   MF_CHECK(index.dim() <= 1, "index must be 1-D, got shape {}", shape_str(index.shape()));
   Shape shape = x.shape();
@@ -206,7 +206,7 @@ std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const 
 
 void cpu_index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   check_index_range(index, dim, x);
   Shape index_strides(static_cast<size_t>(x.dim()), 0);  // the 1-D index, broadcast over the other dims
   index_strides[dim] = index.dim() == 1 ? index.strides()[0] : 0;
@@ -216,7 +216,7 @@ void cpu_index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, c
 // dx = zeros scattered with dout at the selected positions (repeats accumulate).
 std::vector<Tensor> index_select_backward(const GradContext& ctx) {
   const Tensor &x = ctx.inputs[0], &index = ctx.inputs[1], &dout = ctx.grads[0];
-  int64_t dim = normalize_dim(ctx.attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(ctx.attrs).dim, x.dim());
   Shape shape(static_cast<size_t>(x.dim()), 1);
   shape[dim] = index.numel();
   Tensor spread = index.reshape(shape).expand(dout.shape());  // index[j] at every p with p[dim] = j
@@ -225,7 +225,7 @@ std::vector<Tensor> index_select_backward(const GradContext& ctx) {
 
 std::vector<Tensor> reference_index_select(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   std::vector<int64_t> picks = index.to_vector<int64_t>();
   Shape shape = x.shape();
   shape[dim] = static_cast<int64_t>(picks.size());
@@ -238,11 +238,11 @@ std::vector<Tensor> reference_index_select(const std::vector<Tensor>& in, const 
   return {reference::make(shape, x.dtype(), values)};
 }
 
-// ---- gather (x, index) along attrs.dim: out[p] = x[p with dim replaced by index[p]] -------------
+// ---- gather (x, index) along dim: out[p] = x[p with dim replaced by index[p]] -------------
 
 std::vector<OutputSpec> infer_gather(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = checked_dim(x, attrs.dim);
+  int64_t dim = checked_dim(x, std::get<DimParams>(attrs).dim);
   check_index_tensor(index);
   MF_CHECK(index.dim() == x.dim(), "index of shape {} must have as many dims as x of shape {}",
            shape_str(index.shape()), shape_str(x.shape()));
@@ -255,20 +255,20 @@ std::vector<OutputSpec> infer_gather(const std::vector<Tensor>& in, const Attrs&
 
 void cpu_gather(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   check_index_range(index, dim, x);
   visit_dtype(x.dtype(), [&]<typename T>() { gather_into<T>(out[0], x, dim, index, index.strides()); });
 }
 
 std::vector<Tensor> gather_backward(const GradContext& ctx) {
   const Tensor &x = ctx.inputs[0], &index = ctx.inputs[1], &dout = ctx.grads[0];
-  int64_t dim = normalize_dim(ctx.attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(ctx.attrs).dim, x.dim());
   return {scatter_add(zeros(x.shape(), dout.dtype(), dout.device()), dim, index, dout), Tensor()};
 }
 
 std::vector<Tensor> reference_gather(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   std::vector<double> values;
   reference::for_each_index(index.shape(), [&](const Shape& i) {
     Shape source = i;
@@ -278,11 +278,11 @@ std::vector<Tensor> reference_gather(const std::vector<Tensor>& in, const Attrs&
   return {reference::make(index.shape(), x.dtype(), values)};
 }
 
-// ---- scatter_add (x, index, src) along attrs.dim: out = x; out[p with dim = index[p]] += src[p] ---
+// ---- scatter_add (x, index, src) along dim: out = x; out[p with dim = index[p]] += src[p] ---
 
 std::vector<OutputSpec> infer_scatter_add(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1], &src = in[2];
-  int64_t dim = checked_dim(x, attrs.dim);
+  int64_t dim = checked_dim(x, std::get<DimParams>(attrs).dim);
   check_index_tensor(index);
   MF_CHECK(x.dtype() == src.dtype() && x.dtype() != DType::Bool,
            "x and src must share a float32, float64 or int64 dtype, got {} and {}", dtype_name(x.dtype()),
@@ -304,7 +304,7 @@ std::vector<OutputSpec> infer_scatter_add(const std::vector<Tensor>& in, const A
 void cpu_scatter_add(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1], &src = in[2];
   Tensor& o = out[0];  // contiguous, x's shape
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   check_index_range(index, dim, x);
   Shape out_strides = o.strides(), src_strides = src.strides();
   int64_t out_dim_stride = out_strides[dim];
@@ -341,7 +341,7 @@ std::vector<Tensor> scatter_add_backward(const GradContext& ctx) {
   const Tensor &index = ctx.inputs[1], &src = ctx.inputs[2], &dout = ctx.grads[0];
   Tensor dsrc;
   if (ctx.needs_grad[2]) {
-    int64_t dim = normalize_dim(ctx.attrs.dim, dout.dim());
+    int64_t dim = normalize_dim(std::get<DimParams>(ctx.attrs).dim, dout.dim());
     dsrc = gather(dout, dim, index);
     if (dsrc.shape() != src.shape()) {
       Tensor padded = zeros(src.shape(), dout.dtype(), dout.device());
@@ -356,7 +356,7 @@ std::vector<Tensor> scatter_add_backward(const GradContext& ctx) {
 
 std::vector<Tensor> reference_scatter_add(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1], &src = in[2];
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   std::vector<double> values = x.contiguous().to_vector<double>();
   Shape strides = contiguous_strides(x.shape());
   reference::for_each_index(index.shape(), [&](const Shape& i) {
@@ -368,17 +368,18 @@ std::vector<Tensor> reference_scatter_add(const std::vector<Tensor>& in, const A
   return {reference::make(x.shape(), x.dtype(), values)};
 }
 
-// ---- topk (x) along attrs.dim: attrs.k values, largest first when attrs.flag, and their indices ---
+// ---- topk (x) along dim: k values, largest first when largest (else smallest first), and their indices
 
 std::vector<OutputSpec> infer_topk(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
-  int64_t dim = checked_dim(x, attrs.dim);
+  const TopKParams& topk = std::get<TopKParams>(attrs);
+  int64_t dim = checked_dim(x, topk.dim);
   MF_CHECK(x.dtype() != DType::Bool, "not defined for bool tensors (shape {})", shape_str(x.shape()));
   int64_t size = x.shape()[dim];
-  MF_CHECK(attrs.k >= 0 && attrs.k <= size, "k = {} is out of range for dim {} of size {} (shape {})", attrs.k, dim,
+  MF_CHECK(topk.k >= 0 && topk.k <= size, "k = {} is out of range for dim {} of size {} (shape {})", topk.k, dim,
            size, shape_str(x.shape()));
   Shape shape = x.shape();
-  shape[dim] = attrs.k;
+  shape[dim] = topk.k;
   return {{shape, x.dtype()}, {shape, DType::Int64}};
 }
 
@@ -451,13 +452,14 @@ void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor
 void cpu_topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor& x = in[0];
   if (out[0].numel() == 0) return;
-  int64_t dim = normalize_dim(attrs.dim, x.dim());
+  const TopKParams& topk = std::get<TopKParams>(attrs);
+  int64_t dim = normalize_dim(topk.dim, x.dim());
   visit_dtype(x.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      if (attrs.flag)
-        topk_fibers<T, true>(x, dim, attrs.k, out[0], out[1]);
+      if (topk.largest)
+        topk_fibers<T, true>(x, dim, topk.k, out[0], out[1]);
       else
-        topk_fibers<T, false>(x, dim, attrs.k, out[0], out[1]);
+        topk_fibers<T, false>(x, dim, topk.k, out[0], out[1]);
     }
   });
 }
@@ -465,28 +467,29 @@ void cpu_topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Att
 // dx = zeros with dvalues put back at the chosen indices (distinct within a fiber).
 std::vector<Tensor> topk_backward(const GradContext& ctx) {
   const Tensor &x = ctx.inputs[0], &indices = ctx.outputs[1], &dvalues = ctx.grads[0];
-  int64_t dim = normalize_dim(ctx.attrs.dim, x.dim());
+  int64_t dim = normalize_dim(std::get<TopKParams>(ctx.attrs).dim, x.dim());
   return {scatter_add(zeros(x.shape(), dvalues.dtype(), dvalues.device()), dim, indices, dvalues)};
 }
 
 // Selection by repeated scans: each rank takes the first best element not taken yet.
 std::vector<Tensor> reference_topk(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
-  int64_t dim = normalize_dim(attrs.dim, x.dim()), size = x.shape()[dim];
+  const auto& [k, topk_dim, largest] = std::get<TopKParams>(attrs);
+  int64_t dim = normalize_dim(topk_dim, x.dim()), size = x.shape()[dim];
   Shape shape = x.shape();
-  shape[dim] = attrs.k;
+  shape[dim] = k;
   std::vector<double> values(static_cast<size_t>(shape_numel(shape))), indices(values.size());
   Shape out_strides = contiguous_strides(shape), fiber_shape = x.shape();
   fiber_shape[dim] = 1;
   auto better = [&](double a, double b) {  // strictly: NaN is the largest value
-    if (std::isnan(a) || std::isnan(b)) return std::isnan(attrs.flag ? a : b) && !std::isnan(attrs.flag ? b : a);
-    return attrs.flag ? a > b : a < b;
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(largest ? a : b) && !std::isnan(largest ? b : a);
+    return largest ? a > b : a < b;
   };
   reference::for_each_index(fiber_shape, [&](const Shape& start) {
     std::vector<double> fiber;
     for (Shape i = start; i[dim] < size; ++i[dim]) fiber.push_back(x.at<double>(i));
     std::vector<bool> taken(fiber.size(), false);
-    for (int64_t r = 0; r < attrs.k; ++r) {
+    for (int64_t r = 0; r < k; ++r) {
       int64_t best = -1;
       for (int64_t j = 0; j < size; ++j)
         if (!taken[j] && (best < 0 || better(fiber[j], fiber[best]))) best = j;
@@ -501,21 +504,22 @@ std::vector<Tensor> reference_topk(const std::vector<Tensor>& in, const Attrs& a
   return {reference::make(shape, x.dtype(), values), reference::make(shape, DType::Int64, indices)};
 }
 
-// ---- one_hot (indices) with attrs.k classes -----------------------------------------------------
+// ---- one_hot (indices) with num_classes classes ------------------------------------------------
 
 std::vector<OutputSpec> infer_one_hot(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& indices = in[0];
   MF_CHECK(indices.dtype() == DType::Int64, "indices must be int64, got {} (shape {})",
            dtype_name(indices.dtype()), shape_str(indices.shape()));
-  MF_CHECK(attrs.k > 0, "num_classes must be positive, got {}", attrs.k);
+  int64_t num_classes = std::get<OneHotParams>(attrs).num_classes;
+  MF_CHECK(num_classes > 0, "num_classes must be positive, got {}", num_classes);
   Shape shape = indices.shape();
-  shape.push_back(attrs.k);
+  shape.push_back(num_classes);
   return {{shape, DType::Int64}};
 }
 
 void cpu_one_hot(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor indices = in[0].contiguous();
-  int64_t classes = attrs.k, count = indices.numel();
+  int64_t classes = std::get<OneHotParams>(attrs).num_classes, count = indices.numel();
   const int64_t* idx = indices.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
     MF_CHECK(idx[i] >= 0, "class index {} is negative (indices of shape {})", idx[i], shape_str(indices.shape()));
@@ -531,7 +535,7 @@ void cpu_one_hot(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
 
 std::vector<Tensor> reference_one_hot(const std::vector<Tensor>& in, const Attrs& attrs) {
   Shape shape = in[0].shape();
-  shape.push_back(attrs.k);
+  shape.push_back(std::get<OneHotParams>(attrs).num_classes);
   std::vector<double> values;
   reference::for_each_index(shape, [&](const Shape& i) {
     Shape source(i.begin(), i.end() - 1);
@@ -540,21 +544,22 @@ std::vector<Tensor> reference_one_hot(const std::vector<Tensor>& in, const Attrs
   return {reference::make(shape, DType::Int64, values)};
 }
 
-// ---- tril / triu (x) on the last two dims, diagonal offset attrs.k ------------------------------
+// ---- tril / triu (x) on the last two dims, diagonal offset `diagonal` ----------------------------
 
 std::vector<OutputSpec> infer_triangle(const std::vector<Tensor>& in, const Attrs&) {
   MF_CHECK(in[0].dim() >= 2, "expects a tensor with at least 2 dims, got shape {}", shape_str(in[0].shape()));
   return {{in[0].shape(), in[0].dtype()}};
 }
 
-/// Keeps x[..., i, j] where j - i <= k (Lower, tril) or j - i >= k (triu); zeroes the rest.
+/// Keeps x[..., i, j] where j - i <= diagonal (Lower, tril) or j - i >= diagonal (triu); zeroes the rest.
 template <bool Lower>
 void cpu_triangle(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor& x = in[0];
   Tensor& o = out[0];  // contiguous
   if (o.numel() == 0) return;
   int64_t rows = x.size(-2), cols = x.size(-1), sx = x.strides().back();
-  int64_t k = std::clamp(attrs.k, -rows, cols);  // offsets beyond the matrix act alike (and cannot overflow)
+  int64_t k = std::clamp(std::get<TriangleParams>(attrs).diagonal, -rows,
+                         cols);  // offsets beyond the matrix act alike (and cannot overflow)
   visit_dtype(x.dtype(), [&]<typename T>() {
     const T* inp = static_cast<const T*>(x.raw_data());
     T* dst = o.data_ptr<T>();
@@ -573,16 +578,17 @@ void cpu_triangle(const std::vector<Tensor>& in, std::vector<Tensor>& out, const
 /// The same mask on the gradient.
 template <OpId Id>
 std::vector<Tensor> triangle_backward(const GradContext& ctx) {
-  return {call1(Id, {ctx.grads[0]}, ctx.attrs, ctx.site)};
+  return {call1<Id>({ctx.grads[0]}, std::get<TriangleParams>(ctx.attrs), ctx.site)};
 }
 
 template <bool Lower>
 std::vector<Tensor> reference_triangle(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
+  int64_t diagonal = std::get<TriangleParams>(attrs).diagonal;
   std::vector<double> values;
   reference::for_each_index(x.shape(), [&](const Shape& index) {
     int64_t offset = index[index.size() - 1] - index[index.size() - 2];
-    bool keep = Lower ? offset <= attrs.k : offset >= attrs.k;
+    bool keep = Lower ? offset <= diagonal : offset >= diagonal;
     values.push_back(keep ? x.at<double>(index) : 0.0);
   });
   return {reference::make(x.shape(), x.dtype(), values)};
@@ -590,67 +596,82 @@ std::vector<Tensor> reference_triangle(const std::vector<Tensor>& in, const Attr
 
 std::vector<Sample> triangle_samples() {
   return {
-      {"square", {reference::randn({4, 4}, 941)}, {.k = 0}},
-      {"wide, diagonal above", {reference::randn({3, 5}, 942)}, {.k = 1}},
-      {"batched tall, diagonal below", {reference::randn({2, 5, 3}, 943)}, {.k = -1}},
-      {"diagonal past the corner", {reference::randn({3, 3}, 944)}, {.k = 7}},
-      {"bool mask", {reference::make({3, 4}, DType::Bool, std::vector<double>(12, 1.0))}, {.k = 0}},
+      {"square", {reference::randn({4, 4}, 941)}, TriangleParams{.diagonal = 0}},
+      {"wide, diagonal above", {reference::randn({3, 5}, 942)}, TriangleParams{.diagonal = 1}},
+      {"batched tall, diagonal below", {reference::randn({2, 5, 3}, 943)}, TriangleParams{.diagonal = -1}},
+      {"diagonal past the corner", {reference::randn({3, 3}, 944)}, TriangleParams{.diagonal = 7}},
+      {"bool mask",
+       {reference::make({3, 4}, DType::Bool, std::vector<double>(12, 1.0))},
+       TriangleParams{.diagonal = 0}},
   };
 }
 
 }  // namespace
 
 void register_index_ops(Registry& r) {
-  r.define(OpId::cat, {.name = "cat", .infer = infer_cat, .kernels = {cpu_cat}, .backward = cat_backward,
-                       .samples = [] {
-    return std::vector<Sample>{
-        {"dim 0, three inputs",
-         {reference::randn({2, 3}, 901), reference::randn({1, 3}, 902), reference::randn({4, 3}, 903)}, {.dim = 0}},
-        {"last dim", {reference::randn({2, 3, 1}, 904), reference::randn({2, 3, 4}, 905)}, {.dim = -1}},
-        {"middle dim", {reference::randn({2, 1, 3}, 906), reference::randn({2, 2, 3}, 907)}, {.dim = 1}},
-        {"one input", {reference::randn({3}, 908)}, {.dim = 0}},
-        {"int64", {reference::randint({2, 2}, 9, 911), reference::randint({2, 1}, 9, 912)}, {.dim = 1}},
-    };
-  }, .reference = reference_cat});
+  r.define(OpId::cat,
+           {.name = "cat",
+            .infer = infer_cat,
+            .kernels = {cpu_cat},
+            .backward = cat_backward,
+            .samples =
+                [] {
+                  return std::vector<Sample>{
+                      {"dim 0, three inputs",
+                       {reference::randn({2, 3}, 901), reference::randn({1, 3}, 902), reference::randn({4, 3}, 903)},
+                       DimParams{.dim = 0}},
+                      {"last dim",
+                       {reference::randn({2, 3, 1}, 904), reference::randn({2, 3, 4}, 905)},
+                       DimParams{.dim = -1}},
+                      {"middle dim",
+                       {reference::randn({2, 1, 3}, 906), reference::randn({2, 2, 3}, 907)},
+                       DimParams{.dim = 1}},
+                      {"one input", {reference::randn({3}, 908)}, DimParams{.dim = 0}},
+                      {"int64",
+                       {reference::randint({2, 2}, 9, 911), reference::randint({2, 1}, 9, 912)},
+                       DimParams{.dim = 1}},
+                  };
+                },
+            .reference = reference_cat});
   r.define(OpId::index_select, {.name = "index_select", .infer = infer_index_select,
                                 .kernels = {cpu_index_select}, .backward = index_select_backward, .samples = [] {
     return std::vector<Sample>{
         {"rows, repeated index", {reference::randn({4, 3}, 913), reference::make({3}, DType::Int64, {2, 0, 2})},
-         {.dim = 0}},
+         DimParams{.dim = 0}},
         {"last dim of 3-d", {reference::randn({2, 3, 4}, 914), reference::make({2}, DType::Int64, {3, 1})},
-         {.dim = -1}},
+         DimParams{.dim = -1}},
         {"middle dim", {reference::randn({2, 5, 3}, 915), reference::make({4}, DType::Int64, {4, 0, 1, 4})},
-         {.dim = 1}},
-        {"0-d index", {reference::randn({3, 2}, 916), reference::make({}, DType::Int64, {1})}, {.dim = 0}},
+         DimParams{.dim = 1}},
+        {"0-d index", {reference::randn({3, 2}, 916), reference::make({}, DType::Int64, {1})}, DimParams{.dim = 0}},
     };
   }, .reference = reference_index_select});
   r.define(OpId::gather, {.name = "gather", .infer = infer_gather, .kernels = {cpu_gather},
                           .backward = gather_backward, .samples = [] {
     return std::vector<Sample>{
-        {"last dim", {reference::randn({3, 4}, 917), reference::randint({3, 2}, 4, 918)}, {.dim = 1}},
+        {"last dim", {reference::randn({3, 4}, 917), reference::randint({3, 2}, 4, 918)}, DimParams{.dim = 1}},
         {"dim 0, index narrower than x", {reference::randn({4, 3}, 919), reference::randint({2, 2}, 4, 920)},
-         {.dim = 0}},
+         DimParams{.dim = 0}},
         {"3-d, index longer along dim", {reference::randn({2, 3, 4}, 921), reference::randint({2, 5, 4}, 3, 922)},
-         {.dim = -2}},
-        {"one column", {reference::randn({5, 3}, 923), reference::randint({5, 1}, 3, 924)}, {.dim = 1}},
+         DimParams{.dim = -2}},
+        {"one column", {reference::randn({5, 3}, 923), reference::randint({5, 1}, 3, 924)}, DimParams{.dim = 1}},
     };
   }, .reference = reference_gather});
   r.define(OpId::scatter_add, {.name = "scatter_add", .infer = infer_scatter_add, .kernels = {cpu_scatter_add},
                                .backward = scatter_add_backward, .samples = [] {
     return std::vector<Sample>{
         {"dim 0", {reference::randn({3, 4}, 925), reference::randint({2, 4}, 3, 926), reference::randn({2, 4}, 927)},
-         {.dim = 0}},
+         DimParams{.dim = 0}},
         {"src larger than index",
          {reference::randn({3, 5}, 928), reference::randint({2, 3}, 5, 929), reference::randn({3, 4}, 930)},
-         {.dim = 1}},
+         DimParams{.dim = 1}},
         {"3-d, collisions along the last dim",
          {reference::randn({2, 2, 3}, 931), reference::randint({2, 2, 6}, 3, 932), reference::randn({2, 2, 6}, 933)},
-         {.dim = -1}},
+         DimParams{.dim = -1}},
         {"3-d, middle dim",
          {reference::randn({2, 3, 4}, 950), reference::randint({2, 5, 4}, 3, 951), reference::randn({2, 5, 4}, 952)},
-         {.dim = 1}},
+         DimParams{.dim = 1}},
         {"int64", {reference::randint({4}, 9, 934), reference::randint({6}, 4, 935), reference::randint({6}, 9, 936)},
-         {.dim = 0}},
+         DimParams{.dim = 0}},
     };
   }, .reference = reference_scatter_add});
   r.define(OpId::topk, {.name = "topk", .infer = infer_topk, .kernels = {cpu_topk}, .backward = topk_backward,
@@ -659,18 +680,18 @@ void register_index_ops(Registry& r) {
     // At a tie the selection switches under any perturbation, so finite differences cannot agree
     // with either one-sided gradient there.
     return std::vector<Sample>{
-        {"largest, last dim", {reference::randn({3, 6}, 937)}, {.dim = -1, .k = 3, .flag = true}},
-        {"smallest, dim 0", {reference::randn({5, 4}, 938)}, {.dim = 0, .k = 2, .flag = false}},
-        {"all of a middle dim", {reference::randn({2, 3, 4}, 939)}, {.dim = 1, .k = 3, .flag = true}},
-        {"ties, largest", {ties}, {.dim = 1, .k = 4, .flag = true}, {}, false},
-        {"ties, smallest", {ties}, {.dim = 1, .k = 3, .flag = false}, {}, false},
+        {"largest, last dim", {reference::randn({3, 6}, 937)}, TopKParams{.k = 3, .dim = -1, .largest = true}},
+        {"smallest, dim 0", {reference::randn({5, 4}, 938)}, TopKParams{.k = 2, .dim = 0, .largest = false}},
+        {"all of a middle dim", {reference::randn({2, 3, 4}, 939)}, TopKParams{.k = 3, .dim = 1, .largest = true}},
+        {"ties, largest", {ties}, TopKParams{.k = 4, .dim = 1, .largest = true}, {}, false},
+        {"ties, smallest", {ties}, TopKParams{.k = 3, .dim = 1, .largest = false}, {}, false},
     };
   }, .reference = reference_topk});
   r.define(OpId::one_hot, {.name = "one_hot", .infer = infer_one_hot, .kernels = {cpu_one_hot}, .samples = [] {
     return std::vector<Sample>{
-        {"1-d", {reference::randint({5}, 4, 940)}, {.k = 4}},
-        {"2-d", {reference::make({2, 3}, DType::Int64, {0, 5, 2, 2, 1, 4})}, {.k = 6}},
-        {"0-d", {reference::make({}, DType::Int64, {2})}, {.k = 3}},
+        {"1-d", {reference::randint({5}, 4, 940)}, OneHotParams{.num_classes = 4}},
+        {"2-d", {reference::make({2, 3}, DType::Int64, {0, 5, 2, 2, 1, 4})}, OneHotParams{.num_classes = 6}},
+        {"0-d", {reference::make({}, DType::Int64, {2})}, OneHotParams{.num_classes = 3}},
     };
   }, .reference = reference_one_hot});
   r.define(OpId::tril, {.name = "tril", .infer = infer_triangle, .kernels = {cpu_triangle<true>},
@@ -684,7 +705,7 @@ void register_index_ops(Registry& r) {
 // ---- public API -----------------------------------------------------------------------------------
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, Site site) {
-  return call1(OpId::cat, tensors, {.dim = dim}, site);
+  return call1<OpId::cat>(tensors, {.dim = dim}, site);
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, Site site) {
@@ -707,27 +728,31 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, Site site) {
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Site site) {
-  return call1(OpId::index_select, {x, index}, {.dim = dim}, site);
+  return call1<OpId::index_select>({x, index}, {.dim = dim}, site);
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Site site) {
-  return call1(OpId::gather, {x, index}, {.dim = dim}, site);
+  return call1<OpId::gather>({x, index}, {.dim = dim}, site);
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, Site site) {
-  return call1(OpId::scatter_add, {x, index, src}, {.dim = dim}, site);
+  return call1<OpId::scatter_add>({x, index, src}, {.dim = dim}, site);
 }
 
 std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool largest, Site site) {
-  std::vector<Tensor> out = call(OpId::topk, {x}, {.dim = dim, .k = k, .flag = largest}, site);
+  std::vector<Tensor> out = call<OpId::topk>({x}, {.k = k, .dim = dim, .largest = largest}, site);
   return {out[0], out[1]};
 }
 
 Tensor one_hot(const Tensor& indices, int64_t num_classes, Site site) {
-  return call1(OpId::one_hot, {indices}, {.k = num_classes}, site);
+  return call1<OpId::one_hot>({indices}, {.num_classes = num_classes}, site);
 }
 
-Tensor tril(const Tensor& x, int64_t diagonal, Site site) { return call1(OpId::tril, {x}, {.k = diagonal}, site); }
-Tensor triu(const Tensor& x, int64_t diagonal, Site site) { return call1(OpId::triu, {x}, {.k = diagonal}, site); }
+Tensor tril(const Tensor& x, int64_t diagonal, Site site) {
+  return call1<OpId::tril>({x}, {.diagonal = diagonal}, site);
+}
+Tensor triu(const Tensor& x, int64_t diagonal, Site site) {
+  return call1<OpId::triu>({x}, {.diagonal = diagonal}, site);
+}
 
 }  // namespace mf

@@ -318,7 +318,7 @@ std::vector<Tensor> linear_backward(const GradContext& ctx) {
 // relu(z) for z = x @ W^T + b: dz = dout where the saved output is > 0 (relu_backward's rule), then
 // linear's backward.
 std::vector<Tensor> linear_relu_backward(const GradContext& ctx) {
-  std::vector<Tensor> dz{call1(OpId::relu_backward, {ctx.grads[0], ctx.outputs[0]}, {}, ctx.site)};
+  std::vector<Tensor> dz{call1<OpId::relu_backward>({ctx.grads[0], ctx.outputs[0]}, {}, ctx.site)};
   return linear_backward({dz, ctx.inputs, ctx.outputs, ctx.attrs, ctx.needs_grad, ctx.site, ctx.sums});
 }
 
@@ -385,7 +385,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, Site site) {
            shape_str(a.shape()), shape_str(b.shape()), format_location(site));
   Tensor lhs = a.dim() == 1 ? a.unsqueeze(0, site) : a;
   Tensor rhs = b.dim() == 1 ? b.unsqueeze(-1, site) : b;
-  Tensor out = call1(OpId::matmul, {lhs, rhs}, {}, site);
+  Tensor out = call1<OpId::matmul>({lhs, rhs}, {}, site);
   if (b.dim() == 1) out = out.squeeze(-1, site);
   if (a.dim() == 1) out = out.squeeze(a.dim() == 1 && b.dim() == 1 ? 0 : -2, site);
   return out;
@@ -400,13 +400,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Site si
            "linear: input {} has {} features in its last dim, but weight {} expects {} at {}", shape_str(x.shape()),
            x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1), format_location(site));
   if (!bias.defined()) return matmul(x, weight.t(site), site);  // [..., out]
-  return call1(OpId::linear, {x, weight, bias}, {}, site);
+  return call1<OpId::linear>({x, weight, bias}, {}, site);
 }
 
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site) {
   MF_CHECK(weight.dim() == 2 && bias.defined(), "linear_relu: expects weight [out, in] and a bias, got {} and {} at {}",
            shape_str(weight.shape()), bias.defined() ? shape_str(bias.shape()) : "none", format_location(site));
-  return call1(OpId::linear_relu, {x, weight, bias}, {}, site);
+  return call1<OpId::linear_relu>({x, weight, bias}, {}, site);
 }
 
 }  // namespace mf

@@ -30,9 +30,9 @@ using cpu::pack_sum;
 
 
 // ---- layer_norm ---------------------------------------------------------------------------------
-// Inputs x [..., *normalized_shape], weight and bias [*normalized_shape], Attrs.dims = normalized_shape,
-// Attrs.eps. Outputs out (x's shape) and the per-row statistics mean and rstd = 1/sqrt(var + eps),
-// both of x's leading dims [...] (0-dim when x is normalized_shape itself).
+// Inputs x [..., *normalized_shape], weight and bias [*normalized_shape]. Outputs out (x's shape) and
+// the per-row statistics mean and rstd = 1/sqrt(var + eps), both of x's leading dims [...] (0-dim when
+// x is normalized_shape itself).
 
 /// The leading dims of x, after checking that x ends with normalized_shape.
 Shape leading_dims(const Tensor& x, const Shape& normalized_shape) {
@@ -45,18 +45,22 @@ Shape leading_dims(const Tensor& x, const Shape& normalized_shape) {
 }
 
 std::vector<OutputSpec> infer_layer_norm(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Shape& normalized_shape = std::get<LayerNormParams>(attrs).normalized_shape;
+  double eps = std::get<LayerNormParams>(attrs).eps;
   const Tensor& x = in[0];
   expect_float(x, "input");
-  Shape stats = leading_dims(x, attrs.dims);
-  expect_tensor(in[1], "weight", attrs.dims, x.dtype());
-  expect_tensor(in[2], "bias", attrs.dims, x.dtype());
-  MF_CHECK(attrs.eps >= 0, "eps must be >= 0, got {}", attrs.eps);
+  Shape stats = leading_dims(x, normalized_shape);
+  expect_tensor(in[1], "weight", normalized_shape, x.dtype());
+  expect_tensor(in[2], "bias", normalized_shape, x.dtype());
+  MF_CHECK(eps >= 0, "eps must be >= 0, got {}", eps);
   return {{x.shape(), x.dtype()}, {stats, x.dtype()}, {stats, x.dtype()}};
 }
 
 void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Shape& normalized_shape = std::get<LayerNormParams>(attrs).normalized_shape;
+  double eps = std::get<LayerNormParams>(attrs).eps;
   Tensor x = dense(in[0]), weight = dense(in[1]), bias = dense(in[2]);
-  int64_t N = out[1].numel(), C = shape_numel(attrs.dims);
+  int64_t N = out[1].numel(), C = shape_numel(normalized_shape);
   visit_floating(x.dtype(), [&]<typename T>() {
     const T* inp = x.data_ptr<T>();     // [N, C]
     const T* w = weight.data_ptr<T>();  // [C]
@@ -80,7 +84,7 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
             return d * d;
           });
           double m = s / static_cast<double>(C), var = std::max(ss / static_cast<double>(C) - m * m, 0.0);
-          double r = 1.0 / std::sqrt(var + attrs.eps);
+          double r = 1.0 / std::sqrt(var + eps);
           mean[n] = static_cast<T>(shift + m);
           rstd[n] = static_cast<T>(r);
           T centre = static_cast<T>(m), scale = static_cast<T>(r);
@@ -97,25 +101,27 @@ void cpu_layer_norm(const std::vector<Tensor>& in, std::vector<Tensor>& out, con
 // d mean / dx_c = 1/C and d rstd / dx_c = -rstd^2 xhat_c / C.
 std::vector<Tensor> layer_norm_rule(const GradContext& ctx) {
   const Tensor &x = ctx.inputs[0], &weight = ctx.inputs[1], &mean = ctx.outputs[1], &rstd = ctx.outputs[2];
-  std::vector<Tensor> grads = call(OpId::layer_norm_backward,
-                                   {ctx.grads[0], x, mean, rstd, weight, ctx.grads[1], ctx.grads[2]},
-                                   {.dims = ctx.attrs.dims}, ctx.site);
+  std::vector<Tensor> grads =
+      call<OpId::layer_norm_backward>({ctx.grads[0], x, mean, rstd, weight, ctx.grads[1], ctx.grads[2]},
+                                      std::get<LayerNormParams>(ctx.attrs), ctx.site);
   for (size_t i = 0; i < grads.size(); ++i)
     if (!ctx.needs_grad[i]) grads[i] = Tensor();
   return grads;
 }
 
 std::vector<Tensor> reference_layer_norm(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Shape& normalized_shape = std::get<LayerNormParams>(attrs).normalized_shape;
+  double eps = std::get<LayerNormParams>(attrs).eps;
   const Tensor &x = in[0], &w = in[1], &b = in[2];
-  Shape stats = leading_dims(x, attrs.dims);
-  int64_t C = shape_numel(attrs.dims), N = shape_numel(stats);
+  Shape stats = leading_dims(x, normalized_shape);
+  int64_t C = shape_numel(normalized_shape), N = shape_numel(stats);
   std::vector<double> xs = x.to_vector<double>(), ws = w.to_vector<double>(), bs = b.to_vector<double>();
   std::vector<double> out(xs.size()), means(N), rstds(N);
   for (int64_t n = 0; n < N; ++n) {
     double mean = 0, var = 0;
     for (int64_t c = 0; c < C; ++c) mean += xs[n * C + c] / static_cast<double>(C);
     for (int64_t c = 0; c < C; ++c) var += (xs[n * C + c] - mean) * (xs[n * C + c] - mean) / static_cast<double>(C);
-    double rstd = 1 / std::sqrt(var + attrs.eps);
+    double rstd = 1 / std::sqrt(var + eps);
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = (xs[n * C + c] - mean) * rstd * ws[c] + bs[c];
     means[n] = mean;
     rstds[n] = rstd;
@@ -143,7 +149,7 @@ std::vector<Sample> layer_norm_samples() {
     samples.push_back({c.name,
                        {reference::randn(c.x_shape, seed), reference::randn(c.normalized_shape, seed + 1),
                         reference::randn(c.normalized_shape, seed + 2)},
-                       {.dims = c.normalized_shape, .eps = 1e-5}});
+                       LayerNormParams{.normalized_shape = c.normalized_shape, .eps = 1e-5}});
     seed += 3;
   }
   return samples;
@@ -156,16 +162,17 @@ std::vector<Sample> layer_norm_samples() {
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dmean / C - drstd * rstd^2 * xhat / C.
 
 std::vector<OutputSpec> infer_layer_norm_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Shape& normalized_shape = std::get<LayerNormParams>(attrs).normalized_shape;
   const Tensor& x = in[1];
   expect_float(x, "input");
-  Shape stats = leading_dims(x, attrs.dims);
+  Shape stats = leading_dims(x, normalized_shape);
   expect_tensor(in[0], "dout", x.shape(), x.dtype());
   expect_tensor(in[2], "mean", stats, x.dtype());
   expect_tensor(in[3], "rstd", stats, x.dtype());
-  expect_tensor(in[4], "weight", attrs.dims, x.dtype());
+  expect_tensor(in[4], "weight", normalized_shape, x.dtype());
   expect_tensor(in[5], "dmean", stats, x.dtype());
   expect_tensor(in[6], "drstd", stats, x.dtype());
-  return {{x.shape(), x.dtype()}, {attrs.dims, x.dtype()}, {attrs.dims, x.dtype()}};
+  return {{x.shape(), x.dtype()}, {normalized_shape, x.dtype()}, {normalized_shape, x.dtype()}};
 }
 
 /// Row blocks for parameter-gradient partials: at most this many, sized by N alone (so the sums do
@@ -174,9 +181,10 @@ std::vector<OutputSpec> infer_layer_norm_backward(const std::vector<Tensor>& in,
 constexpr int64_t kMaxRowBlocks = 16;
 
 void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Shape& normalized_shape = std::get<LayerNormParams>(attrs).normalized_shape;
   Tensor dout = dense(in[0]), x = dense(in[1]), mean = dense(in[2]), rstd = dense(in[3]), weight = dense(in[4]),
          dmean = dense(in[5]), drstd = dense(in[6]);
-  int64_t N = mean.numel(), C = shape_numel(attrs.dims);
+  int64_t N = mean.numel(), C = shape_numel(normalized_shape);
   int64_t rows_per_block = std::max<int64_t>(1, (N + kMaxRowBlocks - 1) / kMaxRowBlocks);
   int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   std::vector<double> partial(static_cast<size_t>(blocks * 2 * C), 0.0);  // [blocks, 2, C]: dweight, dbias
@@ -239,12 +247,13 @@ void cpu_layer_norm_backward(const std::vector<Tensor>& in, std::vector<Tensor>&
 //   dL/dmean = -r sum(H),  dL/drstd = sum(Gdx a) - (S2 Gx + 2 drstd r Gx + S1 Gsum) / C + sum(H (x - mean))
 //   dL/ddmean = Gsum / C,  dL/ddrstd = -r^2 Gx / C.
 std::vector<Tensor> layer_norm_backward_rule(const GradContext& ctx) {
+  const Shape& normalized_shape = std::get<LayerNormParams>(ctx.attrs).normalized_shape;
   const std::vector<Tensor>& in = ctx.inputs;
   const Tensor &dout = in[0], &x = in[1], &w = in[4];
   const Tensor &gdx = ctx.grads[0], &gdw = ctx.grads[1], &gdb = ctx.grads[2];
   const Shape& stats = in[2].shape();
-  auto k = static_cast<int64_t>(ctx.attrs.dims.size());
-  double inv_c = 1.0 / static_cast<double>(shape_numel(ctx.attrs.dims));
+  auto k = static_cast<int64_t>(normalized_shape.size());
+  double inv_c = 1.0 / static_cast<double>(shape_numel(normalized_shape));
   Shape per_row_shape = stats, row_dims;  // [..., 1, ..., 1] and the normalized dims
   for (int64_t d = -k; d < 0; ++d) {
     per_row_shape.push_back(1);
@@ -273,9 +282,10 @@ std::vector<Tensor> layer_norm_backward_rule(const GradContext& ctx) {
 // Written from the Jacobian, entry by entry, rather than the kernel's factored formula:
 // d xhat_j / d x_i = rstd (delta_ij - 1/C) - rstd^3 (x_j - mean)(x_i - mean) / C.
 std::vector<Tensor> reference_layer_norm_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Shape& normalized_shape = std::get<LayerNormParams>(attrs).normalized_shape;
   const Tensor& x = in[1];
-  Shape stats = leading_dims(x, attrs.dims);
-  int64_t C = shape_numel(attrs.dims), N = shape_numel(stats);
+  Shape stats = leading_dims(x, normalized_shape);
+  int64_t C = shape_numel(normalized_shape), N = shape_numel(stats);
   std::vector<double> g = in[0].to_vector<double>(), xs = x.to_vector<double>(), mu = in[2].to_vector<double>(),
                       rs = in[3].to_vector<double>(), w = in[4].to_vector<double>(),
                       dmu = in[5].to_vector<double>(), drs = in[6].to_vector<double>();
@@ -295,30 +305,31 @@ std::vector<Tensor> reference_layer_norm_backward(const std::vector<Tensor>& in,
       db[i] += g[n * C + i];
     }
   }
-  return {reference::make(x.shape(), x.dtype(), dx), reference::make(attrs.dims, x.dtype(), dw),
-          reference::make(attrs.dims, x.dtype(), db)};
+  return {reference::make(x.shape(), x.dtype(), dx),
+          reference::make(normalized_shape, x.dtype(), dw),
+          reference::make(normalized_shape, x.dtype(), db)};
 }
 
 std::vector<Sample> layer_norm_backward_samples() {
   std::vector<Sample> samples;
   uint64_t seed = 431;
   for (const LayerNormCase& c : layer_norm_cases()) {
-    Attrs attrs{.dims = c.normalized_shape, .eps = 1e-5};
+    LayerNormParams params{.normalized_shape = c.normalized_shape, .eps = 1e-5};
     Tensor x = reference::randn(c.x_shape, seed), w = reference::randn(c.normalized_shape, seed + 1);
-    std::vector<Tensor> forward = reference_layer_norm({x, w, w}, attrs);
+    std::vector<Tensor> forward = reference_layer_norm({x, w, w}, params);
     Shape stats = forward[1].shape();
     samples.push_back({c.name,
                        {reference::randn(c.x_shape, seed + 2), x, forward[1], forward[2], w,
                         reference::randn(stats, seed + 3), reference::randn(stats, seed + 4)},
-                       attrs});
+                       params});
     seed += 5;
   }
   return samples;
 }
 
 // ---- embedding ----------------------------------------------------------------------------------
-// Inputs weight [V, C] and int64 indices [...]; output [..., C]. Attrs.ignore_index is the padding
-// row (negative for none), which receives no gradient.
+// Inputs weight [V, C] and int64 indices [...]; output [..., C]. The padding row (padding_idx,
+// negative for none) receives no gradient.
 
 /// Embedding ids must pick one of the V rows.
 void check_ids(const Tensor& indices, int64_t V) {
@@ -354,13 +365,14 @@ void cpu_embedding(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
 // Where the weight has a gradient summed already (a tied weight: the output projection's dW), the
 // rows are added into it in place, with no zeroed [V, C] table and no add of one.
 std::vector<Tensor> embedding_rule(const GradContext& ctx) {
-  Attrs attrs{.k = ctx.inputs[0].size(0), .ignore_index = ctx.attrs.ignore_index};
+  EmbeddingBackwardParams params{.num_embeddings = ctx.inputs[0].size(0),
+                                 .padding_idx = std::get<EmbeddingParams>(ctx.attrs).padding_idx};
   if (Tensor sum = ctx.sums[0]; sum.defined()) {
-    attrs.flag = true;
-    call_inplace(OpId::embedding_backward, sum, {ctx.grads[0], ctx.inputs[1]}, attrs, ctx.site);
+    params.accumulate = true;
+    call_inplace<OpId::embedding_backward>(sum, {ctx.grads[0], ctx.inputs[1]}, params, ctx.site);
     return {sum, Tensor()};
   }
-  return {call1(OpId::embedding_backward, {ctx.grads[0], ctx.inputs[1]}, attrs, ctx.site), Tensor()};
+  return {call1<OpId::embedding_backward>({ctx.grads[0], ctx.inputs[1]}, params, ctx.site), Tensor()};
 }
 
 std::vector<Tensor> reference_embedding(const std::vector<Tensor>& in, const Attrs&) {
@@ -377,37 +389,40 @@ std::vector<Tensor> reference_embedding(const std::vector<Tensor>& in, const Att
 
 std::vector<Sample> embedding_samples() {
   return {
-      {"matrix of ids", {reference::randn({7, 3}, 441), reference::randint({2, 4}, 7, 442)}},
+      {"matrix of ids", {reference::randn({7, 3}, 441), reference::randint({2, 4}, 7, 442)}, EmbeddingParams{}},
       // The padding row withholds by design the gradient its forward use implies (PyTorch's
       // padding_idx), so finite differences disagree there.
-      {"with padding row", {reference::randn({5, 4}, 443), reference::randint({9}, 5, 444)}, {.ignore_index = 2},
-       {}, false},
-      {"single id", {reference::randn({4, 2}, 445), reference::randint({}, 4, 446)}},
+      {"with padding row",
+       {reference::randn({5, 4}, 443), reference::randint({9}, 5, 444)},
+       EmbeddingParams{.padding_idx = 2},
+       {},
+       false},
+      {"single id", {reference::randn({4, 2}, 445), reference::randint({}, 4, 446)}, EmbeddingParams{}},
   };
 }
 
 // ---- embedding_backward -------------------------------------------------------------------------
-// Inputs dout [..., C] and int64 indices [...], Attrs.k = V, Attrs.ignore_index = padding row
-// (negative for none); output dweight [V, C], the scatter-add of dout rows into their ids' rows.
-// With Attrs.flag the rows are added to what dweight holds (call_inplace into a gradient summed so
+// Inputs dout [..., C] and int64 indices [...], with num_embeddings = V and the padding row (negative
+// for none); output dweight [V, C], the scatter-add of dout rows into their ids' rows.
+// With accumulate the rows are added to what dweight holds (call_inplace into a gradient summed so
 // far) instead of to zeros.
 
 std::vector<OutputSpec> infer_embedding_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &dout = in[0], &indices = in[1];
   expect_float(dout, "dout");
-  MF_CHECK(attrs.k >= 0, "the number of embedding rows (Attrs.k) must be >= 0, got {}", attrs.k);
-  MF_CHECK(attrs.ignore_index < attrs.k, "padding index {} is out of range for {} rows", attrs.ignore_index,
-           attrs.k);
+  const auto& [rows, padding_idx, accumulate] = std::get<EmbeddingBackwardParams>(attrs);
+  MF_CHECK(rows >= 0, "num_embeddings must be >= 0, got {}", rows);
+  MF_CHECK(padding_idx < rows, "padding_idx {} is out of range for {} rows", padding_idx, rows);
   MF_CHECK(dout.dim() == indices.dim() + 1 && std::equal(indices.shape().begin(), indices.shape().end(),
                                                          dout.shape().begin()),
            "dout of shape {} does not match indices of shape {} (expected [*indices.shape, C])",
            shape_str(dout.shape()), shape_str(indices.shape()));
-  check_ids(indices, attrs.k);
-  return {{{attrs.k, dout.size(-1)}, dout.dtype()}};
+  check_ids(indices, rows);
+  return {{{rows, dout.size(-1)}, dout.dtype()}};
 }
 
 /// Over rows [row_begin, row_end): each row that an id names gets its positions summed in order from
-/// zero, then added to what dw holds (zeros, or with Attrs.flag a gradient summed so far, which thus
+/// zero, then added to what dw holds (zeros, or with accumulate a gradient summed so far, which thus
 /// gets the very additions of sum + table); rows no id names are left alone. The row sum is never
 /// -0, so adding it to zeros gives it bit for bit.
 template <typename T>
@@ -429,7 +444,8 @@ void add_rows_into(const T* g, const int64_t* idx, int64_t N, int64_t C, int64_t
 
 void cpu_embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor dout = dense(in[0]), indices = dense(in[1]);
-  int64_t V = attrs.k, C = out[0].size(1), N = indices.numel(), pad = attrs.ignore_index;
+  const EmbeddingBackwardParams& params = std::get<EmbeddingBackwardParams>(attrs);
+  int64_t V = params.num_embeddings, C = out[0].size(1), N = indices.numel(), pad = params.padding_idx;
   visit_floating(dout.dtype(), [&]<typename T>() {
     const T* g = dout.data_ptr<T>();                   // [N, C]
     const int64_t* idx = indices.data_ptr<int64_t>();  // [N]
@@ -438,7 +454,7 @@ void cpu_embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
     // and each row sums its positions in order, whatever the thread count.
     int64_t grain = N * C < cpu::kParallelGrain ? std::max<int64_t>(V, 1) : 1;
     parallel_for(0, V, grain, [&](int64_t row_begin, int64_t row_end) {
-      if (!attrs.flag) std::fill(dw + row_begin * C, dw + row_end * C, T{0});
+      if (!params.accumulate) std::fill(dw + row_begin * C, dw + row_end * C, T{0});
       add_rows_into(g, idx, N, C, pad, row_begin, row_end, dw);
     });
   });
@@ -448,36 +464,43 @@ void cpu_embedding_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
 // padding row, which dweight never receives.
 std::vector<Tensor> embedding_backward_rule(const GradContext& ctx) {
   Tensor grad = ctx.grads[0];
-  if (ctx.attrs.ignore_index >= 0) {
-    Tensor keep = ones({ctx.attrs.k, 1}, grad.dtype(), grad.device());
-    keep.select(0, ctx.attrs.ignore_index).zero_();
+  const EmbeddingBackwardParams& params = std::get<EmbeddingBackwardParams>(ctx.attrs);
+  if (params.padding_idx >= 0) {
+    Tensor keep = ones({params.num_embeddings, 1}, grad.dtype(), grad.device());
+    keep.select(0, params.padding_idx).zero_();
     grad = mul(grad, keep);
   }
-  return {call1(OpId::embedding, {grad, ctx.inputs[1]}, {}, ctx.site), Tensor()};
+  return {call1<OpId::embedding>({grad, ctx.inputs[1]}, {}, ctx.site), Tensor()};
 }
 
 std::vector<Tensor> reference_embedding_backward(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &dout = in[0], &indices = in[1];
+  const auto& [rows, padding_idx, accumulate] = std::get<EmbeddingBackwardParams>(attrs);
   int64_t C = dout.size(-1);
-  std::vector<double> dw(static_cast<size_t>(attrs.k * C), 0.0);
+  std::vector<double> dw(static_cast<size_t>(rows * C), 0.0);
   reference::for_each_index(dout.shape(), [&](const Shape& index) {
     int64_t row = indices.at<int64_t>(Shape(index.begin(), index.end() - 1));
-    if (row != attrs.ignore_index) dw[row * C + index.back()] += dout.at<double>(index);
+    if (row != padding_idx) dw[row * C + index.back()] += dout.at<double>(index);
   });
-  return {reference::make({attrs.k, C}, dout.dtype(), dw)};
+  return {reference::make({rows, C}, dout.dtype(), dw)};
 }
 
 std::vector<Sample> embedding_backward_samples() {
   return {
-      {"repeated ids", {reference::randn({3, 4, 2}, 451), reference::randint({3, 4}, 3, 452)}, {.k = 5}},
-      {"with padding row", {reference::randn({9, 3}, 453), reference::randint({9}, 4, 454)},
-       {.k = 4, .ignore_index = 1}},
-      {"single id", {reference::randn({3}, 455), reference::randint({}, 6, 456)}, {.k = 6}},
+      {"repeated ids",
+       {reference::randn({3, 4, 2}, 451), reference::randint({3, 4}, 3, 452)},
+       EmbeddingBackwardParams{.num_embeddings = 5}},
+      {"with padding row",
+       {reference::randn({9, 3}, 453), reference::randint({9}, 4, 454)},
+       EmbeddingBackwardParams{.num_embeddings = 4, .padding_idx = 1}},
+      {"single id",
+       {reference::randn({3}, 455), reference::randint({}, 6, 456)},
+       EmbeddingBackwardParams{.num_embeddings = 6}},
   };
 }
 
 // ---- dropout ------------------------------------------------------------------------------------
-// Input x; Attrs.value = p, Attrs.seed/counter = the Philox stream. Output out = x * mask, where the
+// Input x, with p and the Philox stream in DropoutParams. Output out = x * mask, where the
 // mask holds the scale each element gets (0 or 1/(1-p)) and is never stored: dx = dout * mask =
 // dropout(dout) on the same stream. Element i keeps when word i % 4 of Philox block
 // (seed, counter + i / 4), as a uniform on [0, 1), is >= p: the mask depends on the stream alone,
@@ -485,19 +508,21 @@ std::vector<Sample> embedding_backward_samples() {
 
 std::vector<OutputSpec> infer_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
   expect_float(in[0], "input");
-  MF_CHECK(attrs.value >= 0 && attrs.value <= 1, "probability p must be in [0, 1], got {}", attrs.value);
+  double p = std::get<DropoutParams>(attrs).p;
+  MF_CHECK(p >= 0 && p <= 1, "probability p must be in [0, 1], got {}", p);
   return {{in[0].shape(), in[0].dtype()}};
 }
 
 void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   Tensor x = dense(in[0]);
+  const DropoutParams& dropout = std::get<DropoutParams>(attrs);
   int64_t numel = x.numel(), blocks = (numel + 3) / 4;
   visit_floating(x.dtype(), [&]<typename T>() {
     const T* inp = x.data_ptr<T>();  // [numel]
     T* o = out[0].data_ptr<T>();
     parallel_for(0, blocks, grain_for(4), [&](int64_t begin, int64_t end) {  // whole Philox blocks each
       int64_t first = 4 * begin, n = std::min(4 * end, numel) - first;
-      cpu::with_widest_isa([&]<int>() MF_LAMBDA_INLINE { apply_dropout(attrs, first, n, inp + first, o + first); });
+      cpu::with_widest_isa([&]<int>() MF_LAMBDA_INLINE { apply_dropout(dropout, first, n, inp + first, o + first); });
     });
   });
 }
@@ -505,23 +530,24 @@ void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
 // Replaying the forward's Philox stream on the gradient multiplies it by the same mask, so the node
 // keeps no tensors alive.
 std::vector<Tensor> dropout_rule(const GradContext& ctx) {
-  return {std::move(call(OpId::dropout, {ctx.grads[0]}, ctx.attrs, ctx.site)[0])};
+  return {call1<OpId::dropout>({ctx.grads[0]}, std::get<DropoutParams>(ctx.attrs), ctx.site)};
 }
 
 std::vector<Tensor> reference_dropout(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const auto& [p, stream] = std::get<DropoutParams>(attrs);
   std::vector<double> xs = in[0].to_vector<double>(), out;
   for (size_t i = 0; i < xs.size(); ++i)
-    out.push_back(xs[i] * reference::dropout_scale(attrs.seed, attrs.counter, attrs.value, static_cast<int64_t>(i)));
+    out.push_back(xs[i] * reference::dropout_scale(stream.seed, stream.counter, p, static_cast<int64_t>(i)));
   return {reference::make(in[0].shape(), in[0].dtype(), out)};
 }
 
 std::vector<Sample> dropout_samples() {
   return {
-      {"p = 0.3", {reference::randn({4, 5}, 461)}, {.value = 0.3, .seed = 7, .counter = 0}},
-      {"p = 0.5, odd size, offset stream", {reference::randn({3, 7}, 462)}, {.value = 0.5, .seed = 8, .counter = 5}},
-      {"p = 1 drops all", {reference::randn({2, 3}, 463)}, {.value = 1, .seed = 9}},
-      {"p = 0 keeps all", {reference::randn({2, 3}, 464)}, {.value = 0, .seed = 10}},
-      {"scalar", {reference::randn({}, 465)}, {.value = 0.2, .seed = 11, .counter = 3}},
+      {"p = 0.3", {reference::randn({4, 5}, 461)}, DropoutParams{.p = 0.3, .stream = {7, 0}}},
+      {"p = 0.5, odd size, offset stream", {reference::randn({3, 7}, 462)}, DropoutParams{.p = 0.5, .stream = {8, 5}}},
+      {"p = 1 drops all", {reference::randn({2, 3}, 463)}, DropoutParams{.p = 1, .stream = {9}}},
+      {"p = 0 keeps all", {reference::randn({2, 3}, 464)}, DropoutParams{.p = 0, .stream = {10}}},
+      {"scalar", {reference::randn({}, 465)}, DropoutParams{.p = 0.2, .stream = {11, 3}}},
   };
 }
 
@@ -553,7 +579,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   double eps, Site site) {
   Tensor w = weight.defined() ? weight : ones(normalized_shape, x.dtype(), x.device());
   Tensor b = bias.defined() ? bias : zeros(normalized_shape, x.dtype(), x.device());
-  return std::move(call(OpId::layer_norm, {x, w, b}, {.dims = normalized_shape, .eps = eps}, site)[0]);
+  return std::move(call<OpId::layer_norm>({x, w, b}, {.normalized_shape = normalized_shape, .eps = eps}, site)[0]);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx, Site site) {
@@ -565,7 +591,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
              shape_str(weight.shape()), format_location(site));
     pad = *padding_idx < 0 ? *padding_idx + rows : *padding_idx;
   }
-  return call1(OpId::embedding, {weight, indices}, {.ignore_index = pad}, site);
+  return call1<OpId::embedding>({weight, indices}, {.padding_idx = pad}, site);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* generator, Site site) {
@@ -573,7 +599,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* generator, S
   if (!training || p == 0) return x;
   Generator& stream = generator ? *generator : default_generator();
   uint64_t counter = stream.reserve(static_cast<uint64_t>((x.numel() + 3) / 4));
-  return std::move(call(OpId::dropout, {x}, {.value = p, .seed = stream.seed(), .counter = counter}, site)[0]);
+  return std::move(call<OpId::dropout>({x}, {.p = p, .stream = {.seed = stream.seed(), .counter = counter}}, site)[0]);
 }
 
 

@@ -96,28 +96,33 @@ void check_floating(const Tensor& x) {
 std::vector<OutputSpec> infer_sum(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
   DType dtype = x.dtype() == DType::Bool ? DType::Int64 : x.dtype();
-  return {{plan_reduction(x, attrs.dims, attrs.keepdim).out_shape, dtype}};
+  const ReduceParams& reduce = reduction_of(attrs);
+  return {{plan_reduction(x, reduce.dims, reduce.keepdim).out_shape, dtype}};
 }
 
 std::vector<OutputSpec> infer_float_reduction(const std::vector<Tensor>& in, const Attrs& attrs) {
   check_floating(in[0]);
-  return {{plan_reduction(in[0], attrs.dims, attrs.keepdim).out_shape, in[0].dtype()}};
+  const ReduceParams& reduce = reduction_of(attrs);
+  return {{plan_reduction(in[0], reduce.dims, reduce.keepdim).out_shape, in[0].dtype()}};
 }
 
 std::vector<OutputSpec> infer_var(const std::vector<Tensor>& in, const Attrs& attrs) {
-  MF_CHECK(attrs.correction >= 0, "correction must be >= 0, got {}", attrs.correction);
+  int64_t correction = std::get<VarParams>(attrs).correction;
+  MF_CHECK(correction >= 0, "correction must be >= 0, got {}", correction);
   return infer_float_reduction(in, attrs);
 }
 
 std::vector<OutputSpec> infer_extreme(const std::vector<Tensor>& in, const Attrs& attrs) {
-  ReducePlan plan = plan_reduction(in[0], attrs.dims, attrs.keepdim);
+  const ReduceParams& reduce = reduction_of(attrs);
+  ReducePlan plan = plan_reduction(in[0], reduce.dims, reduce.keepdim);
   check_not_empty(in[0], plan);
   return {{plan.out_shape, in[0].dtype()}};
 }
 
-/// The single-dim reductions: plan over Attrs.dim, refusing an empty dim.
+/// The single-dim reductions: plan over their dim, refusing an empty dim.
 ReducePlan plan_dim(const Tensor& x, const Attrs& attrs) {
-  ReducePlan plan = plan_reduction(x, {attrs.dim}, attrs.keepdim);
+  const auto& [dim, keepdim] = std::get<ReduceDimParams>(attrs);
+  ReducePlan plan = plan_reduction(x, {dim}, keepdim);
   check_not_empty(x, plan);
   return plan;
 }
@@ -197,7 +202,7 @@ struct MeanOp {
 // Two passes (the mean, then squared deviations), which stay accurate when the mean dwarfs the spread.
 struct VarOp {
   template <typename T> static T divisor(int64_t n, const Attrs& attrs) {
-    return static_cast<T>(std::max<int64_t>(n - attrs.correction, 0));
+    return static_cast<T>(std::max<int64_t>(n - std::get<VarParams>(attrs).correction, 0));
   }
   template <typename T> static T row(const T* p, int64_t n, const Attrs& attrs) {
     T mean = MeanOp::row(p, n, attrs);
@@ -240,7 +245,8 @@ struct ExtremeOp {
 /// out[k] = Op over each work item of the layout. Arithmetic ops skip bool (sum reads bool as int64).
 template <typename Op, bool kArithmetic = true>
 void cpu_reduce(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  ReduceLayout layout = reduce_layout(in[0].to(out[0].dtype()), plan_reduction(in[0], attrs.dims, attrs.keepdim));
+  const ReduceParams& reduce = reduction_of(attrs);
+  ReduceLayout layout = reduce_layout(in[0].to(out[0].dtype()), plan_reduction(in[0], reduce.dims, reduce.keepdim));
   visit_dtype(out[0].dtype(), [&]<typename T>() {
     if constexpr (!(kArithmetic && std::is_same_v<T, bool>)) {
       const T* p = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
@@ -256,12 +262,13 @@ void cpu_reduce(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
   });
 }
 
-/// Index of the first extreme along Attrs.dim (NaN counting as the extreme, as PyTorch's max(dim) on
+/// Index of the first extreme along the dim (NaN counting as the extreme, as PyTorch's max(dim) on
 /// CPU), and for max_dim / min_dim (two outputs) its value: the extreme first, then the first index
 /// holding it.
 template <bool Greater>
 void cpu_arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, attrs.keepdim));
+  const auto& [dim, keepdim] = std::get<ReduceDimParams>(attrs);
+  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {dim}, keepdim));
   visit_dtype(in[0].dtype(), [&]<typename T>() {
     const T* p = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
     int64_t* indices = out.back().data_ptr<int64_t>();           // [outer, inner]
@@ -292,49 +299,54 @@ void cpu_arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
 // ---- backward rules -----------------------------------------------------------------------------
 
 /// The output gradient with the reduced dims restored as size 1, so it broadcasts against x.
-Tensor kept_grad(const GradContext& ctx, const Shape& dims) {
-  return ctx.grads[0].reshape(plan_reduction(ctx.inputs[0], dims, ctx.attrs.keepdim).kept_shape);
+Tensor kept_grad(const GradContext& ctx, const Shape& dims, bool keepdim) {
+  return ctx.grads[0].reshape(plan_reduction(ctx.inputs[0], dims, keepdim).kept_shape);
 }
 
 std::vector<Tensor> sum_backward(const GradContext& ctx) {
-  return {kept_grad(ctx, ctx.attrs.dims).expand(ctx.inputs[0].shape())};
+  const auto& [dims, keepdim] = std::get<ReduceParams>(ctx.attrs);
+  return {kept_grad(ctx, dims, keepdim).expand(ctx.inputs[0].shape())};
 }
 
 std::vector<Tensor> mean_backward(const GradContext& ctx) {
   const Tensor& x = ctx.inputs[0];
-  int64_t count = plan_reduction(x, ctx.attrs.dims, ctx.attrs.keepdim).reduced_numel;
-  return {kept_grad(ctx, ctx.attrs.dims).expand(x.shape()).div(static_cast<double>(count))};
+  const auto& [dims, keepdim] = std::get<ReduceParams>(ctx.attrs);
+  int64_t count = plan_reduction(x, dims, keepdim).reduced_numel;
+  return {kept_grad(ctx, dims, keepdim).expand(x.shape()).div(static_cast<double>(count))};
 }
 
 // d var / dx_i = 2 (x_i - mean) / (N - correction); the mean's own dependence on x_i cancels.
 std::vector<Tensor> var_backward(const GradContext& ctx) {
   const Tensor& x = ctx.inputs[0];
-  int64_t count = plan_reduction(x, ctx.attrs.dims, ctx.attrs.keepdim).reduced_numel;
-  Tensor centred = sub(x, mean(x, ctx.attrs.dims, true));
-  return {mul(centred, kept_grad(ctx, ctx.attrs.dims).mul(2.0 / static_cast<double>(count - ctx.attrs.correction)))};
+  const VarParams& var = std::get<VarParams>(ctx.attrs);
+  int64_t count = plan_reduction(x, var.dims, var.keepdim).reduced_numel;
+  Tensor centred = sub(x, mean(x, var.dims, true));
+  return {mul(centred, kept_grad(ctx, var.dims, var.keepdim).mul(2.0 / static_cast<double>(count - var.correction)))};
 }
 
 // The gradient is shared evenly among the elements equal to the extreme (PyTorch's amax).
 std::vector<Tensor> extreme_backward(const GradContext& ctx) {
   const Tensor& x = ctx.inputs[0];
-  Shape kept = plan_reduction(x, ctx.attrs.dims, ctx.attrs.keepdim).kept_shape;
+  const auto& [dims, keepdim] = std::get<ReduceParams>(ctx.attrs);
+  Shape kept = plan_reduction(x, dims, keepdim).kept_shape;
   Tensor hits = eq(x, ctx.outputs[0].reshape(kept)).to(x.dtype());
-  return {mul(hits, div(kept_grad(ctx, ctx.attrs.dims), sum(hits, ctx.attrs.dims, true)))};
+  return {mul(hits, div(kept_grad(ctx, dims, keepdim), sum(hits, dims, true)))};
 }
 
 // The gradient goes to the chosen index alone: positions along the dim are compared with it.
 std::vector<Tensor> arg_extreme_backward(const GradContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   if (x.dim() == 0) return {ctx.grads[0]};
-  int64_t dim = normalize_dim(ctx.attrs.dim, x.dim());
+  const ReduceDimParams& reduce = std::get<ReduceDimParams>(ctx.attrs);
+  int64_t dim = normalize_dim(reduce.dim, x.dim());
   std::vector<int64_t> positions(static_cast<size_t>(x.shape()[dim]));
   std::iota(positions.begin(), positions.end(), 0);
   Shape grid_shape(static_cast<size_t>(x.dim() - dim), 1);
   grid_shape[0] = x.shape()[dim];  // [size, 1, ...]: broadcasts along the dims after `dim`
   Tensor grid = from_vector(positions, grid_shape, x.device());
-  Shape kept = plan_reduction(x, {dim}, ctx.attrs.keepdim).kept_shape;
+  Shape kept = plan_reduction(x, {dim}, reduce.keepdim).kept_shape;
   Tensor chosen = eq(grid, ctx.outputs[1].reshape(kept)).to(x.dtype());
-  return {mul(chosen, kept_grad(ctx, {dim}))};
+  return {mul(chosen, kept_grad(ctx, {dim}, reduce.keepdim))};
 }
 
 // ---- naive references ---------------------------------------------------------------------------
@@ -357,7 +369,8 @@ std::vector<std::vector<double>> reference_groups(const Tensor& x, const ReduceP
 template <typename Fold>
 std::vector<Tensor> reference_reduce(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
-  ReducePlan plan = plan_reduction(x, attrs.dims, attrs.keepdim);
+  const ReduceParams& reduce = reduction_of(attrs);
+  ReducePlan plan = plan_reduction(x, reduce.dims, reduce.keepdim);
   std::vector<double> values;
   for (const std::vector<double>& group : reference_groups(x, plan)) values.push_back(Fold{}(group, attrs));
   return {reference::make(plan.out_shape, x.dtype() == DType::Bool ? DType::Int64 : x.dtype(), values)};
@@ -379,7 +392,8 @@ struct VarFold {
   double operator()(const std::vector<double>& v, const Attrs& attrs) const {
     double mean = MeanFold{}(v, attrs), squares = 0;
     for (double e : v) squares += (e - mean) * (e - mean);
-    return squares / static_cast<double>(std::max<int64_t>(static_cast<int64_t>(v.size()) - attrs.correction, 0));
+    int64_t correction = std::get<VarParams>(attrs).correction;
+    return squares / static_cast<double>(std::max<int64_t>(static_cast<int64_t>(v.size()) - correction, 0));
   }
 };
 template <bool Greater>
@@ -391,12 +405,13 @@ struct ExtremeFold {
   }
 };
 
-/// Values and first indices of the extremes along Attrs.dim (indices only when `with_values` is
+/// Values and first indices of the extremes along the dim (indices only when `with_values` is
 /// false).
 template <bool Greater, bool kWithValues>
 std::vector<Tensor> reference_arg_extreme(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
-  ReducePlan plan = plan_reduction(x, {attrs.dim}, attrs.keepdim);
+  const auto& [dim, keepdim] = std::get<ReduceDimParams>(attrs);
+  ReducePlan plan = plan_reduction(x, {dim}, keepdim);
   std::vector<double> values, indices;
   for (const std::vector<double>& group : reference_groups(x, plan)) {
     size_t best = 0;
@@ -414,12 +429,12 @@ std::vector<Tensor> reference_arg_extreme(const std::vector<Tensor>& in, const A
 
 std::vector<Sample> reduction_samples() {
   return {
-      {"all dims", {reference::randn({3, 4}, 61)}, {}},
-      {"last dim", {reference::randn({3, 4}, 62)}, {.dims = {-1}}},
-      {"first dim, keepdim", {reference::randn({3, 4}, 63)}, {.dims = {0}, .keepdim = true}},
-      {"two of three dims", {reference::randn({2, 3, 4}, 64)}, {.dims = {0, 2}}},
-      {"size-1 dim", {reference::randn({3, 1, 2}, 66)}, {.dims = {1}}},
-      {"scalar", {reference::randn({}, 65)}, {}},
+      {"all dims", {reference::randn({3, 4}, 61)}, ReduceParams{}},
+      {"last dim", {reference::randn({3, 4}, 62)}, ReduceParams{.dims = {-1}}},
+      {"first dim, keepdim", {reference::randn({3, 4}, 63)}, ReduceParams{.dims = {0}, .keepdim = true}},
+      {"two of three dims", {reference::randn({2, 3, 4}, 64)}, ReduceParams{.dims = {0, 2}}},
+      {"size-1 dim", {reference::randn({3, 1, 2}, 66)}, ReduceParams{.dims = {1}}},
+      {"scalar", {reference::randn({}, 65)}, ReduceParams{}},
   };
 }
 
@@ -431,14 +446,17 @@ std::vector<double> offset_values() {
 
 std::vector<Sample> var_samples() {
   std::vector<Sample> samples = {
-      {"correction 0", {reference::randn({3, 5}, 67)}, {.dims = {1}, .correction = 0}},
-      {"correction 2, keepdim", {reference::randn({2, 6}, 68)}, {.dims = {-1}, .keepdim = true, .correction = 2}},
+      {"correction 0", {reference::randn({3, 5}, 67)}, VarParams{{.dims = {1}}, 0}},
+      {"correction 2, keepdim", {reference::randn({2, 6}, 68)}, VarParams{{.dims = {-1}, .keepdim = true}, 2}},
       // A large mean over a small spread (values exact in float32): one-pass sum-of-squares formulas
       // lose every digit here.
-      {"offset 1e4", {reference::make({4, 8}, DType::Float64, offset_values())}, {.dims = {1}}},
+      {"offset 1e4", {reference::make({4, 8}, DType::Float64, offset_values())}, VarParams{{.dims = {1}}}},
   };
-  for (Sample& s : reduction_samples())
-    if (s.name != "scalar" && s.name != "size-1 dim") samples.push_back(s);  // one element: 0 / 0
+  for (Sample& s : reduction_samples()) {
+    if (s.name == "scalar" || s.name == "size-1 dim") continue;  // one element: 0 / 0
+    s.attrs = VarParams{std::get<ReduceParams>(s.attrs)};
+    samples.push_back(s);
+  }
   return samples;
 }
 
@@ -447,20 +465,28 @@ std::vector<Sample> var_samples() {
 std::vector<Sample> extreme_samples() {
   std::vector<Sample> samples = reduction_samples();
   samples.push_back({"two-way ties", {reference::make({2, 4}, DType::Float64, {1, 3, 3, 1, 5, 0, 5, 0})},
-                     {.dims = {1}}});
+                     ReduceParams{.dims = {1}}});
   return samples;
 }
 
 std::vector<Sample> arg_extreme_samples() {
   return {
-      {"last dim", {reference::randn({3, 5}, 71)}, {.dim = -1}},
-      {"middle dim, keepdim", {reference::randn({2, 3, 4}, 72)}, {.dim = 1, .keepdim = true}},
-      {"first dim", {reference::randn({4, 3}, 73)}, {.dim = 0}},
-      {"size-1 dim", {reference::randn({3, 1}, 74)}, {.dim = 1}},
-      {"scalar", {reference::randn({}, 75)}, {.dim = 0}},
+      {"last dim", {reference::randn({3, 5}, 71)}, ReduceDimParams{.dim = -1}},
+      {"middle dim, keepdim", {reference::randn({2, 3, 4}, 72)}, ReduceDimParams{.dim = 1, .keepdim = true}},
+      {"first dim", {reference::randn({4, 3}, 73)}, ReduceDimParams{.dim = 0}},
+      {"size-1 dim", {reference::randn({3, 1}, 74)}, ReduceDimParams{.dim = 1}},
+      {"scalar", {reference::randn({}, 75)}, ReduceDimParams{.dim = 0}},
       // The first index wins a tie; finite differences at a tie see a kink, not that choice.
-      {"ties", {reference::make({2, 4}, DType::Float64, {1, 3, 3, 1, 5, 0, 5, 0})}, {.dim = 1}, {}, false},
-      {"ties down columns", {reference::make({4, 2}, DType::Float64, {1, 5, 3, 0, 3, 5, 1, 0})}, {.dim = 0}, {}, false},
+      {"ties",
+       {reference::make({2, 4}, DType::Float64, {1, 3, 3, 1, 5, 0, 5, 0})},
+       ReduceDimParams{.dim = 1},
+       {},
+       false},
+      {"ties down columns",
+       {reference::make({4, 2}, DType::Float64, {1, 5, 3, 0, 3, 5, 1, 0})},
+       ReduceDimParams{.dim = 0},
+       {},
+       false},
   };
 }
 
@@ -506,23 +532,23 @@ void register_reduction_ops(Registry& r) {
 // ---- public API -----------------------------------------------------------------------------------
 
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim, Site site) {
-  return call1(OpId::sum, {x}, {.dims = dims, .keepdim = keepdim}, site);
+  return call1<OpId::sum>({x}, {.dims = dims, .keepdim = keepdim}, site);
 }
 
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim, Site site) {
-  return call1(OpId::mean, {x}, {.dims = dims, .keepdim = keepdim}, site);
+  return call1<OpId::mean>({x}, {.dims = dims, .keepdim = keepdim}, site);
 }
 
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim, Site site) {
-  return call1(OpId::var, {x}, {.dims = dims, .keepdim = keepdim, .correction = correction}, site);
+  return call1<OpId::var>({x}, {{.dims = dims, .keepdim = keepdim}, correction}, site);
 }
 
 Tensor amax(const Tensor& x, const Shape& dims, bool keepdim, Site site) {
-  return call1(OpId::amax, {x}, {.dims = dims, .keepdim = keepdim}, site);
+  return call1<OpId::amax>({x}, {.dims = dims, .keepdim = keepdim}, site);
 }
 
 Tensor amin(const Tensor& x, const Shape& dims, bool keepdim, Site site) {
-  return call1(OpId::amin, {x}, {.dims = dims, .keepdim = keepdim}, site);
+  return call1<OpId::amin>({x}, {.dims = dims, .keepdim = keepdim}, site);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape, Site site) {
@@ -554,17 +580,17 @@ Tensor Tensor::max(Site site) const { return amax(*this, {}, false, site); }
 Tensor Tensor::min(Site site) const { return amin(*this, {}, false, site); }
 
 std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim, Site site) const {
-  std::vector<Tensor> out = call(OpId::max_dim, {*this}, {.dim = dim, .keepdim = keepdim}, site);
+  std::vector<Tensor> out = call<OpId::max_dim>({*this}, {.dim = dim, .keepdim = keepdim}, site);
   return {out[0], out[1]};
 }
 
 std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim, Site site) const {
-  std::vector<Tensor> out = call(OpId::min_dim, {*this}, {.dim = dim, .keepdim = keepdim}, site);
+  std::vector<Tensor> out = call<OpId::min_dim>({*this}, {.dim = dim, .keepdim = keepdim}, site);
   return {out[0], out[1]};
 }
 
 Tensor Tensor::argmax(int64_t dim, bool keepdim, Site site) const {
-  return call1(OpId::argmax, {*this}, {.dim = dim, .keepdim = keepdim}, site);
+  return call1<OpId::argmax>({*this}, {.dim = dim, .keepdim = keepdim}, site);
 }
 
 }  // namespace mf

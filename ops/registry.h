@@ -1,9 +1,10 @@
 // The op registry: every op is declared once, with its checks, kernels per device, backward rule and
 // test samples (PyTorch's native_functions.yaml + derivatives.yaml + OpInfo in one place).
 //
-// Adding an op: add its name and input count to MF_OPS below, then define it in its family's file with
-// `registry.define(OpId::name, {...})`. The registry refuses to start with an op left undefined, and
-// the registry-driven test refuses an op without samples.
+// Adding an op: add its name, input count and parameter struct to MF_OPS below (a new struct also to
+// MF_OP_PARAMS), then define it in its family's file with `registry.define(OpId::name, {...})`. The
+// registry refuses to start with an op left undefined, and the registry-driven test refuses an op
+// without samples.
 #pragma once
 
 #include "core/device.h"
@@ -17,45 +18,256 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace mf {
 
+// ---- op parameters ------------------------------------------------------------------------------
+// Each op takes one of these structs for its arguments that are not tensors (MF_OPS names which), so
+// a field means one thing, in the words of the functional API. Ops share a struct only where its
+// fields mean the same for all of them.
+
+/// Ops whose arguments are all tensors.
+struct NoParams {};
+
+/// The Philox stream a random op draws from (see ops/fill.cpp for how elements map to blocks).
+struct PhiloxStream {
+  uint64_t seed = 0;     ///< the generator's seed; default 0
+  uint64_t counter = 0;  ///< the first Philox block this draw may use; default 0
+};
+
+/// pow_scalar: pow(x, exponent).
+struct PowParams {
+  double exponent = 1;  ///< the power every element is raised to; default 1
+};
+
+/// clamp: at least one bound must be given.
+struct ClampParams {
+  std::optional<double> min;  ///< lower bound, none by default
+  std::optional<double> max;  ///< upper bound, none by default
+};
+
+/// fill and masked_fill.
+struct FillParams {
+  double value = 0;  ///< the value written (where the mask is true, for masked_fill); default 0
+};
+
+/// cast.
+struct CastParams {
+  DType dtype = DType::Float32;  ///< the output's dtype; default float32
+};
+
+/// to_device.
+struct ToDeviceParams {
+  Device device;  ///< the device the copy lands on; default the CPU
+};
+
+/// arange: writes start + i * step into a 1-d tensor.
+struct ArangeParams {
+  double start = 0;  ///< the first value; default 0
+  double step = 1;   ///< the difference between neighbours, nonzero; default 1
+};
+
+/// uniform: values on [low, high).
+struct UniformParams {
+  double low = 0;       ///< inclusive lower bound; default 0
+  double high = 1;      ///< exclusive upper bound, >= low (> low for integer tensors); default 1
+  PhiloxStream stream;  ///< where the random bits come from
+};
+
+/// normal: values from N(mean, std^2).
+struct NormalParams {
+  double mean = 0;      ///< default 0
+  double std = 1;       ///< standard deviation, >= 0; default 1
+  PhiloxStream stream;  ///< where the random bits come from
+};
+
+/// bernoulli: 1 with probability p, else 0.
+struct BernoulliParams {
+  double p = 0.5;       ///< probability of a 1, in [0, 1]; default 0.5
+  PhiloxStream stream;  ///< where the random bits come from
+};
+
+/// dropout, and the dropout on attention's weights (attention, attention_backward).
+struct DropoutParams {
+  double p = 0;         ///< probability that an element is zeroed, in [0, 1]; default 0
+  PhiloxStream stream;  ///< where the random bits come from (unused when p is 0)
+};
+
+/// sum, mean, amax, amin: reduce over several dims.
+struct ReduceParams {
+  Shape dims;            ///< the dims reduced, negative ones counted from the end; empty (default) for all
+  bool keepdim = false;  ///< keep each reduced dim as size 1; default false
+};
+
+/// var: the reduction's dims and keepdim, and Bessel's correction.
+struct VarParams : ReduceParams {
+  int64_t correction = 1;  ///< divide by count - correction (clamped at 0), >= 0; default 1 (unbiased)
+};
+
+/// max_dim, min_dim, argmax: reduce over one dim.
+struct ReduceDimParams {
+  int64_t dim = 0;       ///< the dim reduced, negative counted from the end; default 0
+  bool keepdim = false;  ///< keep it as size 1; default false
+};
+
+/// Ops that work along one dim: cat, index_select, gather, scatter_add, softmax, log_softmax.
+struct DimParams {
+  int64_t dim = 0;  ///< negative counted from the end; default 0
+};
+
+/// view and expand.
+struct ShapeParams {
+  Shape shape;  ///< the output's shape (view: one size may be -1, inferred; expand: -1 keeps a size)
+};
+
+/// permute.
+struct PermuteParams {
+  Shape dims;  ///< output dim i is input dim dims[i]; a permutation of the input's dims
+};
+
+/// slice: elements start, start + step, ... below end along dim (bounds clamped to the dim).
+struct SliceParams {
+  int64_t dim = 0;    ///< negative counted from the end; default 0
+  int64_t start = 0;  ///< first index, negative counted from the end; default 0
+  int64_t end = 0;    ///< one past the last index, negative counted from the end; default 0
+  int64_t step = 1;   ///< positive; default 1
+};
+
+/// select: the slice at one index of dim, which the output drops.
+struct SelectParams {
+  int64_t dim = 0;    ///< negative counted from the end; default 0
+  int64_t index = 0;  ///< negative counted from the end; default 0
+};
+
+/// topk.
+struct TopKParams {
+  int64_t k = 0;         ///< how many values, at most dim's size; default 0
+  int64_t dim = -1;      ///< negative counted from the end; default -1
+  bool largest = true;   ///< the largest values, largest first (else the smallest, smallest first); default true
+};
+
+/// one_hot.
+struct OneHotParams {
+  int64_t num_classes = 0;  ///< the output's last dim, positive, above every index; default 0
+};
+
+/// tril, triu.
+struct TriangleParams {
+  int64_t diagonal = 0;  ///< which diagonal bounds the kept part: 0 the main one, > 0 above it; default 0
+};
+
+/// layer_norm and layer_norm_backward.
+struct LayerNormParams {
+  Shape normalized_shape;  ///< the trailing dims normalised over, non-empty
+  double eps = 1e-5;       ///< added to the variance, >= 0; default 1e-5
+};
+
+/// embedding.
+struct EmbeddingParams {
+  int64_t padding_idx = -1;  ///< the row that gets no gradient, in [0, rows), or negative (default) for none
+};
+
+/// embedding_backward.
+struct EmbeddingBackwardParams {
+  int64_t num_embeddings = 0;  ///< rows of the weight (and of dweight), >= 0; default 0
+  int64_t padding_idx = -1;    ///< the row that gets no gradient, or negative (default) for none
+  bool accumulate = false;     ///< add to what dweight holds instead of overwriting it; default false
+};
+
+/// cross_entropy and cross_entropy_backward.
+struct CrossEntropyParams {
+  int64_t ignore_index = -100;  ///< rows whose target equals it are skipped; default -100
+  double label_smoothing = 0;   ///< in [0, 1]; default 0
+};
+
+/// The parameter structs besides NoParams, one alternative of Attrs each.
+#define MF_OP_PARAMS(X)                                                                                   \
+  X(PowParams) X(ClampParams) X(FillParams) X(CastParams) X(ToDeviceParams) X(ArangeParams) X(UniformParams) \
+  X(NormalParams) X(BernoulliParams) X(DropoutParams) X(ReduceParams) X(VarParams) X(ReduceDimParams)      \
+  X(DimParams) X(ShapeParams) X(PermuteParams) X(SliceParams) X(SelectParams) X(TopKParams) X(OneHotParams) \
+  X(TriangleParams) X(LayerNormParams) X(EmbeddingParams) X(EmbeddingBackwardParams) X(CrossEntropyParams)
+
+#define MF_OP_PARAMS_TYPE(type) , type
+/// An op's parameters: the struct its MF_OPS entry names. Default-constructed, NoParams.
+using Attrs = std::variant<NoParams MF_OP_PARAMS(MF_OP_PARAMS_TYPE)>;
+#undef MF_OP_PARAMS_TYPE
+
+#define MF_OP_PARAMS_NAME(type) , #type
+/// The struct names, by Attrs alternative (for errors).
+inline constexpr std::string_view kParamsNames[] = {"NoParams" MF_OP_PARAMS(MF_OP_PARAMS_NAME)};
+#undef MF_OP_PARAMS_NAME
+static_assert(std::size(kParamsNames) == std::variant_size_v<Attrs>);
+
+/// The dims and keepdim of sum, mean, amax, amin, and of var, whose VarParams extends ReduceParams.
+inline const ReduceParams& reduction_of(const Attrs& attrs) {
+  if (const auto* var = std::get_if<VarParams>(&attrs)) return *var;
+  return std::get<ReduceParams>(attrs);
+}
+
+/// The Attrs alternative that holds P.
+template <typename P>
+constexpr size_t params_index() {
+  constexpr size_t index = []<size_t... I>(std::index_sequence<I...>) {
+    size_t found = std::variant_size_v<Attrs>;
+    ((std::is_same_v<P, std::variant_alternative_t<I, Attrs>> ? (found = I, true) : false) || ...);
+    return found;
+  }(std::make_index_sequence<std::variant_size_v<Attrs>>());
+  static_assert(index < std::variant_size_v<Attrs>, "a parameter struct missing from MF_OP_PARAMS");
+  return index;
+}
+
+// Each op: its name, how many tensor inputs it takes (-1 for any number from one up: cat), and the
+// struct its parameters come in.
 // clang-format off
 #define MF_OPS(X)                                                                                  \
   /* elementwise, broadcasting */                                                                  \
-  X(add, 2) X(sub, 2) X(mul, 2) X(div, 2) X(pow, 2) X(pow_scalar, 1) X(neg, 1) X(abs, 1)           \
-  X(exp, 1) X(log, 1) X(sqrt, 1) X(rsqrt, 1)                                                       \
-  X(relu, 1) X(relu_backward, 2) X(gelu, 1) X(gelu_backward, 2) X(tanh, 1) X(sigmoid, 1)           \
-  X(clamp, 1)                                                                                      \
-  X(eq, 2) X(ne, 2) X(lt, 2) X(le, 2) X(gt, 2) X(ge, 2) X(logical_not, 1) X(logical_and, 2)        \
-  X(logical_or, 2)                                                                                 \
-  X(where, 3) X(masked_fill, 2) X(cast, 1) X(copy, 1) X(to_device, 1)                              \
+  X(add, 2, NoParams) X(sub, 2, NoParams) X(mul, 2, NoParams) X(div, 2, NoParams)                  \
+  X(pow, 2, NoParams) X(pow_scalar, 1, PowParams) X(neg, 1, NoParams) X(abs, 1, NoParams)          \
+  X(exp, 1, NoParams) X(log, 1, NoParams) X(sqrt, 1, NoParams) X(rsqrt, 1, NoParams)              \
+  X(relu, 1, NoParams) X(relu_backward, 2, NoParams) X(gelu, 1, NoParams)                          \
+  X(gelu_backward, 2, NoParams) X(tanh, 1, NoParams) X(sigmoid, 1, NoParams)                       \
+  X(clamp, 1, ClampParams)                                                                         \
+  X(eq, 2, NoParams) X(ne, 2, NoParams) X(lt, 2, NoParams) X(le, 2, NoParams) X(gt, 2, NoParams)   \
+  X(ge, 2, NoParams) X(logical_not, 1, NoParams) X(logical_and, 2, NoParams)                       \
+  X(logical_or, 2, NoParams)                                                                       \
+  X(where, 3, NoParams) X(masked_fill, 2, FillParams) X(cast, 1, CastParams) X(copy, 1, NoParams)  \
+  X(to_device, 1, ToDeviceParams)                                                                  \
   /* in-place fills */                                                                             \
-  X(fill, 1) X(arange, 1) X(uniform, 1) X(normal, 1) X(bernoulli, 1)                               \
+  X(fill, 1, FillParams) X(arange, 1, ArangeParams) X(uniform, 1, UniformParams)                   \
+  X(normal, 1, NormalParams) X(bernoulli, 1, BernoulliParams)                                      \
   /* reductions */                                                                                 \
-  X(sum, 1) X(mean, 1) X(var, 1) X(amax, 1) X(amin, 1) X(max_dim, 1) X(min_dim, 1) X(argmax, 1)    \
+  X(sum, 1, ReduceParams) X(mean, 1, ReduceParams) X(var, 1, VarParams) X(amax, 1, ReduceParams)   \
+  X(amin, 1, ReduceParams) X(max_dim, 1, ReduceDimParams) X(min_dim, 1, ReduceDimParams)           \
+  X(argmax, 1, ReduceDimParams)                                                                    \
   /* views */                                                                                      \
-  X(view, 1) X(permute, 1) X(slice, 1) X(select, 1) X(expand, 1)                                   \
+  X(view, 1, ShapeParams) X(permute, 1, PermuteParams) X(slice, 1, SliceParams)                    \
+  X(select, 1, SelectParams) X(expand, 1, ShapeParams)                                             \
   /* indexing and joining */                                                                       \
-  X(cat, -1) X(index_select, 2) X(gather, 2) X(scatter_add, 3) X(topk, 1) X(one_hot, 1)            \
-  X(tril, 1) X(triu, 1)                                                                            \
+  X(cat, -1, DimParams) X(index_select, 2, DimParams) X(gather, 2, DimParams)                      \
+  X(scatter_add, 3, DimParams) X(topk, 1, TopKParams) X(one_hot, 1, OneHotParams)                  \
+  X(tril, 1, TriangleParams) X(triu, 1, TriangleParams)                                            \
   /* linear algebra and fused nn ops */                                                            \
-  X(matmul, 2) X(linear, 3) X(linear_relu, 3) X(softmax, 1) X(log_softmax, 1) X(layer_norm, 3)     \
-  X(layer_norm_backward, 7)                                                                        \
-  X(embedding, 2) X(embedding_backward, 2) X(dropout, 1) X(cross_entropy, 2)                       \
-  X(cross_entropy_backward, 5)                                                                     \
-  X(attention, 4) X(attention_backward, 6)
+  X(matmul, 2, NoParams) X(linear, 3, NoParams) X(linear_relu, 3, NoParams)                        \
+  X(softmax, 1, DimParams) X(log_softmax, 1, DimParams) X(layer_norm, 3, LayerNormParams)          \
+  X(layer_norm_backward, 7, LayerNormParams)                                                       \
+  X(embedding, 2, EmbeddingParams) X(embedding_backward, 2, EmbeddingBackwardParams)               \
+  X(dropout, 1, DropoutParams) X(cross_entropy, 2, CrossEntropyParams)                             \
+  X(cross_entropy_backward, 5, CrossEntropyParams)                                                 \
+  X(attention, 4, DropoutParams) X(attention_backward, 6, DropoutParams)
 // clang-format on
 
 enum class OpId : uint16_t {
-#define MF_OP_ENUM(name, arity) name,
+#define MF_OP_ENUM(name, arity, params) name,
   MF_OPS(MF_OP_ENUM)
 #undef MF_OP_ENUM
 };
 
 inline constexpr std::string_view kOpNames[] = {
-#define MF_OP_NAME(name, arity) #name,
+#define MF_OP_NAME(name, arity, params) #name,
     MF_OPS(MF_OP_NAME)
 #undef MF_OP_NAME
 };
@@ -63,30 +275,30 @@ inline constexpr size_t kOpCount = std::size(kOpNames);
 
 /// How many tensor inputs each op takes; -1 for any number from one up (cat).
 inline constexpr int kOpArity[] = {
-#define MF_OP_ARITY(name, arity) arity,
+#define MF_OP_ARITY(name, arity, params) arity,
     MF_OPS(MF_OP_ARITY)
 #undef MF_OP_ARITY
 };
 
-/// Op arguments that are not tensors. Each op reads the fields it documents and ignores the rest,
-/// so call sites read like keyword arguments: Attrs{.dims = {1}, .keepdim = true}.
-struct Attrs {
-  Shape dims;                  // reduction dims (empty = all), permutation, target shape
-  int64_t dim = 0;             // the one dim an op works along
-  int64_t start = 0, end = 0, step = 1;  // slice; select uses start
-  int64_t k = 0;               // topk's k, one_hot's class count, tril/triu diagonal
-  bool keepdim = false;
-  bool flag = false;           // op-specific switch, documented by the op (topk: largest, dropout: train)
-  double value = 0;            // fill value, exponent, probability
-  std::optional<double> min, max;  // clamp bounds
-  double eps = 1e-5;           // layer_norm
-  double label_smoothing = 0;  // cross_entropy
-  int64_t ignore_index = -100; // cross_entropy
-  int64_t correction = 1;      // var
-  DType dtype = DType::Float32;  // cast target, factory dtype
-  Device device;               // to_device target
-  uint64_t seed = 0, counter = 0;  // Philox stream for random ops
+/// Which Attrs alternative each op takes.
+inline constexpr size_t kOpParamsIndex[] = {
+#define MF_OP_PARAMS_INDEX(name, arity, params) params_index<params>(),
+    MF_OPS(MF_OP_PARAMS_INDEX)
+#undef MF_OP_PARAMS_INDEX
 };
+
+/// The parameter struct of op Id, for calls the compiler checks: call<OpId::topk>(inputs, TopKParams{...}).
+template <OpId Id>
+struct OpParams;
+#define MF_OP_PARAMS_TRAIT(name, arity, params) \
+  template <>                                   \
+  struct OpParams<OpId::name> {                 \
+    using type = params;                        \
+  };
+MF_OPS(MF_OP_PARAMS_TRAIT)
+#undef MF_OP_PARAMS_TRAIT
+template <OpId Id>
+using ParamsOf = typename OpParams<Id>::type;
 
 /// Shape and dtype of one output, as an op's infer function computes them.
 struct OutputSpec {
@@ -171,15 +383,31 @@ const Registry& registry();
 
 /// Runs an op: validates, allocates outputs on the inputs' device, runs the device's kernel, and
 /// records an autograd node when grad mode is on and an input requires grad. Errors carry the op's
-/// name and the call site.
-std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs = {},
-                         Site site = Site::current());
+/// name and the call site; attrs must hold the op's parameter struct (see MF_OPS). Prefer the typed
+/// form below, which checks the struct at compile time; this one serves code generic over ops.
+std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site = Site::current());
 /// call() for single-output ops.
-Tensor call1(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs = {}, Site site = Site::current());
+Tensor call1(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site = Site::current());
 /// Runs an out-of-place op with `self` as its output (add_, mul_, copy_ ...): the result must have
 /// self's shape; it is cast to self's dtype. Bumps self's storage version. Refused when autograd
 /// would need to see the write.
-void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, const Attrs& attrs = {},
+void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, const Attrs& attrs,
                   Site site = Site::current());
+
+/// The typed forms: op Id with the parameter struct MF_OPS gives it.
+template <OpId Id>
+std::vector<Tensor> call(const std::vector<Tensor>& inputs, const ParamsOf<Id>& params = {},
+                         Site site = Site::current()) {
+  return call(Id, inputs, Attrs(params), site);
+}
+template <OpId Id>
+Tensor call1(const std::vector<Tensor>& inputs, const ParamsOf<Id>& params = {}, Site site = Site::current()) {
+  return call1(Id, inputs, Attrs(params), site);
+}
+template <OpId Id>
+void call_inplace(Tensor& self, const std::vector<Tensor>& inputs, const ParamsOf<Id>& params = {},
+                  Site site = Site::current()) {
+  call_inplace(Id, self, inputs, Attrs(params), site);
+}
 
 }  // namespace mf

@@ -30,7 +30,7 @@ std::vector<OutputSpec> infer_softmax(const std::vector<Tensor>& in, const Attrs
   const Tensor& x = in[0];
   MF_CHECK(is_floating(x.dtype()), "expects a float32 or float64 tensor, got {} of shape {} (cast it first)",
            dtype_name(x.dtype()), shape_str(x.shape()));
-  normalize_dim(attrs.dim, x.dim());
+  normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   return {{x.shape(), x.dtype()}};
 }
 
@@ -81,7 +81,7 @@ MF_INLINE void softmax_items(const T* inp, T* out, const ReduceLayout& layout, i
 template <bool Log>
 void cpu_softmax(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   if (in[0].numel() == 0) return;
-  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {attrs.dim}, false));
+  ReduceLayout layout = reduce_layout(in[0], plan_reduction(in[0], {std::get<DimParams>(attrs).dim}, false));
   visit_floating(in[0].dtype(), [&]<typename T>() {
     const T* inp = layout.data.data_ptr<T>();  // [outer, N, inner]
     T* o = out[0].data_ptr<T>();               // [outer, N, inner]
@@ -93,19 +93,19 @@ void cpu_softmax(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
 
 std::vector<Tensor> softmax_backward(const GradContext& ctx) {
   const Tensor &y = ctx.outputs[0], &g = ctx.grads[0];
-  return {mul(y, sub(g, sum(mul(g, y), {ctx.attrs.dim}, true)))};
+  return {mul(y, sub(g, sum(mul(g, y), {std::get<DimParams>(ctx.attrs).dim}, true)))};
 }
 
 std::vector<Tensor> log_softmax_backward(const GradContext& ctx) {
   const Tensor &y = ctx.outputs[0], &g = ctx.grads[0];
-  return {sub(g, mul(exp(y), sum(g, {ctx.attrs.dim}, true)))};
+  return {sub(g, mul(exp(y), sum(g, {std::get<DimParams>(ctx.attrs).dim}, true)))};
 }
 
 /// Plain loops in double: every element rescans its line along the dim for the max and the sum.
 template <bool Log>
 std::vector<Tensor> reference_softmax(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
-  int64_t dim = x.dim() == 0 ? -1 : normalize_dim(attrs.dim, x.dim());
+  int64_t dim = x.dim() == 0 ? -1 : normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   std::vector<double> values;
   reference::for_each_index(x.shape(), [&](const Shape& index) {
     Shape line = index;
@@ -126,22 +126,22 @@ std::vector<Tensor> reference_softmax(const std::vector<Tensor>& in, const Attrs
 std::vector<Sample> softmax_samples(bool masked) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::vector<Sample> samples = {
-      {"last dim", {reference::randn({3, 5}, 81)}, {.dim = -1}},
-      {"middle dim", {reference::randn({2, 3, 4}, 82)}, {.dim = 1}},
-      {"first dim", {reference::randn({4, 3}, 83)}, {.dim = 0}},
-      {"long rows", {reference::randn({2, 37}, 84)}, {.dim = 1}},
-      {"size-1 dim", {reference::randn({3, 1}, 85)}, {.dim = -1}},
-      {"size-1 outer and inner", {reference::randn({1, 4, 1}, 86)}, {.dim = 1}},
-      {"scalar", {reference::randn({}, 87)}, {.dim = 0}},
+      {"last dim", {reference::randn({3, 5}, 81)}, DimParams{.dim = -1}},
+      {"middle dim", {reference::randn({2, 3, 4}, 82)}, DimParams{.dim = 1}},
+      {"first dim", {reference::randn({4, 3}, 83)}, DimParams{.dim = 0}},
+      {"long rows", {reference::randn({2, 37}, 84)}, DimParams{.dim = 1}},
+      {"size-1 dim", {reference::randn({3, 1}, 85)}, DimParams{.dim = -1}},
+      {"size-1 outer and inner", {reference::randn({1, 4, 1}, 86)}, DimParams{.dim = 1}},
+      {"scalar", {reference::randn({}, 87)}, DimParams{.dim = 0}},
       // exp(1000) overflows even in double: only the max-shifted form gets these right.
       {"logits of +-1000", {reference::make({2, 3}, DType::Float64, {1000, 999, -1000, -1000, -999.5, 1000})},
-       {.dim = -1}},
-      {"logits of +-1000, middle dim", {reference::uniform({2, 3, 2}, -1000, 1000, 88)}, {.dim = 1}},
+       DimParams{.dim = -1}},
+      {"logits of +-1000, middle dim", {reference::uniform({2, 3, 2}, -1000, 1000, 88)}, DimParams{.dim = 1}},
   };
   // Masked entries give softmax 0 (log_softmax would give -inf, which no closeness check accepts).
   if (masked)
     samples.push_back({"-inf entries", {reference::make({2, 3}, DType::Float64, {0.5, -kInf, 1.5, -kInf, 2, -1})},
-                       {.dim = 1}});
+                       DimParams{.dim = 1}});
   return samples;
 }
 
@@ -159,9 +159,9 @@ void register_softmax_ops(Registry& r) {
 
 // ---- public API -----------------------------------------------------------------------------------
 
-Tensor softmax(const Tensor& x, int64_t dim, Site site) { return call1(OpId::softmax, {x}, {.dim = dim}, site); }
+Tensor softmax(const Tensor& x, int64_t dim, Site site) { return call1<OpId::softmax>({x}, {.dim = dim}, site); }
 Tensor log_softmax(const Tensor& x, int64_t dim, Site site) {
-  return call1(OpId::log_softmax, {x}, {.dim = dim}, site);
+  return call1<OpId::log_softmax>({x}, {.dim = dim}, site);
 }
 
 Tensor Tensor::softmax(int64_t dim, Site site) const { return mf::softmax(*this, dim, site); }

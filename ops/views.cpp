@@ -71,17 +71,18 @@ std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strid
 // ---- view ---------------------------------------------------------------------------------------
 
 Tensor view_view(const Tensor& x, const Attrs& attrs) {
-  Shape shape = infer_view_shape(attrs.dims, x.numel());
+  const Shape& requested = std::get<ShapeParams>(attrs).shape;
+  Shape shape = infer_view_shape(requested, x.numel());
   std::optional<Shape> strides = view_strides(x.shape(), x.strides(), shape);
   MF_CHECK(strides.has_value(), "shape {} cannot view a tensor of shape {} with strides {} without a copy "
-           "(use reshape)", shape_str(attrs.dims), shape_str(x.shape()), shape_str(x.strides()));
+           "(use reshape)", shape_str(requested), shape_str(x.shape()), shape_str(x.strides()));
   return make_view(x, shape, *strides, x.offset());
 }
 
 std::vector<Tensor> view_backward(const GradContext& ctx) { return {ctx.grads[0].reshape(ctx.inputs[0].shape())}; }
 
 std::vector<Tensor> reference_view(const std::vector<Tensor>& in, const Attrs& attrs) {
-  Shape shape = infer_view_shape(attrs.dims, in[0].numel());
+  Shape shape = infer_view_shape(std::get<ShapeParams>(attrs).shape, in[0].numel());
   return {reference::make(shape, in[0].dtype(), in[0].to_vector<double>())};
 }
 
@@ -100,7 +101,7 @@ Shape checked_permutation(const Shape& dims, int64_t ndim) {
 }
 
 Tensor view_permute(const Tensor& x, const Attrs& attrs) {
-  Shape order = checked_permutation(attrs.dims, x.dim());
+  Shape order = checked_permutation(std::get<PermuteParams>(attrs).dims, x.dim());
   Shape shape, strides;
   for (int64_t d : order) {
     shape.push_back(x.shape()[d]);
@@ -110,14 +111,15 @@ Tensor view_permute(const Tensor& x, const Attrs& attrs) {
 }
 
 std::vector<Tensor> permute_backward(const GradContext& ctx) {
-  Shape order = checked_permutation(ctx.attrs.dims, static_cast<int64_t>(ctx.attrs.dims.size()));
+  const Shape& dims = std::get<PermuteParams>(ctx.attrs).dims;
+  Shape order = checked_permutation(dims, static_cast<int64_t>(dims.size()));
   Shape inverse(order.size());
   for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
   return {ctx.grads[0].permute(inverse)};
 }
 
 std::vector<Tensor> reference_permute(const std::vector<Tensor>& in, const Attrs& attrs) {
-  Shape order = checked_permutation(attrs.dims, in[0].dim());
+  Shape order = checked_permutation(std::get<PermuteParams>(attrs).dims, in[0].dim());
   Shape shape;
   for (int64_t d : order) shape.push_back(in[0].shape()[d]);
   std::vector<double> values;
@@ -137,12 +139,13 @@ struct SliceRange {
 
 SliceRange checked_slice(const Tensor& x, const Attrs& attrs) {
   MF_CHECK(x.dim() > 0, "cannot slice a 0-dim tensor");
-  int64_t dim = normalize_dim(attrs.dim, x.dim()), size = x.shape()[dim];
-  MF_CHECK(attrs.step > 0, "step must be positive, got {}", attrs.step);
+  const SliceParams& slice = std::get<SliceParams>(attrs);
+  int64_t dim = normalize_dim(slice.dim, x.dim()), size = x.shape()[dim];
+  MF_CHECK(slice.step > 0, "step must be positive, got {}", slice.step);
   auto clamp_index = [&](int64_t i) { return std::clamp(i < 0 ? i + size : i, int64_t{0}, size); };
-  int64_t start = clamp_index(attrs.start), end = std::max(start, clamp_index(attrs.end));
+  int64_t start = clamp_index(slice.start), end = std::max(start, clamp_index(slice.end));
   // Not (end - start + step - 1) / step, which overflows for a step near INT64_MAX.
-  return {dim, start, end > start ? (end - start - 1) / attrs.step + 1 : 0, attrs.step};
+  return {dim, start, end > start ? (end - start - 1) / slice.step + 1 : 0, slice.step};
 }
 
 Tensor view_slice(const Tensor& x, const Attrs& attrs) {
@@ -159,7 +162,7 @@ Tensor view_slice(const Tensor& x, const Attrs& attrs) {
 std::vector<Tensor> slice_backward(const GradContext& ctx) {
   bool into_sum = ctx.sums[0].defined();
   Tensor dinp = into_sum ? ctx.sums[0] : zeros(ctx.inputs[0].shape(), ctx.grads[0].dtype(), ctx.grads[0].device());
-  Tensor window = call1(OpId::slice, {dinp}, ctx.attrs, ctx.site);
+  Tensor window = call1<OpId::slice>({dinp}, std::get<SliceParams>(ctx.attrs), ctx.site);
   if (into_sum)
     window.add_(ctx.grads[0]);
   else
@@ -180,13 +183,14 @@ std::vector<Tensor> reference_slice(const std::vector<Tensor>& in, const Attrs& 
   return {reference::make(shape, in[0].dtype(), values)};
 }
 
-// ---- select (dim, index = start) ----------------------------------------------------------------
+// ---- select (dim, index) ----------------------------------------------------------------------
 
 Tensor view_select(const Tensor& x, const Attrs& attrs) {
   MF_CHECK(x.dim() > 0, "cannot select from a 0-dim tensor");
-  int64_t dim = normalize_dim(attrs.dim, x.dim()), size = x.shape()[dim];
-  int64_t index = attrs.start < 0 ? attrs.start + size : attrs.start;
-  MF_CHECK(index >= 0 && index < size, "index {} is out of range for dim {} of size {} (shape {})", attrs.start, dim,
+  const SelectParams& select = std::get<SelectParams>(attrs);
+  int64_t dim = normalize_dim(select.dim, x.dim()), size = x.shape()[dim];
+  int64_t index = select.index < 0 ? select.index + size : select.index;
+  MF_CHECK(index >= 0 && index < size, "index {} is out of range for dim {} of size {} (shape {})", select.index, dim,
            size, shape_str(x.shape()));
   Shape shape = x.shape(), strides = x.strides();
   shape.erase(shape.begin() + dim);
@@ -196,13 +200,14 @@ Tensor view_select(const Tensor& x, const Attrs& attrs) {
 
 std::vector<Tensor> select_backward(const GradContext& ctx) {
   Tensor dinp = zeros(ctx.inputs[0].shape(), ctx.grads[0].dtype(), ctx.grads[0].device());
-  call1(OpId::select, {dinp}, ctx.attrs, ctx.site).copy_(ctx.grads[0]);
+  call1<OpId::select>({dinp}, std::get<SelectParams>(ctx.attrs), ctx.site).copy_(ctx.grads[0]);
   return {dinp};
 }
 
 std::vector<Tensor> reference_select(const std::vector<Tensor>& in, const Attrs& attrs) {
-  int64_t dim = normalize_dim(attrs.dim, in[0].dim());
-  int64_t index = attrs.start < 0 ? attrs.start + in[0].shape()[dim] : attrs.start;
+  const SelectParams& select = std::get<SelectParams>(attrs);
+  int64_t dim = normalize_dim(select.dim, in[0].dim());
+  int64_t index = select.index < 0 ? select.index + in[0].shape()[dim] : select.index;
   Shape shape = in[0].shape();
   shape.erase(shape.begin() + dim);
   std::vector<double> values;
@@ -217,7 +222,7 @@ std::vector<Tensor> reference_select(const std::vector<Tensor>& in, const Attrs&
 // ---- expand -------------------------------------------------------------------------------------
 
 Tensor view_expand(const Tensor& x, const Attrs& attrs) {
-  const Shape& target = attrs.dims;
+  const Shape& target = std::get<ShapeParams>(attrs).shape;
   MF_CHECK(target.size() >= x.shape().size(), "cannot expand shape {} to fewer dims {}", shape_str(x.shape()),
            shape_str(target));
   size_t lead = target.size() - x.shape().size();
@@ -255,40 +260,48 @@ std::vector<Tensor> reference_expand(const std::vector<Tensor>& in, const Attrs&
 void register_view_ops(Registry& r) {
   r.define(OpId::view, {.name = "view", .view = view_view, .backward = view_backward, .samples = [] {
     return std::vector<Sample>{
-        {"merge dims", {reference::randn({2, 3, 4}, 31)}, {.dims = {6, 4}}},
-        {"split with -1", {reference::randn({6, 4}, 32)}, {.dims = {2, -1, 2}}},
-        {"to scalar", {reference::randn({1, 1}, 33)}, {.dims = {}}},
+        {"merge dims", {reference::randn({2, 3, 4}, 31)}, ShapeParams{.shape = {6, 4}}},
+        {"split with -1", {reference::randn({6, 4}, 32)}, ShapeParams{.shape = {2, -1, 2}}},
+        {"to scalar", {reference::randn({1, 1}, 33)}, ShapeParams{.shape = {}}},
     };
   }, .reference = reference_view});
   r.define(OpId::permute, {.name = "permute", .view = view_permute, .backward = permute_backward, .samples = [] {
     return std::vector<Sample>{
-        {"transpose", {reference::randn({3, 4}, 34)}, {.dims = {1, 0}}},
-        {"3-d", {reference::randn({2, 3, 4}, 35)}, {.dims = {2, 0, -2}}},
+        {"transpose", {reference::randn({3, 4}, 34)}, PermuteParams{.dims = {1, 0}}},
+        {"3-d", {reference::randn({2, 3, 4}, 35)}, PermuteParams{.dims = {2, 0, -2}}},
     };
   }, .reference = reference_permute});
-  r.define(OpId::slice, {.name = "slice", .view = view_slice, .backward = slice_backward, .samples = [] {
-    return std::vector<Sample>{
-        {"narrow", {reference::randn({5, 4}, 36)}, {.dim = 0, .start = 1, .end = 4}},
-        {"step 2, negative start", {reference::randn({3, 7}, 37)}, {.dim = -1, .start = -6, .end = 7, .step = 2}},
-    };
-  }, .reference = reference_slice});
+  r.define(OpId::slice,
+           {.name = "slice",
+            .view = view_slice,
+            .backward = slice_backward,
+            .samples =
+                [] {
+                  return std::vector<Sample>{
+                      {"narrow", {reference::randn({5, 4}, 36)}, SliceParams{.dim = 0, .start = 1, .end = 4}},
+                      {"step 2, negative start",
+                       {reference::randn({3, 7}, 37)},
+                       SliceParams{.dim = -1, .start = -6, .end = 7, .step = 2}},
+                  };
+                },
+            .reference = reference_slice});
   r.define(OpId::select, {.name = "select", .view = view_select, .backward = select_backward, .samples = [] {
     return std::vector<Sample>{
-        {"row", {reference::randn({4, 3}, 38)}, {.dim = 0, .start = 2}},
-        {"negative index", {reference::randn({2, 3, 4}, 39)}, {.dim = 2, .start = -1}},
+        {"row", {reference::randn({4, 3}, 38)}, SelectParams{.dim = 0, .index = 2}},
+        {"negative index", {reference::randn({2, 3, 4}, 39)}, SelectParams{.dim = 2, .index = -1}},
     };
   }, .reference = reference_select});
   r.define(OpId::expand, {.name = "expand", .view = view_expand, .backward = expand_backward, .samples = [] {
     return std::vector<Sample>{
-        {"size-1 dim", {reference::randn({3, 1}, 40)}, {.dims = {3, 4}}},
-        {"new leading dims", {reference::randn({4}, 41)}, {.dims = {2, 3, -1}}},
+        {"size-1 dim", {reference::randn({3, 1}, 40)}, ShapeParams{.shape = {3, 4}}},
+        {"new leading dims", {reference::randn({4}, 41)}, ShapeParams{.shape = {2, 3, -1}}},
     };
   }, .reference = reference_expand});
 }
 
 // ---- public API -----------------------------------------------------------------------------------
 
-Tensor Tensor::view(const Shape& shape, Site site) const { return call1(OpId::view, {*this}, {.dims = shape}, site); }
+Tensor Tensor::view(const Shape& shape, Site site) const { return call1<OpId::view>({*this}, {.shape = shape}, site); }
 
 Tensor Tensor::reshape(const Shape& shape, Site site) const {
   Shape target = infer_view_shape(shape, numel());
@@ -297,7 +310,7 @@ Tensor Tensor::reshape(const Shape& shape, Site site) const {
 }
 
 Tensor Tensor::permute(const Shape& dims, Site site) const {
-  return call1(OpId::permute, {*this}, {.dims = dims}, site);
+  return call1<OpId::permute>({*this}, {.dims = dims}, site);
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1, Site site) const {
@@ -327,15 +340,15 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length, Site site) con
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step, Site site) const {
-  return call1(OpId::slice, {*this}, {.dim = dim, .start = start, .end = end, .step = step}, site);
+  return call1<OpId::slice>({*this}, {.dim = dim, .start = start, .end = end, .step = step}, site);
 }
 
 Tensor Tensor::select(int64_t dim, int64_t index, Site site) const {
-  return call1(OpId::select, {*this}, {.dim = dim, .start = index}, site);
+  return call1<OpId::select>({*this}, {.dim = dim, .index = index}, site);
 }
 
 Tensor Tensor::expand(const Shape& shape, Site site) const {
-  return call1(OpId::expand, {*this}, {.dims = shape}, site);
+  return call1<OpId::expand>({*this}, {.shape = shape}, site);
 }
 
 Tensor Tensor::squeeze(std::optional<int64_t> dim, Site site) const {

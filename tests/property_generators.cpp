@@ -89,8 +89,10 @@ Tensor draw(const Sample& s, size_t k, const Shape& shape, Rng& rng) { return dr
 Case unary(const Sample& s, Rng& rng, bool small) {
   Shape shape = random_shape(rng, 0, 4, small);
   Case c{.inputs = {draw(s, 0, shape, rng)}, .attrs = s.attrs, .gradcheck = s.gradcheck};
-  c.attrs.seed = rng.seed();
-  c.attrs.counter = static_cast<uint64_t>(rng.integer(0, 100));
+  PhiloxStream stream{.seed = rng.seed(), .counter = static_cast<uint64_t>(rng.integer(0, 100))};
+  std::visit([&](auto& params) {
+    if constexpr (requires { params.stream; }) params.stream = stream;  // the random ops
+  }, c.attrs);
   return c;
 }
 
@@ -138,16 +140,17 @@ Case reduction(const Sample& s, Rng& rng, bool small, bool needs_elements, bool 
   Shape shape = random_shape(rng, 0, 4, small);
   auto rank = static_cast<int64_t>(shape.size());
   Attrs attrs = s.attrs;
-  attrs.dims = random_dims(rng, rank);
-  attrs.keepdim = rng.chance(0.5);
+  ReduceParams& reduce = variance ? std::get<VarParams>(attrs) : std::get<ReduceParams>(attrs);
+  reduce.dims = random_dims(rng, rank);
+  reduce.keepdim = rng.chance(0.5);
   int64_t count = 1;
   for (int64_t d = 0; d < rank; ++d)
-    if (reduces(attrs.dims, d, rank)) {
+    if (reduces(reduce.dims, d, rank)) {
       if (needs_elements && shape[d] == 0) shape[d] = rng.integer(1, 3);
       count *= shape[d];
     }
   Case c{.inputs = {draw(s, 0, shape, rng)}, .attrs = attrs, .gradcheck = s.gradcheck};
-  if (variance && count <= attrs.correction) c.gradcheck = false;
+  if (variance && count <= std::get<VarParams>(attrs).correction) c.gradcheck = false;
   return c;
 }
 
@@ -162,10 +165,8 @@ std::pair<Shape, int64_t> shape_and_dim(Rng& rng, int64_t min_rank, bool small) 
 
 Case along_dim(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 0, small);
-  Attrs attrs = s.attrs;
-  attrs.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()));
-  attrs.keepdim = rng.chance(0.5);
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = attrs, .gradcheck = s.gradcheck};
+  ReduceDimParams params{.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size())), .keepdim = rng.chance(0.5)};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = params, .gradcheck = s.gradcheck};
 }
 
 /// A new shape for the same element count: dims merged, split and moved around, maybe one -1.
@@ -195,7 +196,7 @@ Shape reshaped(const Shape& shape, Rng& rng) {
 
 Case view_case(const Sample& s, Rng& rng, bool small) {
   Shape shape = random_shape(rng, 0, 4, small);
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = {.dims = reshaped(shape, rng)}};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = ShapeParams{.shape = reshaped(shape, rng)}};
 }
 
 Case permute_case(const Sample& s, Rng& rng, bool small) {
@@ -205,26 +206,26 @@ Case permute_case(const Sample& s, Rng& rng, bool small) {
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(rng.seed()));
   for (int64_t& d : order) d = random_alias(rng, d, rank);
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = {.dims = order}};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = PermuteParams{.dims = order}};
 }
 
 Case slice_case(const Sample& s, Rng& rng, bool small) {
   Shape shape = random_shape(rng, 1, 4, small);
   auto rank = static_cast<int64_t>(shape.size());
   int64_t dim = rng.integer(0, rank - 1), size = shape[dim];
-  Attrs attrs{.dim = random_alias(rng, dim, rank),
-              .start = rng.integer(-size - 2, size + 2),
-              .end = rng.integer(-size - 2, size + 2),
-              .step = rng.integer(1, 3)};
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = attrs};
+  SliceParams params{.dim = random_alias(rng, dim, rank),
+                     .start = rng.integer(-size - 2, size + 2),
+                     .end = rng.integer(-size - 2, size + 2),
+                     .step = rng.integer(1, 3)};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = params};
 }
 
 Case select_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 1, small);
   auto rank = static_cast<int64_t>(shape.size());
-  Attrs attrs{.dim = random_alias(rng, dim, rank),
-              .start = random_alias(rng, rng.integer(0, shape[dim] - 1), shape[dim])};
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = attrs};
+  SelectParams params{.dim = random_alias(rng, dim, rank),
+                      .index = random_alias(rng, rng.integer(0, shape[dim] - 1), shape[dim])};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = params};
 }
 
 Case expand_case(const Sample& s, Rng& rng, bool small) {
@@ -232,14 +233,14 @@ Case expand_case(const Sample& s, Rng& rng, bool small) {
   Shape target;
   for (int64_t lead = rng.integer(0, 2); lead > 0; --lead) target.push_back(random_size(rng, 3));
   for (int64_t size : shape) target.push_back(size == 1 ? random_size(rng, 4) : (rng.chance(0.3) ? -1 : size));
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = {.dims = target}};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = ShapeParams{.shape = target}};
 }
 
 Case cat_case(const Sample& s, Rng& rng, bool small) {
   Shape shape = random_shape(rng, 1, 4, small);
   auto rank = static_cast<int64_t>(shape.size());
   int64_t dim = rng.integer(0, rank - 1);
-  Case c{.attrs = {.dim = random_alias(rng, dim, rank)}};
+  Case c{.attrs = DimParams{.dim = random_alias(rng, dim, rank)}};
   for (int64_t n = rng.integer(1, 3); n > 0; --n) {
     shape[dim] = random_size(rng, 4);
     c.inputs.push_back(draw(s, 0, shape, rng));
@@ -251,7 +252,7 @@ Case index_select_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 1, small);
   Shape index_shape = rng.chance(0.2) ? Shape{} : Shape{random_size(rng, 5)};
   return {.inputs = {draw(s, 0, shape, rng), random_indices(index_shape, shape[dim], rng)},
-          .attrs = {.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))},
+          .attrs = DimParams{.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))},
           .no_grad = {false, true}};
 }
 
@@ -267,7 +268,7 @@ Case gather_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 1, small);
   Shape index = narrower(shape, dim, rng);
   return {.inputs = {draw(s, 0, shape, rng), random_indices(index, shape[dim], rng)},
-          .attrs = {.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))},
+          .attrs = DimParams{.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))},
           .no_grad = {false, true}};
 }
 
@@ -276,7 +277,7 @@ Case scatter_add_case(const Sample& s, Rng& rng, bool small) {
   Shape index = narrower(shape, dim, rng), src = index;
   for (int64_t& size : src) size += rng.chance(0.3) ? 1 : 0;
   return {.inputs = {draw(s, 0, shape, rng), random_indices(index, shape[dim], rng), draw(s, 2, src, rng)},
-          .attrs = {.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))},
+          .attrs = DimParams{.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))},
           .no_grad = {false, true, false}};
 }
 
@@ -284,16 +285,16 @@ Case topk_case(const Sample& s, Rng& rng, bool small) {
   Shape shape = random_shape(rng, 1, 4, small);
   auto rank = static_cast<int64_t>(shape.size());
   int64_t dim = rng.integer(0, rank - 1);
-  Attrs attrs = s.attrs;
-  attrs.dim = random_alias(rng, dim, rank);
-  attrs.k = rng.integer(0, shape[dim]);
-  attrs.flag = rng.chance(0.5);
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = attrs, .gradcheck = s.gradcheck};
+  TopKParams params{.dim = random_alias(rng, dim, rank)};
+  params.k = rng.integer(0, shape[dim]);
+  params.largest = rng.chance(0.5);
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = params, .gradcheck = s.gradcheck};
 }
 
 Case one_hot_case(const Sample&, Rng& rng, bool small) {
   int64_t classes = rng.integer(1, 6);
-  return {.inputs = {random_indices(random_shape(rng, 0, 3, small), classes, rng)}, .attrs = {.k = classes}};
+  return {.inputs = {random_indices(random_shape(rng, 0, 3, small), classes, rng)},
+          .attrs = OneHotParams{.num_classes = classes}};
 }
 
 Case triangle_case(const Sample& s, Rng& rng, bool small) {
@@ -303,7 +304,7 @@ Case triangle_case(const Sample& s, Rng& rng, bool small) {
       rng.chance(0.1)
           ? rng.pick(std::vector<int64_t>{std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()})
           : rng.integer(-rows - 2, cols + 2);
-  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = {.k = k}};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = TriangleParams{.diagonal = k}};
 }
 
 Case matmul_case(const Sample& s, Rng& rng, bool small) {
@@ -330,7 +331,7 @@ Case linear_case(const Sample& s, Rng& rng, bool small) {
 Case softmax_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 0, small);
   Case c{.inputs = {draw(s, 0, shape, rng)},
-         .attrs = {.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))}};
+         .attrs = DimParams{.dim = random_alias(rng, dim, static_cast<int64_t>(shape.size()))}};
   // Logits near +-1000 make log_softmax's outputs so large that finite differences lose their last
   // digits to rounding: those samples check the forward only.
   auto [lo, hi] = finite_range(s.inputs[0]);
@@ -349,9 +350,9 @@ std::pair<Shape, Shape> layer_norm_shapes(Rng& rng, bool small) {
 
 /// Layer norm's derivatives grow as rstd^3: rows of several nearly equal values (rstd near
 /// 1 / sqrt(eps)) leave finite differences no digits, so gradcheck skips them.
-bool well_conditioned(const Tensor& x, const Tensor& weight, const Attrs& attrs) {
-  if (shape_numel(attrs.dims) == 1) return true;  // x - mean is exactly 0: nothing to lose
-  Tensor rstd = registry()[OpId::layer_norm].reference({x, weight, weight}, attrs)[2];
+bool well_conditioned(const Tensor& x, const Tensor& weight, const LayerNormParams& params) {
+  if (shape_numel(params.normalized_shape) == 1) return true;  // x - mean is exactly 0: nothing to lose
+  Tensor rstd = registry()[OpId::layer_norm].reference({x, weight, weight}, params)[2];
   for (double r : rstd.to_vector<double>())
     if (r > 5) return false;
   return true;
@@ -359,47 +360,47 @@ bool well_conditioned(const Tensor& x, const Tensor& weight, const Attrs& attrs)
 
 Case layer_norm_case(const Sample& s, Rng& rng, bool small) {
   auto [x_shape, norm] = layer_norm_shapes(rng, small);
-  Attrs attrs = s.attrs;
-  attrs.dims = norm;
+  LayerNormParams params = std::get<LayerNormParams>(s.attrs);
+  params.normalized_shape = norm;
   Tensor x = draw(s, 0, x_shape, rng), w = draw(s, 1, norm, rng);
-  return {.inputs = {x, w, draw(s, 2, norm, rng)}, .attrs = attrs, .gradcheck = well_conditioned(x, w, attrs)};
+  return {.inputs = {x, w, draw(s, 2, norm, rng)}, .attrs = params, .gradcheck = well_conditioned(x, w, params)};
 }
 
 Case layer_norm_backward_case(const Sample& s, Rng& rng, bool small) {
   auto [x_shape, norm] = layer_norm_shapes(rng, small);
-  Attrs attrs = s.attrs;
-  attrs.dims = norm;
+  LayerNormParams params = std::get<LayerNormParams>(s.attrs);
+  params.normalized_shape = norm;
   Tensor x = draw(s, 1, x_shape, rng), w = draw(s, 4, norm, rng);
-  std::vector<Tensor> forward = registry()[OpId::layer_norm].reference({x, w, w}, attrs);  // mean, rstd
+  std::vector<Tensor> forward = registry()[OpId::layer_norm].reference({x, w, w}, params);  // mean, rstd
   Shape stats = forward[1].shape();
   // Not expandable: repeating values of x alone would leave mean and rstd describing another x, and
   // with rows of one element (rstd = 1 / sqrt(eps)) finite differences then lose every digit.
   return {.inputs = {draw(s, 0, x_shape, rng), x, forward[1], forward[2], w, draw(s, 5, stats, rng),
                      draw(s, 6, stats, rng)},
-          .attrs = attrs,
-          .gradcheck = well_conditioned(x, w, attrs),
+          .attrs = params,
+          .gradcheck = well_conditioned(x, w, params),
           .expandable = false};
 }
 
 Case embedding_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = rng.integer(1, 6), width = random_size(rng, 4);
-  Attrs attrs = s.attrs;
-  if (attrs.ignore_index >= 0) attrs.ignore_index = rng.integer(0, rows - 1);
+  EmbeddingParams params = std::get<EmbeddingParams>(s.attrs);
+  if (params.padding_idx >= 0) params.padding_idx = rng.integer(0, rows - 1);
   // The padding row withholds the gradient its forward use implies (PyTorch's padding_idx).
   return {.inputs = {draw(s, 0, {rows, width}, rng), random_indices(random_shape(rng, 0, 3, small), rows, rng)},
-          .attrs = attrs,
+          .attrs = params,
           .no_grad = {false, true},
-          .gradcheck = attrs.ignore_index < 0};
+          .gradcheck = params.padding_idx < 0};
 }
 
 Case embedding_backward_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = rng.integer(1, 6), width = random_size(rng, 4);
   Shape ids = random_shape(rng, 0, 3, small), dout = ids;
   dout.push_back(width);
-  Attrs attrs = s.attrs;
-  attrs.k = rows;
-  attrs.ignore_index = rng.chance(0.5) ? rng.integer(0, rows - 1) : -1;
-  return {.inputs = {draw(s, 0, dout, rng), random_indices(ids, rows, rng)}, .attrs = attrs, .no_grad = {false, true}};
+  EmbeddingBackwardParams params = std::get<EmbeddingBackwardParams>(s.attrs);
+  params.num_embeddings = rows;
+  params.padding_idx = rng.chance(0.5) ? rng.integer(0, rows - 1) : -1;
+  return {.inputs = {draw(s, 0, dout, rng), random_indices(ids, rows, rng)}, .attrs = params, .no_grad = {false, true}};
 }
 
 /// Targets in [0, classes), some set to ignore_index.
@@ -412,14 +413,16 @@ Tensor targets(int64_t rows, int64_t classes, int64_t ignore_index, Rng& rng) {
 
 Case cross_entropy_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = random_size(rng, small ? 3 : 5), classes = rng.integer(1, 6);
-  return {.inputs = {draw(s, 0, {rows, classes}, rng), targets(rows, classes, s.attrs.ignore_index, rng)},
+  return {.inputs = {draw(s, 0, {rows, classes}, rng),
+                     targets(rows, classes, std::get<CrossEntropyParams>(s.attrs).ignore_index, rng)},
           .attrs = s.attrs,
           .no_grad = {false, true}};
 }
 
 Case cross_entropy_backward_case(const Sample& s, Rng& rng, bool small) {
   int64_t rows = random_size(rng, small ? 3 : 5), classes = rng.integer(1, 6);
-  Tensor logits = draw(s, 1, {rows, classes}, rng), target = targets(rows, classes, s.attrs.ignore_index, rng);
+  int64_t ignore_index = std::get<CrossEntropyParams>(s.attrs).ignore_index;
+  Tensor logits = draw(s, 1, {rows, classes}, rng), target = targets(rows, classes, ignore_index, rng);
   Tensor lse = registry()[OpId::cross_entropy].reference({logits, target}, s.attrs)[1];  // as the forward gives it
   // Not expandable: an expanded layout repeats the logits' first row or column, and lse, computed
   // before, would no longer be their log-sum-exp (large logits then overflow float32's exp).
@@ -444,29 +447,29 @@ std::vector<Tensor> attention_operands(const Sample& s, size_t first, Rng& rng, 
 }
 
 /// A fresh Philox stream where the sample drops weights.
-Attrs attention_attrs(const Sample& s, Rng& rng) {
-  Attrs attrs = s.attrs;
-  if (attrs.value > 0) {
-    attrs.seed = rng.seed();
-    attrs.counter = static_cast<uint64_t>(rng.integer(0, 100));
+DropoutParams attention_params(const Sample& s, Rng& rng) {
+  DropoutParams params = std::get<DropoutParams>(s.attrs);
+  if (params.p > 0) {
+    params.stream.seed = rng.seed();
+    params.stream.counter = static_cast<uint64_t>(rng.integer(0, 100));
   }
-  return attrs;
+  return params;
 }
 
 Case attention_case(const Sample& s, Rng& rng, bool small) {
   return {.inputs = attention_operands(s, 0, rng, small),
-          .attrs = attention_attrs(s, rng),
+          .attrs = attention_params(s, rng),
           .no_grad = {false, false, false, true}};
 }
 
 Case attention_backward_case(const Sample& s, Rng& rng, bool small) {
-  Attrs attrs = attention_attrs(s, rng);
+  DropoutParams params = attention_params(s, rng);
   std::vector<Tensor> operands = attention_operands(s, 2, rng, small);  // q, k, v, mask
   const Tensor &q = operands[0], &k = operands[1];
-  Tensor weights = registry()[OpId::attention].reference(operands, attrs)[1];
+  Tensor weights = registry()[OpId::attention].reference(operands, params)[1];
   Shape dout{q.size(0), q.size(2), q.size(1), q.size(3)};
   Tensor dweights = rng.chance(0.5) ? draw(s, 0, weights.shape(), rng) : Tensor::empty({0}, q.dtype());
-  return {.inputs = {draw(s, 0, dout, rng), dweights, q, k, operands[2], weights}, .attrs = attrs};
+  return {.inputs = {draw(s, 0, dout, rng), dweights, q, k, operands[2], weights}, .attrs = params};
 }
 
 }  // namespace

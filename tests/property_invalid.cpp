@@ -31,6 +31,16 @@ Tensor filled(const Shape& shape, DType dtype, double value = 0) {
 
 DType other_float(DType dtype) { return dtype == DType::Float32 ? DType::Float64 : DType::Float32; }
 
+/// The `dim` parameter of an op that works along one dim.
+int64_t& dim_param(Attrs& attrs) {
+  return std::visit(
+      [](auto& params) -> int64_t& {
+        if constexpr (requires { params.dim; }) return params.dim;
+        else throw Error("the op takes no dim");
+      },
+      attrs);
+}
+
 /// Collects the refusals of one op.
 class Cases {
  public:
@@ -55,11 +65,11 @@ class Cases {
     out_.push_back({what, inputs, attrs});
     return *this;
   }
-  /// Attrs with `dim` out of range for input 0 (rank r accepts [-r, r), a scalar [-1, 1)).
+  /// Parameters with `dim` out of range for input 0 (rank r accepts [-r, r), a scalar [-1, 1)).
   Cases& bad_dim(const std::string& what) {
     int64_t bound = std::max<int64_t>(valid_.inputs[0].dim(), 1);
     Attrs attrs = valid_.attrs;
-    attrs.dim = rng_.chance(0.5) ? bound + rng_.integer(0, 2) : -bound - 1 - rng_.integer(0, 2);
+    dim_param(attrs) = rng_.chance(0.5) ? bound + rng_.integer(0, 2) : -bound - 1 - rng_.integer(0, 2);
     return call(what, valid_.inputs, attrs);
   }
   /// Inputs a and b (positions ka, kb) of shapes that do not broadcast, dtypes kept.
@@ -83,8 +93,10 @@ class Cases {
   std::vector<Invalid> out_;
 };
 
-Attrs with(Attrs attrs, const std::function<void(Attrs&)>& change) {
-  change(attrs);
+/// `attrs`, whose struct is P, after `change`.
+template <typename P, typename Change>
+Attrs with(Attrs attrs, Change change) {
+  change(std::get<P>(attrs));
   return attrs;
 }
 
@@ -102,10 +114,11 @@ Tensor grown(const Tensor& t, int64_t d) {
   return filled(shape, t.dtype());
 }
 
-/// The case's attrs.dim in [0, rank) of input 0.
+/// The case's dim in [0, rank) of input 0.
 int64_t dim_of(const Case& c) {
   int64_t bound = std::max<int64_t>(c.inputs[0].dim(), 1);
-  return (c.attrs.dim + bound) % bound;
+  Attrs attrs = c.attrs;
+  return (dim_param(attrs) + bound) % bound;
 }
 
 void unary_float(Cases& c) { c.dtype("int64 input", 0, DType::Int64).dtype("bool input", 0, DType::Bool); }
@@ -119,17 +132,19 @@ void binary(Cases& c, bool arithmetic) {
   c.no_broadcast(0, 1);
 }
 
+/// P: ReduceParams, or VarParams for var.
+template <typename P>
 void reduction(Cases& c, bool needs_float, bool needs_elements) {
   const Tensor& x = c.valid().inputs[0];
   int64_t rank = x.dim(), bound = std::max<int64_t>(rank, 1);
-  c.attrs("dim out of range", with(c.valid().attrs, [&](Attrs& a) { a.dims = {bound + c.rng().integer(0, 2)}; }));
-  if (rank > 0) c.attrs("repeated dim", with(c.valid().attrs, [&](Attrs& a) { a.dims = {0, -rank}; }));
+  c.attrs("dim out of range", with<P>(c.valid().attrs, [&](P& a) { a.dims = {bound + c.rng().integer(0, 2)}; }));
+  if (rank > 0) c.attrs("repeated dim", with<P>(c.valid().attrs, [&](P& a) { a.dims = {0, -rank}; }));
   if (needs_float) c.dtype("int64 input", 0, DType::Int64);
   if (needs_elements) {
     Shape shape = x.shape();
     shape.push_back(0);
     c.call("reduction over a size-0 dim", {filled(shape, x.dtype())},
-           with(c.valid().attrs, [](Attrs& a) { a.dims = {-1}; }));
+           with<P>(c.valid().attrs, [](P& a) { a.dims = {-1}; }));
   }
 }
 
@@ -138,7 +153,8 @@ void along_dim(Cases& c) {
   c.bad_dim("dim out of range");
   Shape shape = x.shape();
   shape.push_back(0);
-  c.call("a size-0 dim", {filled(shape, x.dtype())}, with(c.valid().attrs, [](Attrs& a) { a.dim = -1; }));
+  c.call("a size-0 dim", {filled(shape, x.dtype())},
+         with<ReduceDimParams>(c.valid().attrs, [](auto& a) { a.dim = -1; }));
 }
 
 void index_ops(Cases& c, OpId id) {
@@ -194,10 +210,10 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case dropout:
       unary_float(c);
       if (id == normal) c.expanded_output();
-      if (id == normal) c.attrs("negative std", with(v.attrs, [](Attrs& a) { a.eps = -1; }));
+      if (id == normal) c.attrs("negative std", with<NormalParams>(v.attrs, [](auto& a) { a.std = -1; }));
       if (id == dropout)
         for (double p : {-0.5, 1.5, std::nan("")})
-          c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
+          c.attrs("p outside [0, 1]", with<DropoutParams>(v.attrs, [&](auto& a) { a.p = p; }));
       return c.take();
     case neg:
     case abs:
@@ -206,15 +222,16 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case clamp:
       c.dtype("bool input", 0, DType::Bool);
       if (id == clamp) {
-        c.attrs("no bounds", with(v.attrs, [](Attrs& a) { a.min = a.max = std::nullopt; }));
-        c.call("a bound int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.min = -kInf; }));
+        c.attrs("no bounds", with<ClampParams>(v.attrs, [](auto& a) { a.min = a.max = std::nullopt; }));
         c.call("a bound int64 cannot hold", {as(x, DType::Int64)},
-               with(v.attrs, [](Attrs& a) { a.max = std::nan(""); }));
+               with<ClampParams>(v.attrs, [](auto& a) { a.min = -kInf; }));
+        c.call("a bound int64 cannot hold", {as(x, DType::Int64)},
+               with<ClampParams>(v.attrs, [](auto& a) { a.max = std::nan(""); }));
       }
       if (id == pow_scalar)
         for (double e : {-1.0, 0.5, kInf})
           c.call("int64 base with a negative or fractional exponent", {as(x, DType::Int64)},
-                 with(v.attrs, [&](Attrs& a) { a.value = e; }));
+                 with<PowParams>(v.attrs, [&](auto& a) { a.exponent = e; }));
       return c.take();
     case add:
     case sub:
@@ -241,7 +258,7 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case masked_fill: {
       c.dtype("int64 mask", 1, DType::Int64);
       c.call("a value int64 cannot hold", {as(x, DType::Int64), v.inputs[1]},
-             with(v.attrs, [](Attrs& a) { a.value = kInf; }));
+             with<FillParams>(v.attrs, [](auto& a) { a.value = kInf; }));
       c.input("mask of higher rank", 1, lifted(filled(x.shape(), DType::Bool)));
       if (x.dim() > 0 && x.shape().back() > 0)
         c.input("mask of another size", 1, grown(filled(x.shape(), DType::Bool), x.dim() - 1));
@@ -253,97 +270,95 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case fill:
       c.expanded_output();
       for (double value : {std::nan(""), kInf, 1e300})
-        c.call("a value int64 cannot hold", {as(x, DType::Int64)}, with(v.attrs, [&](Attrs& a) { a.value = value; }));
+        c.call("a value int64 cannot hold", {as(x, DType::Int64)},
+               with<FillParams>(v.attrs, [&](auto& a) { a.value = value; }));
       return c.take();
     case to_device:
       if (!cuda::is_available())
-        c.attrs("a CUDA target without a GPU", with(v.attrs, [](Attrs& a) { a.device = Device::cuda(); }));
+        c.attrs("a CUDA target without a GPU", ToDeviceParams{.device = Device::cuda()});
       return c.take();
     case arange:
       c.expanded_output().input("2-d tensor", 0, filled({2, 2}, x.dtype())).dtype("bool tensor", 0, DType::Bool);
-      c.attrs("step 0", with(v.attrs, [](Attrs& a) { a.eps = 0; }));
-      c.attrs("NaN start", with(v.attrs, [](Attrs& a) { a.value = std::nan(""); }));
-      c.call("values past int64", {filled({3}, DType::Int64)}, with(v.attrs, [](Attrs& a) {
-               a.value = 0;
-               a.eps = 0x1p62;
-             }));
+      c.attrs("step 0", with<ArangeParams>(v.attrs, [](auto& a) { a.step = 0; }));
+      c.attrs("NaN start", with<ArangeParams>(v.attrs, [](auto& a) { a.start = std::nan(""); }));
+      c.call("values past int64", {filled({3}, DType::Int64)}, ArangeParams{.start = 0, .step = 0x1p62});
       return c.take();
     case uniform:
       c.expanded_output().dtype("bool tensor", 0, DType::Bool);
-      c.attrs("no upper bound", with(v.attrs, [](Attrs& a) { a.max = std::nullopt; }));
-      c.attrs("low above high", with(v.attrs, [](Attrs& a) {
-                a.min = 2;
-                a.max = 1;
+      c.attrs("low above high", with<UniformParams>(v.attrs, [](auto& a) {
+                a.low = 2;
+                a.high = 1;
               }));
-      c.attrs("an infinite bound", with(v.attrs, [](Attrs& a) {
-                a.min = 0;
-                a.max = kInf;
+      c.attrs("an infinite bound", with<UniformParams>(v.attrs, [](auto& a) {
+                a.low = 0;
+                a.high = kInf;
               }));
-      c.call("an empty integer range", {as(x, DType::Int64)}, with(v.attrs, [](Attrs& a) { a.min = a.max = 3; }));
+      c.call("an empty integer range", {as(x, DType::Int64)},
+             with<UniformParams>(v.attrs, [](auto& a) { a.low = a.high = 3; }));
       return c.take();
     case bernoulli:
       c.expanded_output();
       for (double p : {-0.1, 1.5, std::nan("")})
-        c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
+        c.attrs("p outside [0, 1]", with<BernoulliParams>(v.attrs, [&](auto& a) { a.p = p; }));
       return c.take();
-    case sum: reduction(c, false, false); return c.take();
-    case mean:
+    case sum: reduction<ReduceParams>(c, false, false); return c.take();
+    case mean: reduction<ReduceParams>(c, true, false); return c.take();
     case var:
-      reduction(c, true, false);
-      if (id == var) c.attrs("negative correction", with(v.attrs, [](Attrs& a) { a.correction = -1; }));
+      reduction<VarParams>(c, true, false);
+      c.attrs("negative correction", with<VarParams>(v.attrs, [](auto& a) { a.correction = -1; }));
       return c.take();
     case amax:
-    case amin: reduction(c, false, true); return c.take();
+    case amin: reduction<ReduceParams>(c, false, true); return c.take();
     case max_dim:
     case min_dim:
     case argmax: along_dim(c); return c.take();
     case view:
-      c.attrs("another element count", {.dims = {x.numel() + 1}});
-      c.attrs("two -1", {.dims = {-1, -1, std::max<int64_t>(x.numel(), 1)}});
-      c.attrs("a negative size", {.dims = {-2, -x.numel()}});
-      c.attrs("sizes whose product overflows", {.dims = {kHuge, 8}});
+      c.attrs("another element count", ShapeParams{.shape = {x.numel() + 1}});
+      c.attrs("two -1", ShapeParams{.shape = {-1, -1, std::max<int64_t>(x.numel(), 1)}});
+      c.attrs("a negative size", ShapeParams{.shape = {-2, -x.numel()}});
+      c.attrs("sizes whose product overflows", ShapeParams{.shape = {kHuge, 8}});
       return c.take();
     case permute: {
-      Shape order = v.attrs.dims;
+      Shape order = std::get<PermuteParams>(v.attrs).dims;
       order.push_back(0);
-      c.attrs("one entry too many", {.dims = order});
-      if (x.dim() > 1) c.attrs("a repeated dim", {.dims = Shape(static_cast<size_t>(x.dim()), 0)});
-      if (x.dim() > 0) c.attrs("dim out of range", with(v.attrs, [&](Attrs& a) { a.dims[0] = x.dim(); }));
+      c.attrs("one entry too many", PermuteParams{.dims = order});
+      if (x.dim() > 1) c.attrs("a repeated dim", PermuteParams{.dims = Shape(static_cast<size_t>(x.dim()), 0)});
+      if (x.dim() > 0)
+        c.attrs("dim out of range", with<PermuteParams>(v.attrs, [&](auto& a) { a.dims[0] = x.dim(); }));
       return c.take();
     }
     case slice:
-      c.attrs("step 0", with(v.attrs, [](Attrs& a) { a.step = 0; })).attrs("negative step", with(v.attrs, [](Attrs& a) {
-                                                                             a.step = -1;
-                                                                           }));
+      c.attrs("step 0", with<SliceParams>(v.attrs, [](auto& a) { a.step = 0; }));
+      c.attrs("negative step", with<SliceParams>(v.attrs, [](auto& a) { a.step = -1; }));
       c.input("0-dim input", 0, filled({}, x.dtype())).bad_dim("dim out of range");
       return c.take();
     case select: {
       int64_t size = x.shape()[static_cast<size_t>(dim_of(v))];
-      c.attrs("index past the end", with(v.attrs, [&](Attrs& a) { a.start = size; }));
-      c.attrs("index before the start", with(v.attrs, [&](Attrs& a) { a.start = -size - 1; }));
+      c.attrs("index past the end", with<SelectParams>(v.attrs, [&](auto& a) { a.index = size; }));
+      c.attrs("index before the start", with<SelectParams>(v.attrs, [&](auto& a) { a.index = -size - 1; }));
       c.input("0-dim input", 0, filled({}, x.dtype())).bad_dim("dim out of range");
       return c.take();
     }
     case expand: {
       Shape shape = x.shape();
-      if (!shape.empty()) c.attrs("fewer dims", {.dims = Shape(shape.begin() + 1, shape.end())});
-      c.attrs("-1 for a new leading dim", {.dims = [&] {
+      if (!shape.empty()) c.attrs("fewer dims", ShapeParams{.shape = Shape(shape.begin() + 1, shape.end())});
+      c.attrs("-1 for a new leading dim", ShapeParams{.shape = [&] {
                 Shape s = shape;
                 s.insert(s.begin(), -1);
                 return s;
               }()});
-      c.call("a negative size", {filled({1}, x.dtype())}, {.dims = {-2}});
+      c.call("a negative size", {filled({1}, x.dtype())}, ShapeParams{.shape = {-2}});
       for (size_t d = 0; d < shape.size(); ++d)
         if (shape[d] > 1) {
           Shape target = shape;
           target[d] += 1;
-          c.attrs("a size-n dim to another size", {.dims = target});
+          c.attrs("a size-n dim to another size", ShapeParams{.shape = target});
         }
       return c.take();
     }
     case cat: {
       c.call("no tensors", {}, v.attrs)
-          .call("0-dim tensors", {filled({}, x.dtype()), filled({}, x.dtype())}, {.dim = 0});
+          .call("0-dim tensors", {filled({}, x.dtype()), filled({}, x.dtype())}, DimParams{.dim = 0});
       c.call("dtypes differ", {x, as(x, x.dtype() == DType::Int64 ? DType::Float64 : DType::Int64)}, v.attrs);
       c.call("ranks differ", {x, lifted(x)}, v.attrs).bad_dim("dim out of range");
       if (x.dim() > 1) {
@@ -357,17 +372,18 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case scatter_add: index_ops(c, id); return c.take();
     case topk: {
       int64_t size = x.shape()[static_cast<size_t>(dim_of(v))];
-      c.attrs("k larger than the dim", with(v.attrs, [&](Attrs& a) { a.k = size + 1; }));
-      c.attrs("negative k", with(v.attrs, [](Attrs& a) { a.k = -1; }));
+      c.attrs("k larger than the dim", with<TopKParams>(v.attrs, [&](auto& a) { a.k = size + 1; }));
+      c.attrs("negative k", with<TopKParams>(v.attrs, [](auto& a) { a.k = -1; }));
       c.dtype("bool input", 0, DType::Bool).input("0-dim input", 0, filled({}, x.dtype())).bad_dim("dim out of range");
       return c.take();
     }
     case one_hot:
       c.dtype("float indices", 0, DType::Float64);
-      for (int64_t k : {int64_t{0}, int64_t{-3}}) c.attrs("num_classes <= 0", {.k = k});
-      c.input("index >= num_classes", 0, filled({2}, DType::Int64, static_cast<double>(v.attrs.k)));
+      for (int64_t k : {int64_t{0}, int64_t{-3}}) c.attrs("num_classes <= 0", OneHotParams{.num_classes = k});
+      c.input("index >= num_classes", 0,
+              filled({2}, DType::Int64, static_cast<double>(std::get<OneHotParams>(v.attrs).num_classes)));
       c.input("negative index", 0, filled({2}, DType::Int64, -1));
-      c.call("output too large", {filled({4}, DType::Int64, 1)}, {.k = kHuge});
+      c.call("output too large", {filled({4}, DType::Int64, 1)}, OneHotParams{.num_classes = kHuge});
       return c.take();
     case tril:
     case triu:
@@ -393,10 +409,10 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case softmax:
     case log_softmax: c.dtype("int64 input", 0, DType::Int64).bad_dim("dim out of range"); return c.take();
     case layer_norm: {
-      Shape norm = v.attrs.dims;
-      c.attrs("normalized_shape not at the end", with(v.attrs, [](Attrs& a) { a.dims.back() += 1; }));
-      c.attrs("empty normalized_shape", with(v.attrs, [](Attrs& a) { a.dims = {}; }));
-      c.attrs("negative eps", with(v.attrs, [](Attrs& a) { a.eps = -1; }));
+      c.attrs("normalized_shape not at the end",
+              with<LayerNormParams>(v.attrs, [](auto& a) { a.normalized_shape.back() += 1; }));
+      c.attrs("empty normalized_shape", with<LayerNormParams>(v.attrs, [](auto& a) { a.normalized_shape = {}; }));
+      c.attrs("negative eps", with<LayerNormParams>(v.attrs, [](auto& a) { a.eps = -1; }));
       c.input("weight of another shape", 1, lifted(v.inputs[1]))
           .dtype("bias of another dtype", 2, other_float(x.dtype()));
       c.call("int64 input", {as(x, DType::Int64), as(v.inputs[1], DType::Int64), as(v.inputs[2], DType::Int64)},
@@ -421,16 +437,17 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     }
     case embedding_backward:
       c.input("dout of another shape", 0, lifted(x)).dtype("int64 dout", 0, DType::Int64);
-      c.attrs("negative row count", with(v.attrs, [](Attrs& a) {
-                a.k = -1;
-                a.ignore_index = -2;
+      c.attrs("negative row count", with<EmbeddingBackwardParams>(v.attrs, [](auto& a) {
+                a.num_embeddings = -1;
+                a.padding_idx = -2;
               }));
-      c.attrs("padding index past the rows", with(v.attrs, [](Attrs& a) { a.ignore_index = a.k; }));
-      if (v.inputs[1].numel() > 0)
-        c.input("index >= rows", 1, filled(v.inputs[1].shape(), DType::Int64, static_cast<double>(v.attrs.k)));
+      c.attrs("padding index past the rows",
+              with<EmbeddingBackwardParams>(v.attrs, [](auto& a) { a.padding_idx = a.num_embeddings; }));
+      if (auto rows = static_cast<double>(std::get<EmbeddingBackwardParams>(v.attrs).num_embeddings);
+          v.inputs[1].numel() > 0)
+        c.input("index >= rows", 1, filled(v.inputs[1].shape(), DType::Int64, rows));
       else
-        c.call("index >= rows", {filled({2, 1}, x.dtype()), filled({2}, DType::Int64, static_cast<double>(v.attrs.k))},
-               v.attrs);
+        c.call("index >= rows", {filled({2, 1}, x.dtype()), filled({2}, DType::Int64, rows)}, v.attrs);
       return c.take();
     case cross_entropy:
     case cross_entropy_backward: {
@@ -441,7 +458,8 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       c.input("no classes", l, filled({rows, 0}, logits.dtype())).dtype("int64 logits", l, DType::Int64);
       c.input("target of another length", l + 1, filled({rows + 1}, DType::Int64))
           .dtype("float target", l + 1, DType::Float64);
-      double past = static_cast<double>(classes == v.attrs.ignore_index ? classes + 1 : classes);
+      int64_t ignore_index = std::get<CrossEntropyParams>(v.attrs).ignore_index;
+      double past = static_cast<double>(classes == ignore_index ? classes + 1 : classes);
       c.call(
           "target past the classes",
           [&] {
@@ -453,7 +471,8 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
           }(),
           v.attrs);
       for (double e : {-0.1, 1.5})
-        c.attrs("label_smoothing outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.label_smoothing = e; }));
+        c.attrs("label_smoothing outside [0, 1]",
+                with<CrossEntropyParams>(v.attrs, [&](auto& a) { a.label_smoothing = e; }));
       if (l == 1) {
         c.input("dloss of another length", 0, filled({rows + 1}, logits.dtype()))
             .dtype("dloss of another dtype", 0, other_float(logits.dtype()));
@@ -488,7 +507,8 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
         c.input("mask that does not broadcast", 3, filled({1, 1, 1, key.size(2) + 2}, x.dtype()))
             .input("5-d mask", 3, filled({1, 1, 1, 1, 1}, x.dtype()))
             .dtype("mask of another dtype", 3, other_float(x.dtype()));
-        for (double p : {-0.1, 1.5}) c.attrs("p outside [0, 1]", with(v.attrs, [&](Attrs& a) { a.value = p; }));
+        for (double p : {-0.1, 1.5})
+          c.attrs("p outside [0, 1]", with<DropoutParams>(v.attrs, [&](auto& a) { a.p = p; }));
       } else {
         c.input("dout of another shape", 0, grown(v.inputs[0], 1))
             .input("weights of another shape", 5, lifted(v.inputs[5]));

@@ -91,8 +91,8 @@ TEST_CASE("scalars an int64 tensor cannot hold are refused") {
   CHECK_THROWS_WITH_AS(ids.clone().fill_(std::nan("")), doctest::Contains("fill: fill value nan is not representable"),
                        Error);
   CHECK_THROWS_WITH_AS(ids.masked_fill(ones({3}, DType::Bool), 1e300), doctest::Contains("masked_fill: "), Error);
-  CHECK_THROWS_WITH_AS(call(OpId::clamp, {ids}, {.max = inf}), doctest::Contains("clamp: max inf"), Error);
-  CHECK_THROWS_WITH_AS(call(OpId::pow_scalar, {ids}, {.value = inf}), doctest::Contains("pow_scalar: exponent inf"),
+  CHECK_THROWS_WITH_AS(call<OpId::clamp>({ids}, {.max = inf}), doctest::Contains("clamp: max inf"), Error);
+  CHECK_THROWS_WITH_AS(call<OpId::pow_scalar>({ids}, {.exponent = inf}), doctest::Contains("pow_scalar: exponent inf"),
                        Error);
   CHECK_THROWS_WITH_AS(arange(0, 0x1p64, 0x1p62, DType::Int64), doctest::Contains("arange: last value"), Error);
   CHECK_THROWS_WITH_AS(uniform({2}, 0, inf, DType::Float32), doctest::Contains("uniform: bounds must be finite"),

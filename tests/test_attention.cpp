@@ -266,7 +266,7 @@ TEST_CASE("a mask that needs a gradient: the op refuses it, scaled_dot_product_a
   Tensor q = randn({1, 2, 3, 4}, DType::Float64), k = randn({1, 2, 5, 4}, DType::Float64),
          v = randn({1, 2, 5, 4}, DType::Float64);
   Tensor mask = zeros({1, 1, 3, 5}, DType::Float64).set_requires_grad();
-  CHECK_THROWS_WITH_AS(call(OpId::attention, {q, k, v, mask}),
+  CHECK_THROWS_WITH_AS(call<OpId::attention>({q, k, v, mask}),
                        doctest::Contains("attention: does not differentiate attn_mask [1, 1, 3, 5]"), Error);
   AttentionResult a = scaled_dot_product_attention_with_weights(q, k, v, mask);
   a.output.sum().backward();

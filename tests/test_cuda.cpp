@@ -66,7 +66,7 @@ Tensor strided_on(const Tensor& t, Device device) {
 
 /// An op's attrs with the device it copies to moved onto the GPU (to_device's samples target the CPU).
 Attrs on_gpu(OpId id, Attrs attrs) {
-  if (id == OpId::to_device) attrs.device = kGpu;
+  if (id == OpId::to_device) attrs = ToDeviceParams{.device = kGpu};
   return attrs;
 }
 
@@ -91,7 +91,7 @@ std::vector<Tensor> gradients(OpId id, const Sample& sample, Device device) {
   std::vector<Tensor> outputs, weights;
   uint64_t seed = 900;
   Attrs attrs = sample.attrs;
-  if (id == OpId::to_device) attrs.device = device;
+  if (id == OpId::to_device) attrs = ToDeviceParams{.device = device};
   for (const Tensor& out : call(id, inputs, attrs)) {
     if (!out.requires_grad()) continue;
     outputs.push_back(out);

@@ -198,7 +198,7 @@ TEST_CASE("error messages name the op, the dtypes and the call site") {
 
 TEST_CASE("to_device copies cpu to cpu; a CUDA target without CUDA is refused by name") {
   Tensor x = f64({1, 2, 3});
-  Tensor y = call1(OpId::to_device, {x}, {.device = Device::cpu()});
+  Tensor y = call1<OpId::to_device>({x}, {.device = Device::cpu()});
   check_close(y, x, 0, 0);
   CHECK(y.storage() != x.storage());
   if (!cuda::is_built())

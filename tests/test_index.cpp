@@ -24,8 +24,9 @@ Tensor leaf(const std::vector<double>& values, const Shape& shape = {}) {
 }
 
 /// The op's own naive reference on the same inputs.
-std::vector<Tensor> naive(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs) {
-  return registry()[id].reference(inputs, attrs);
+template <OpId Id>
+std::vector<Tensor> naive(const std::vector<Tensor>& inputs, const ParamsOf<Id>& params) {
+  return registry()[Id].reference(inputs, params);
 }
 
 }  // namespace
@@ -213,7 +214,7 @@ TEST_CASE("topk keeps its rules on long fibers, where it streams instead of sort
   for (bool largest : {true, false}) {
     CAPTURE(largest);
     auto [values, indices] = topk(x, 2, 0, largest);
-    std::vector<Tensor> expected = naive(OpId::topk, {x}, {.dim = 0, .k = 2, .flag = largest});
+    std::vector<Tensor> expected = naive<OpId::topk>({x}, {.k = 2, .dim = 0, .largest = largest});
     check_close(values, expected[0], 0, 0);
     check_close(indices, expected[1], 0, 0);
   }
@@ -274,24 +275,24 @@ TEST_CASE("large inputs take the threaded paths and still match the references")
   // Sizes well past the parallel grain, with many index collisions for scatter_add.
   Tensor x = reference::randn({96, 800}, 990);
   Tensor rows = reference::randint({300}, 96, 991);
-  check_close(index_select(x, 0, rows), naive(OpId::index_select, {x, rows}, {.dim = 0})[0], 0, 0);
+  check_close(index_select(x, 0, rows), naive<OpId::index_select>({x, rows}, {.dim = 0})[0], 0, 0);
   Tensor cols = reference::randint({96, 500}, 800, 992);
-  check_close(gather(x, 1, cols), naive(OpId::gather, {x, cols}, {.dim = 1})[0], 0, 0);
+  check_close(gather(x, 1, cols), naive<OpId::gather>({x, cols}, {.dim = 1})[0], 0, 0);
   Tensor targets = reference::randint({50, 800}, 96, 993), src = reference::randn({50, 800}, 994);
-  check_close(scatter_add(x, 0, targets, src), naive(OpId::scatter_add, {x, targets, src}, {.dim = 0})[0], 1e-12,
+  check_close(scatter_add(x, 0, targets, src), naive<OpId::scatter_add>({x, targets, src}, {.dim = 0})[0], 1e-12,
               1e-12);
   Tensor wide_targets = reference::randint({96, 900}, 800, 995), wide_src = reference::randn({96, 900}, 996);
   check_close(scatter_add(x, 1, wide_targets, wide_src),
-              naive(OpId::scatter_add, {x, wide_targets, wide_src}, {.dim = 1})[0], 1e-12, 1e-12);
+              naive<OpId::scatter_add>({x, wide_targets, wide_src}, {.dim = 1})[0], 1e-12, 1e-12);
   auto [values, indices] = topk(x, 5, 0);
-  std::vector<Tensor> expected = naive(OpId::topk, {x}, {.dim = 0, .k = 5, .flag = true});
+  std::vector<Tensor> expected = naive<OpId::topk>({x}, {.k = 5, .dim = 0, .largest = true});
   check_close(values, expected[0], 0, 0);
   check_close(indices, expected[1], 0, 0);
   auto [row_values, row_indices] = topk(x, 7, -1, false);
-  expected = naive(OpId::topk, {x}, {.dim = -1, .k = 7, .flag = false});
+  expected = naive<OpId::topk>({x}, {.k = 7, .dim = -1, .largest = false});
   check_close(row_values, expected[0], 0, 0);
   check_close(row_indices, expected[1], 0, 0);
-  check_close(triu(x.view({8, 12, 800}), 3), naive(OpId::triu, {x.view({8, 12, 800})}, {.k = 3})[0], 0, 0);
+  check_close(triu(x.view({8, 12, 800}), 3), naive<OpId::triu>({x.view({8, 12, 800})}, {.diagonal = 3})[0], 0, 0);
   Tensor classes = reference::randint({3000}, 40, 997);
-  check_close(one_hot(classes, 40), naive(OpId::one_hot, {classes}, {.k = 40})[0], 0, 0);
+  check_close(one_hot(classes, 40), naive<OpId::one_hot>({classes}, {.num_classes = 40})[0], 0, 0);
 }

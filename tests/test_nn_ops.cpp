@@ -36,7 +36,8 @@ TEST_CASE("layer_norm returns the row statistics it normalised with") {
   // Rows [1, 2, 3] and [4, 4, 4]: means 2 and 4, variances 2/3 and 0, rstd = 1/sqrt(var + eps).
   Tensor x = f64({1, 2, 3, 4, 4, 4}, {2, 3});
   std::vector<Tensor> out =
-      call(OpId::layer_norm, {x, ones({3}, DType::Float64), zeros({3}, DType::Float64)}, {.dims = {3}, .eps = 0.25});
+      call<OpId::layer_norm>({x, ones({3}, DType::Float64), zeros({3}, DType::Float64)},
+                             {.normalized_shape = {3}, .eps = 0.25});
   check_close(out[1], f64({2, 4}), 1e-12, 1e-12);
   check_close(out[2], f64({1 / std::sqrt(2.0 / 3 + 0.25), 2}), 1e-12, 1e-12);
   // The constant row normalises to 0: (4 - 4) * 2.
@@ -110,11 +111,19 @@ TEST_CASE("embedding's padding row is looked up but gets no gradient") {
   }
 }
 
+TEST_CASE("embedding_backward's errors name its parameters") {
+  Tensor dout = zeros({3, 2}, DType::Float64), ids = from_vector<int64_t>({1, 0, 1});
+  CHECK_THROWS_WITH_AS(call1<OpId::embedding_backward>({dout, ids}, {.num_embeddings = -1}),
+                       doctest::Contains("embedding_backward: num_embeddings must be >= 0, got -1"), Error);
+  CHECK_THROWS_WITH_AS(call1<OpId::embedding_backward>({dout, ids}, {.num_embeddings = 2, .padding_idx = 2}),
+                       doctest::Contains("embedding_backward: padding_idx 2 is out of range for 2 rows"), Error);
+}
+
 TEST_CASE("embedding_backward's own gradient skips the padding row") {
   // d/d dout of <G, dweight>: position n receives G[ids[n]], except where ids[n] is the padding row.
   Tensor dout = reference::randn({3, 2}, 931).set_requires_grad();
   Tensor ids = from_vector<int64_t>({1, 0, 1});
-  Tensor dweight = call1(OpId::embedding_backward, {dout, ids}, {.k = 3, .ignore_index = 0});
+  Tensor dweight = call1<OpId::embedding_backward>({dout, ids}, {.num_embeddings = 3, .padding_idx = 0});
   Tensor g = f64({1, 2, 3, 4, 5, 6}, {3, 2});
   check_close(autograd::grad({sum(mul(dweight, g))}, {dout})[0], f64({3, 4, 0, 0, 3, 4}, {3, 2}), 0, 0);
 }
@@ -251,17 +260,15 @@ TEST_CASE("cross_entropy in float32 agrees with float64 over a wide range of log
   // and logits 60 apart reach the clamped, underflowing end of exp.
   Tensor logits = reference::uniform({16, 37}, -30, 30, 981), target = reference::randint({16}, 37, 982);
   Tensor dloss = reference::randn({16}, 983);
-  Attrs attrs{.label_smoothing = 0.1};
+  CrossEntropyParams params{.label_smoothing = 0.1};
   Tensor dlse = reference::randn({16}, 984);
-  std::vector<Tensor> out = call(OpId::cross_entropy, {logits, target}, attrs);  // loss, lse
-  std::vector<Tensor> out32 = call(OpId::cross_entropy, {logits.to(DType::Float32), target}, attrs);
+  std::vector<Tensor> out = call<OpId::cross_entropy>({logits, target}, params);  // loss, lse
+  std::vector<Tensor> out32 = call<OpId::cross_entropy>({logits.to(DType::Float32), target}, params);
   check_close(out32[0], out[0].to(DType::Float32), 1e-5, 1e-5);
   check_close(out32[1], out[1].to(DType::Float32), 1e-6, 1e-6);
-  Tensor grad = call1(OpId::cross_entropy_backward, {dloss, logits, target, out[1], dlse}, attrs);
-  Tensor grad32 = call1(OpId::cross_entropy_backward,
-                        {dloss.to(DType::Float32), logits.to(DType::Float32), target, out32[1],
-                         dlse.to(DType::Float32)},
-                        attrs);
+  Tensor grad = call1<OpId::cross_entropy_backward>({dloss, logits, target, out[1], dlse}, params);
+  Tensor grad32 = call1<OpId::cross_entropy_backward>(
+      {dloss.to(DType::Float32), logits.to(DType::Float32), target, out32[1], dlse.to(DType::Float32)}, params);
   check_close(grad32, grad.to(DType::Float32), 1e-5, 1e-6);
 }
 

@@ -67,6 +67,22 @@ TEST_CASE("every op in MF_OPS is defined, with samples and a reference") {
 
 // Each sample takes the input count MF_OPS declares, and a call with one tensor more or less is
 // refused by name before anything reads past the last input.
+TEST_CASE("every op takes the parameter struct MF_OPS declares and refuses another, naming both") {
+  for (size_t i = 0; i < kOpCount; ++i) {
+    auto id = static_cast<OpId>(i);
+    CAPTURE(kOpNames[i]);
+    for (const Sample& sample : registry()[id].samples()) CHECK(sample.attrs.index() == kOpParamsIndex[i]);
+    // NoParams for ops with parameters, TopKParams for ops without: wrong either way.
+    Attrs other = kOpParamsIndex[i] == 0 ? Attrs(TopKParams{}) : Attrs(NoParams{});
+    std::string expected = fmt::format("{}: takes its parameters as {}, got {}", kOpNames[i],
+                                       kParamsNames[kOpParamsIndex[i]], kParamsNames[other.index()]);
+    CHECK_THROWS_WITH_AS(call(id, registry()[id].samples().front().inputs, other), doctest::Contains(expected.c_str()),
+                         Error);
+  }
+  static_assert(std::is_same_v<ParamsOf<OpId::topk>, TopKParams>);
+  static_assert(std::is_same_v<ParamsOf<OpId::var>, VarParams>);
+}
+
 TEST_CASE("every op takes the input count MF_OPS declares and refuses any other") {
   for (size_t i = 0; i < kOpCount; ++i) {
     auto id = static_cast<OpId>(i);
@@ -79,7 +95,7 @@ TEST_CASE("every op takes the input count MF_OPS declares and refuses any other"
           arity < 0 ? fmt::format("{}: expects at least one input tensor, got 0", kOpNames[i])
                     : fmt::format("{}: expects {} input tensor{}, got {}", kOpNames[i], arity, arity == 1 ? "" : "s",
                                   inputs.size());
-      CHECK_THROWS_WITH_AS(call(id, inputs), doctest::Contains(expected.c_str()), Error);
+      CHECK_THROWS_WITH_AS(call(id, inputs, {}), doctest::Contains(expected.c_str()), Error);
     };
     if (arity < 0) {
       refused({});

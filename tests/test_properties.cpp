@@ -58,13 +58,49 @@ std::vector<OpId> generated_ops() {
   return ids;
 }
 
-std::string attrs_str(const Attrs& a) {
-  return fmt::format(
-      "dims {} dim {} start {} end {} step {} k {} keepdim {} flag {} value {} eps {} min {} max {} "
-      "correction {} ignore_index {} label_smoothing {} dtype {} seed {} counter {}",
-      shape_str(a.dims), a.dim, a.start, a.end, a.step, a.k, a.keepdim, a.flag, a.value, a.eps,
-      a.min ? fmt::format("{}", *a.min) : "none", a.max ? fmt::format("{}", *a.max) : "none", a.correction,
-      a.ignore_index, a.label_smoothing, dtype_name(a.dtype), a.seed, a.counter);
+/// The parameters by name, each field the struct has (the structs share field names where they share
+/// meanings).
+std::string attrs_str(const Attrs& attrs) {
+  std::string out = std::string(kParamsNames[attrs.index()]);
+  auto field = [&](std::string_view name, const auto& value) { out += fmt::format(" {} {}", name, value); };
+  auto bound = [](const std::optional<double>& b) { return b ? fmt::format("{}", *b) : std::string("none"); };
+  std::visit(
+      [&](const auto& p) {
+        if constexpr (requires { p.dims; }) field("dims", shape_str(p.dims));
+        if constexpr (requires { p.shape; }) field("shape", shape_str(p.shape));
+        if constexpr (requires { p.normalized_shape; }) field("normalized_shape", shape_str(p.normalized_shape));
+        if constexpr (requires { p.dim; }) field("dim", p.dim);
+        if constexpr (requires { p.keepdim; }) field("keepdim", p.keepdim);
+        if constexpr (requires { p.correction; }) field("correction", p.correction);
+        if constexpr (requires { p.start; }) field("start", p.start);
+        if constexpr (requires { p.end; }) field("end", p.end);
+        if constexpr (requires { p.step; }) field("step", p.step);
+        if constexpr (requires { p.index; }) field("index", p.index);
+        if constexpr (requires { p.k; }) field("k", p.k);
+        if constexpr (requires { p.largest; }) field("largest", p.largest);
+        if constexpr (requires { p.num_classes; }) field("num_classes", p.num_classes);
+        if constexpr (requires { p.diagonal; }) field("diagonal", p.diagonal);
+        if constexpr (requires { p.exponent; }) field("exponent", p.exponent);
+        if constexpr (requires { p.value; }) field("value", p.value);
+        if constexpr (requires { p.min; }) field("min", bound(p.min));
+        if constexpr (requires { p.max; }) field("max", bound(p.max));
+        if constexpr (requires { p.low; }) field("low", p.low);
+        if constexpr (requires { p.high; }) field("high", p.high);
+        if constexpr (requires { p.mean; }) field("mean", p.mean);
+        if constexpr (requires { p.std; }) field("std", p.std);
+        if constexpr (requires { p.p; }) field("p", p.p);
+        if constexpr (requires { p.eps; }) field("eps", p.eps);
+        if constexpr (requires { p.num_embeddings; }) field("num_embeddings", p.num_embeddings);
+        if constexpr (requires { p.padding_idx; }) field("padding_idx", p.padding_idx);
+        if constexpr (requires { p.accumulate; }) field("accumulate", p.accumulate);
+        if constexpr (requires { p.ignore_index; }) field("ignore_index", p.ignore_index);
+        if constexpr (requires { p.label_smoothing; }) field("label_smoothing", p.label_smoothing);
+        if constexpr (requires { p.dtype; }) field("dtype", dtype_name(p.dtype));
+        if constexpr (requires { p.device; }) field("device", p.device.str());
+        if constexpr (requires { p.stream; }) field("seed", p.stream.seed), field("counter", p.stream.counter);
+      },
+      attrs);
+  return out;
 }
 
 std::string inputs_str(const std::vector<Tensor>& inputs) {
@@ -342,25 +378,75 @@ namespace {
 /// One random change to a valid call: an input's dtype, rank or sizes, or an attribute. The result
 /// may still be valid; what the op must never do with it is crash or throw anything but mf::Error.
 void mutate(std::vector<Tensor>& inputs, Attrs& attrs, Rng& rng) {
+  // Each change touches the fields of its kind that the op's struct has.
+  auto change = [&attrs](auto touch) { std::visit(touch, attrs); };
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
   std::vector<int64_t> integers = {-3, -2, -1, 0, 1, 2, 3, 5, int64_t{1} << 62, kMax, kMin};
   std::vector<double> reals = {-1, 0, 0.5, 1, 2, std::nan(""), std::numeric_limits<double>::infinity()};
   int64_t what = rng.integer(0, inputs.empty() ? 5 : 8);
   size_t k = inputs.empty() ? 0 : static_cast<size_t>(rng.integer(0, static_cast<int64_t>(inputs.size()) - 1));
   switch (what) {
-    case 0: attrs.dim = rng.pick(integers); break;
-    case 1: attrs.k = rng.pick(integers); break;
-    case 2:
-      attrs.dims.clear();
+    case 0: {
+      int64_t dim = rng.pick(integers);
+      change([&](auto& p) {
+        if constexpr (requires { p.dim; }) p.dim = dim;
+      });
+      break;
+    }
+    case 1: {
+      int64_t count = rng.pick(integers);
+      change([&](auto& p) {
+        if constexpr (requires { p.k; }) p.k = count;
+        if constexpr (requires { p.num_classes; }) p.num_classes = count;
+        if constexpr (requires { p.diagonal; }) p.diagonal = count;
+        if constexpr (requires { p.num_embeddings; }) p.num_embeddings = count;
+      });
+      break;
+    }
+    case 2: {
+      Shape dims;
       for (int64_t n = rng.integer(0, 4); n > 0; --n)
-        attrs.dims.push_back(rng.chance(0.8) ? rng.integer(-5, 5) : rng.pick(integers));
+        dims.push_back(rng.chance(0.8) ? rng.integer(-5, 5) : rng.pick(integers));
+      change([&](auto& p) {
+        if constexpr (requires { p.dims; }) p.dims = dims;
+        if constexpr (requires { p.shape; }) p.shape = dims;
+        if constexpr (requires { p.normalized_shape; }) p.normalized_shape = dims;
+      });
       break;
-    case 3: attrs.start = rng.pick(integers), attrs.end = rng.pick(integers), attrs.step = rng.pick(integers); break;
-    case 4: attrs.value = rng.pick(reals), attrs.eps = rng.pick(reals), attrs.label_smoothing = rng.pick(reals); break;
-    case 5:
-      attrs.correction = rng.pick(integers), attrs.ignore_index = rng.pick(integers);
-      attrs.min = rng.pick(reals), attrs.max = rng.pick(reals);
+    }
+    case 3: {
+      int64_t start = rng.pick(integers), end = rng.pick(integers), step = rng.pick(integers);
+      change([&](auto& p) {
+        if constexpr (requires { p.end; }) p.start = start, p.end = end, p.step = step;
+        if constexpr (requires { p.index; }) p.index = start;
+      });
       break;
+    }
+    case 4: {
+      double value = rng.pick(reals), scale = rng.pick(reals), smoothing = rng.pick(reals);
+      change([&](auto& p) {
+        if constexpr (requires { p.value; }) p.value = value;
+        if constexpr (requires { p.exponent; }) p.exponent = value;
+        if constexpr (requires { p.p; }) p.p = value;
+        if constexpr (requires { p.mean; }) p.mean = value, p.std = scale;
+        if constexpr (std::is_same_v<std::decay_t<decltype(p)>, ArangeParams>) p.start = value, p.step = scale;
+        if constexpr (requires { p.eps; }) p.eps = scale;
+        if constexpr (requires { p.label_smoothing; }) p.label_smoothing = smoothing;
+      });
+      break;
+    }
+    case 5: {
+      int64_t correction = rng.pick(integers), ignore_index = rng.pick(integers);
+      double min = rng.pick(reals), max = rng.pick(reals);
+      change([&](auto& p) {
+        if constexpr (requires { p.correction; }) p.correction = correction;
+        if constexpr (requires { p.ignore_index; }) p.ignore_index = ignore_index;
+        if constexpr (requires { p.padding_idx; }) p.padding_idx = ignore_index;
+        if constexpr (requires { p.min; }) p.min = min, p.max = max;
+        if constexpr (requires { p.low; }) p.low = min, p.high = max;
+      });
+      break;
+    }
     case 6: {
       std::vector<DType> dtypes = {DType::Float32, DType::Float64, DType::Int64, DType::Bool};
       // New values in [-2, 3], not a cast: casting -inf (softmax's samples) to int64 is undefined.
@@ -401,7 +487,7 @@ TEST_CASE("ops refuse inputs on two devices") {
   if (!cuda::is_available()) {
     // Without a GPU no CUDA tensor can exist: making one, or copying one there, is refused.
     CHECK_THROWS_AS(Tensor::empty({2}, DType::Float32, Device::cuda()), Error);
-    CHECK_THROWS_WITH_AS(call(OpId::to_device, {from_vector<double>({1, 2})}, {.device = Device::cuda()}),
+    CHECK_THROWS_WITH_AS(call<OpId::to_device>({from_vector<double>({1, 2})}, {.device = Device::cuda()}),
                          doctest::Contains("to_device: "), Error);
     MESSAGE("SKIPPED: no GPU: mixed-device calls not run");
     return;
