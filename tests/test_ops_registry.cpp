@@ -1,6 +1,8 @@
-// The registry-driven suite: every registered op, on every sample it declares, against its naive
-// reference (float64 and float32, contiguous and strided inputs) and, where it is differentiable,
-// against central finite differences in float64.
+// The registry-driven suite: every registered op, on every sample it declares and on every device
+// present, against its naive reference (float64 and float32, contiguous and strided inputs) and,
+// where it is differentiable, against central finite differences in float64 on the CPU and the CPU's
+// backward elsewhere. MF_TEST_OPS=softmax,layer_norm runs only those ops (the GPU kit's sanitizers
+// use it).
 #include <doctest/doctest.h>
 
 #include "miniflow.h"
@@ -9,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <string>
 
 using namespace mf;
@@ -16,28 +19,40 @@ using mf::testing::check_close;
 
 namespace {
 
-std::vector<Tensor> clone_all(const std::vector<Tensor>& tensors) {
+/// The ops MF_TEST_OPS names (comma-separated), all of them when it is unset.
+bool selected(OpId id) {
+  const char* list = std::getenv("MF_TEST_OPS");
+  if (list == nullptr) return true;
+  return fmt::format(",{},", list).find(fmt::format(",{},", kOpNames[static_cast<size_t>(id)])) != std::string::npos;
+}
+
+bool has_kernel(const OpDef& def, Device device) {
+  return def.view != nullptr || def.kernels[static_cast<size_t>(device.type)] != nullptr;
+}
+
+/// Copies of `tensors` on `device`, float64 ones in float32 when `single`.
+std::vector<Tensor> copies_on(const std::vector<Tensor>& tensors, Device device, bool single = false) {
   std::vector<Tensor> out;
-  for (const Tensor& t : tensors) out.push_back(t.clone());
+  for (const Tensor& t : tensors)
+    out.push_back((single && t.dtype() == DType::Float64 ? t.to(DType::Float32) : t.clone()).to(device));
   return out;
 }
 
-/// Same values, but laid out with every other element of a twice-as-wide buffer, so every input
-/// of rank >= 1 arrives non-contiguous.
-Tensor strided_copy(const Tensor& t) {
-  if (t.dim() == 0 || t.numel() == 0) return t.clone();
+/// Same values on `device`, laid out with every other element of a twice-as-wide buffer, so every
+/// input of rank >= 1 arrives non-contiguous.
+Tensor strided_copy(const Tensor& t, Device device) {
+  if (t.dim() == 0 || t.numel() == 0) return t.clone().to(device);
   Shape wide = t.shape();
   wide.back() *= 2;
-  Tensor buffer = zeros(wide, t.dtype());
-  Tensor view = buffer.slice(-1, 0, wide.back(), 2);
-  view.copy_(t);
+  Tensor view = zeros(wide, t.dtype(), device).slice(-1, 0, wide.back(), 2);
+  view.copy_(t.to(device));
   return view;
 }
 
-std::vector<Tensor> to_float32(const std::vector<Tensor>& tensors) {
-  std::vector<Tensor> out;
-  for (const Tensor& t : tensors) out.push_back(t.dtype() == DType::Float64 ? t.to(DType::Float32) : t.clone());
-  return out;
+/// A sample's parameters for a run on `device`: to_device's samples copy to the CPU, and on another
+/// device copy to that one.
+Attrs params_on(OpId id, const Attrs& attrs, Device device) {
+  return id == OpId::to_device ? Attrs(ToDeviceParams{.device = device}) : attrs;
 }
 
 void check_outputs(const std::vector<Tensor>& actual, const std::vector<Tensor>& expected, double rtol,
@@ -110,50 +125,59 @@ TEST_CASE("every op takes the input count MF_OPS declares and refuses any other"
   }
 }
 
-TEST_CASE("every op matches its naive reference") {
-  for (size_t i = 0; i < kOpCount; ++i) {
-    auto id = static_cast<OpId>(i);
-    if (!registry().is_defined(id) || !registry()[id].samples || !registry()[id].reference) continue;
-    const OpDef& def = registry()[id];
-    for (const Sample& sample : def.samples()) {
-      CAPTURE(kOpNames[i]);
-      CAPTURE(sample.name);
-      std::vector<Tensor> expected = def.reference(clone_all(sample.inputs), sample.attrs);
-      {
-        std::string variant = "float64";
-        CAPTURE(variant);
-        check_outputs(call(id, clone_all(sample.inputs), sample.attrs), expected, 1e-10, 1e-12);
-      }
-      {
-        std::string variant = "float32";
-        CAPTURE(variant);
-        // Float outputs come back in float32, except where the op's attrs fix the dtype (cast).
-        std::vector<Tensor> actual = call(id, to_float32(sample.inputs), sample.attrs), expected32;
-        for (size_t k = 0; k < expected.size() && k < actual.size(); ++k)
-          expected32.push_back(is_floating(expected[k].dtype()) ? expected[k].to(actual[k].dtype()) : expected[k]);
-        check_outputs(actual, expected32, 1e-5, 1e-5);
-      }
-      {
-        std::string variant = "strided inputs";
-        CAPTURE(variant);
-        std::vector<Tensor> strided;
-        for (const Tensor& t : sample.inputs) strided.push_back(strided_copy(t));
-        check_outputs(call(id, strided, sample.attrs), expected, 1e-10, 1e-12);
+TEST_CASE("every op matches its naive reference, on every device") {
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    int checked = 0;
+    for (size_t i = 0; i < kOpCount; ++i) {
+      auto id = static_cast<OpId>(i);
+      if (!registry().is_defined(id) || !registry()[id].samples || !registry()[id].reference || !selected(id))
+        continue;
+      const OpDef& def = registry()[id];
+      if (!has_kernel(def, device)) continue;  // cuda::missing_ops() lists these; test_cuda refuses them
+      for (const Sample& sample : def.samples()) {
+        CAPTURE(kOpNames[i]);
+        CAPTURE(sample.name);
+        const Attrs attrs = params_on(id, sample.attrs, device);
+        std::vector<Tensor> expected = def.reference(copies_on(sample.inputs, Device::cpu()), sample.attrs);
+        {
+          std::string variant = "float64";
+          CAPTURE(variant);
+          check_outputs(call(id, copies_on(sample.inputs, device), attrs), expected, 1e-10, 1e-12);
+        }
+        {
+          std::string variant = "float32";
+          CAPTURE(variant);
+          // Float outputs come back in float32, except where the op's parameters fix the dtype (cast).
+          std::vector<Tensor> actual = call(id, copies_on(sample.inputs, device, true), attrs), expected32;
+          for (size_t k = 0; k < expected.size() && k < actual.size(); ++k)
+            expected32.push_back(is_floating(expected[k].dtype()) ? expected[k].to(actual[k].dtype()) : expected[k]);
+          check_outputs(actual, expected32, 1e-5, 1e-5);
+        }
+        {
+          std::string variant = "strided inputs";
+          CAPTURE(variant);
+          std::vector<Tensor> strided;
+          for (const Tensor& t : sample.inputs) strided.push_back(strided_copy(t, device));
+          check_outputs(call(id, strided, attrs), expected, 1e-10, 1e-12);
+        }
+        ++checked;
       }
     }
+    MESSAGE(fmt::format("{}: {} samples checked against the naive references", device.str(), checked));
   }
 }
 
 TEST_CASE("every differentiable op passes gradcheck in float64") {
   for (size_t i = 0; i < kOpCount; ++i) {
     auto id = static_cast<OpId>(i);
-    if (!registry().is_defined(id) || !registry()[id].backward || !registry()[id].samples) continue;
+    if (!registry().is_defined(id) || !registry()[id].backward || !registry()[id].samples || !selected(id)) continue;
     const OpDef& def = registry()[id];
     for (const Sample& sample : def.samples()) {
       if (!sample.gradcheck) continue;
       CAPTURE(kOpNames[i]);
       CAPTURE(sample.name);
-      std::vector<Tensor> inputs = clone_all(sample.inputs);
+      std::vector<Tensor> inputs = copies_on(sample.inputs, Device::cpu());
       bool any = false;
       for (size_t k = 0; k < inputs.size(); ++k) {
         bool excluded = k < sample.no_grad_inputs.size() && sample.no_grad_inputs[k];
@@ -166,6 +190,62 @@ TEST_CASE("every differentiable op passes gradcheck in float64") {
       std::string failure = autograd::gradcheck(
           [&](const std::vector<Tensor>& in) { return call(id, in, sample.attrs); }, inputs);
       CHECK_MESSAGE(failure.empty(), failure);
+    }
+  }
+}
+
+namespace {
+
+/// Gradients of sum_k <outputs_k, w_k> (fixed random w_k) with respect to the float64 inputs the
+/// sample differentiates, computed on `device` and returned on the CPU; undefined where an input gets
+/// none.
+std::vector<Tensor> weighted_gradients(OpId id, const Sample& sample, Device device) {
+  std::vector<Tensor> inputs = copies_on(sample.inputs, device), leaves;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    bool excluded = k < sample.no_grad_inputs.size() && sample.no_grad_inputs[k];
+    if (inputs[k].dtype() == DType::Float64 && !excluded) leaves.push_back(inputs[k].set_requires_grad());
+  }
+  if (leaves.empty()) return {};
+  std::vector<Tensor> outputs, weights;
+  uint64_t seed = 900;
+  for (const Tensor& out : call(id, inputs, params_on(id, sample.attrs, device))) {
+    if (!out.requires_grad()) continue;
+    outputs.push_back(out);
+    weights.push_back(reference::randn(out.shape(), seed++).to(out.dtype()).to(device));
+  }
+  if (outputs.empty()) return {};
+  std::vector<Tensor> grads = autograd::grad(outputs, leaves, weights, false, true);
+  for (Tensor& g : grads)
+    if (g.defined()) g = g.to(Device::cpu());
+  return grads;
+}
+
+}  // namespace
+
+// Gradcheck runs on the CPU; elsewhere each op's backward is held to the CPU's.
+TEST_CASE("every differentiable op's backward on each other device matches the CPU's") {
+  for (Device device : testing::test_devices()) {
+    if (device.is_cpu()) continue;
+    CAPTURE(device);
+    for (size_t i = 0; i < kOpCount; ++i) {
+      auto id = static_cast<OpId>(i);
+      if (!registry().is_defined(id) || !registry()[id].backward || !registry()[id].samples || !selected(id))
+        continue;
+      const OpDef& def = registry()[id];
+      if (!has_kernel(def, device)) continue;
+      for (const Sample& sample : def.samples()) {
+        if (!sample.gradcheck) continue;
+        CAPTURE(kOpNames[i]);
+        CAPTURE(sample.name);
+        std::vector<Tensor> expected = weighted_gradients(id, sample, Device::cpu());
+        std::vector<Tensor> actual = weighted_gradients(id, sample, device);
+        REQUIRE(actual.size() == expected.size());
+        for (size_t k = 0; k < actual.size(); ++k) {
+          CAPTURE(k);
+          REQUIRE(actual[k].defined() == expected[k].defined());
+          if (expected[k].defined()) check_close(actual[k], expected[k], 1e-9, 1e-12);
+        }
+      }
     }
   }
 }

@@ -14,10 +14,12 @@
 #
 # run unpacks the payload and runs each part under its own time limit, never stopping at a failure,
 # all within --deadline seconds (default 540, inside the device tool's 10-minute command limit): the
-# GPU and driver, the kit's binaries, test_cuda (every op against the CPU), test_cuda_training, the
+# GPU and driver, the kit's binaries, test_cuda and the registry suite (every op on the GPU against its
+# reference, its backward against the CPU's), test_cuda_training, the
 # suites with CUDA parts, train_transformer --device cuda on the toy corpus (8/8 correct), translate
-# --device cuda against the CPU's translations, compute-sanitizer memcheck over test_cuda and racecheck
-# over the reduction kernels, and bench_transformer --device cuda beside PyTorch's step on the same GPU.
+# --device cuda against the CPU's translations, compute-sanitizer memcheck over the registry suite's
+# device checks and racecheck over the reduction kernels, and bench_transformer --device cuda beside
+# PyTorch's step on the same GPU.
 # --parts runs only some of them (comma-separated names from the summary). OUTDIR gets summary.md
 # (also printed) and a few logs. Exit 0 when every part passed, or, without a GPU, when every GPU part
 # was skipped with its reason; compute-sanitizer refusing the device counts as unavailable, not failed.
@@ -30,7 +32,7 @@ readonly kMaxKitBytes=$((60 * 1024 * 1024))  # the device tool carries 64 MiB, t
 readonly kPayload=payload.tar.gz
 # Executables the kit carries: the suites with CUDA parts, the tools, and the toy checkpoint maker that
 # tools_translate.sh needs.
-readonly kTests="test_cuda test_cuda_training test_tensor test_ops test_properties"
+readonly kTests="test_cuda test_ops_registry test_cuda_training test_tensor test_ops test_properties test_nn test_transformer"
 readonly kTools="train_transformer translate bench_transformer"
 # Libraries the GPU machine provides itself: its driver and CUDA toolkit, and the kernel's vDSO.
 readonly kHostLibraries='^(linux-vdso|libcuda\.|libcudart\.|libcublas|libcublasLt|libnccl|libnvidia)'
@@ -175,13 +177,13 @@ part_kit() {
   echo "binaries start ($MF_KIT_GLIBC): $(bin/train_transformer --version | sed -n 2p)"
 }
 part_test_cuda() {
-  bin/test_cuda 2>&1 | tee "$WORK/test_cuda.out"
+  (bin/test_cuda; runtime=$?; bin/test_ops_registry; exit $((runtime | $?))) 2>&1 | tee "$WORK/test_cuda.out"
   local status=${PIPESTATUS[0]}
   local summary
-  summary=$(grep -o 'ran [0-9]* CUDA op checks over [0-9]* samples' "$WORK/test_cuda.out")
-  if grep -q "SKIPPED: no GPU" "$WORK/test_cuda.out"; then echo "miniflow sees no GPU although nvidia-smi does"; return 1; fi
+  summary=$(grep -o 'cuda:0: [0-9]* samples checked' "$WORK/test_cuda.out")
+  if grep -q "SKIPPED" "$WORK/test_cuda.out"; then echo "miniflow sees no GPU although nvidia-smi does"; return 1; fi
   ((status == 0)) || { echo "failures (see tests.log)"; return 1; }
-  echo "${summary:-passed}"
+  echo "every op on cuda:0 against its reference and the CPU's backward: ${summary:-passed}"
 }
 part_test_cuda_training() {
   bin/test_cuda_training 2>&1 | tee "$WORK/training.out"
@@ -192,11 +194,11 @@ part_test_cuda_training() {
 }
 part_suites() {
   local failed=""
-  for suite in test_tensor test_ops test_properties; do bin/$suite || failed+=" $suite"; done
+  for suite in test_tensor test_ops test_properties test_nn test_transformer; do bin/$suite || failed+=" $suite"; done
   bash scripts/tools_train.sh bin/train_transformer || failed+=" tools_train"
   bash scripts/tools_translate.sh bin/translate bin/make_toy_checkpoint || failed+=" tools_translate"
   [ -z "$failed" ] || { echo "failed:$failed"; return 1; }
-  echo "test_tensor, test_ops, test_properties, tools_train.sh, tools_translate.sh"
+  echo "test_tensor, test_ops, test_properties, test_nn, test_transformer, tools_train.sh, tools_translate.sh"
 }
 part_train() {
   bin/train_transformer --device "$DEVICE" --checkpoint "$WORK/toy.safetensors" 2>&1 | tee "$WORK/train.out"
@@ -222,11 +224,11 @@ part_translate() {
   [ -z "$differ" ] || { echo "the $DEVICE translations differ from the CPU's$differ"; return 1; }
   echo "$(wc -l <"$WORK/toy.src") sentences, greedy and beam 4: the CPU's translations"
 }
-sanitizer() {  # tool, then the environment for test_cuda
+sanitizer() {  # tool, then the environment for the registry suite's device checks
   local tool=$1; shift
   command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; return 3; }
-  env "$@" compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 86 bin/test_cuda \
-    >"$WORK/$tool.out" 2>&1
+  env "$@" compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 86 bin/test_ops_registry \
+    -tc='every op matches*,every differentiable op*on each other device*' >"$WORK/$tool.out" 2>&1
   local status=$?
   head -c 4000000 "$WORK/$tool.out"
   if grep -qi "device not supported\|not supported on this device" "$WORK/$tool.out"; then
@@ -235,9 +237,10 @@ sanitizer() {  # tool, then the environment for test_cuda
   ((status == 0)) || { echo "exit $status: $(grep -m1 -E 'ERROR SUMMARY|Error|error' "$WORK/$tool.out")"; return 1; }
   echo "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/$tool.out" || echo 'no errors')"
 }
-part_memcheck() { sanitizer memcheck MF_CUDA_OPS="${MF_MEMCHECK_OPS:-}"; }
+part_memcheck() { sanitizer memcheck; }
 part_racecheck() {
-  sanitizer racecheck MF_CUDA_OPS=sum,mean,var,amax,amin,max_dim,min_dim,argmax,softmax,log_softmax,layer_norm,layer_norm_backward,cross_entropy,cross_entropy_backward
+  sanitizer racecheck \
+    MF_TEST_OPS=sum,mean,var,amax,amin,max_dim,min_dim,argmax,softmax,log_softmax,layer_norm,cross_entropy
 }
 part_bench() {
   local failed=""
