@@ -17,6 +17,7 @@
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "text/special_tokens.h"
 
 #include <memory>
 #include <string>
@@ -43,7 +44,8 @@ struct TransformerConfig {
   /// Output projection = target embedding (transposed), no bias.
   bool tie_output = true;
   double layer_norm_eps = 1e-5;
-  int64_t pad_id = 0;
+  /// The padding token: masked out of attention and ignored by the loss.
+  int64_t pad_id = text::kPadId;
   /// Keep the embedding's pad row zero and without gradient (nn.Embedding's padding_idx). Off by
   /// default, as in the PyTorch tutorials: padding is masked out of attention and the loss anyway.
   bool freeze_pad_embedding = false;
@@ -147,7 +149,7 @@ class Transformer : public nn::Module {
  public:
   explicit Transformer(const TransformerConfig& config);
 
-  /// Logits [B, T, V] for source tokens [B, S] and decoder inputs [B, T] (BOS + target, shifted).
+  /// Logits [B, T, V] for source tokens [B, S] and decoder inputs [B, T] (<sos> + target, shifted).
   Tensor forward(const Tensor& src, const Tensor& tgt_in);
   /// Encoder output [B, S, C] for source tokens [B, S].
   Tensor encode(const Tensor& src);
