@@ -27,6 +27,8 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/attention.h"
+#include "nn/feed_forward.h"
+#include "nn/positional_encoding.h"
 
 #include "optim/adam.h"
 #include "optim/clip.h"

@@ -15,8 +15,10 @@
 
 #include "models/generation.h"
 #include "nn/attention.h"
+#include "nn/feed_forward.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/positional_encoding.h"
 #include "text/special_tokens.h"
 
 #include <memory>
@@ -167,7 +169,9 @@ class Transformer : public nn::Module {
 
   /// Keep every layer's attention probabilities after each forward (off by default: it costs memory).
   void set_record_attention(bool on);
-  /// "encoder.{i}.self_attn", "decoder.{i}.self_attn", "decoder.{i}.cross_attn" -> [B, H, *, *].
+  /// Each attention module's probabilities from the last forward, [B, H, *, *], keyed by the module's
+  /// path in state_dict: "encoder.layers.{i}.self_attn", "decoder.layers.{i}.self_attn" and
+  /// "decoder.layers.{i}.cross_attn".
   std::vector<std::pair<std::string, Tensor>> attention_weights() const;
 
   const TransformerConfig& config() const { return config_; }
