@@ -215,13 +215,9 @@ int run(int argc, char** argv) {
 
   // Initialised on the CPU from --seed, then moved: the same starting weights on every device.
   translator.model().to(f.device);
-  const int64_t params = [&] {
-    int64_t n = 0;
-    for (const mf::Tensor& p : translator.model().parameters()) n += p.numel();
-    return n;
-  }();
   fmt::print("model: {}+{} layers, d_model {}, {} heads, d_ff {}, dropout {}, {} parameters; vocabularies {} / {}; "
-             "on {}\n", config.encoder_layers, config.decoder_layers, f.d_model, f.heads, f.d_ff, f.dropout, params,
+             "on {}\n", config.encoder_layers, config.decoder_layers, f.d_model, f.heads, f.d_ff, f.dropout,
+             translator.model().parameter_count(),
              translator.src_vocab().size(), translator.tgt_vocab().size(), f.device.str());
 
   mf::tools::ParallelData train = mf::tools::encode_corpus(translator, train_corpus.sources, train_corpus.targets);

@@ -200,7 +200,7 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   models::Transformer& model = translator.model();
   model.set_record_attention(true);
   model.forward(src, mf::from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}, src.device()));
-  std::string name = fmt::format("decoder.{}.cross_attn", model.config().decoder_layers - 1);
+  std::string name = fmt::format("decoder.layers.{}.cross_attn", model.config().decoder_layers - 1);
   mf::Tensor attention;
   for (const auto& [layer, weights] : model.attention_weights())
     if (layer == name) attention = weights;
