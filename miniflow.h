@@ -40,8 +40,13 @@
 #include "text/batching.h"
 #include "text/bleu.h"
 #include "text/corpus.h"
+#include "text/special_tokens.h"
 #include "models/generation.h"
 #include "text/tokenizer.h"
 #include "models/transformer.h"
 #include "models/translation.h"
 #include "text/vocab.h"
+
+#include "train/svg.h"
+#include "train/toy_corpus.h"
+#include "train/train_loop.h"

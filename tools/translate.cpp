@@ -31,7 +31,6 @@
 // reference, --device cuda without CUDA or without a GPU).
 #include "miniflow.h"
 #include "tools/cli.h"
-#include "tools/svg.h"
 
 #include <fmt/format.h>
 
@@ -222,7 +221,7 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   for (int64_t r = 0; r < rows; ++r) values.emplace_back(flat.begin() + r * columns, flat.begin() + (r + 1) * columns);
   std::string title = fmt::format("cross-attention, decoder layer {} (mean of {} heads): {}", model.config().decoder_layers,
                                   attention.size(1), sentence);
-  return mf::tools::heatmap_svg(title, row_labels, column_labels, values);
+  return mf::train::heatmap_svg(title, row_labels, column_labels, values);
 }
 
 int run(int argc, char** argv) {
@@ -264,11 +263,11 @@ int run(int argc, char** argv) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     if (std::fflush(stdout) != 0) mf::fail("cannot write the translations to stdout: {}", std::strerror(errno));
   } else {
-    mf::tools::write_text_file_atomic(o.output, text);
+    mf::train::write_text_file_atomic(o.output, text);
   }
   if (!o.reference.empty()) fmt::print(stderr, "{}\n", score_bleu(results, references).str());
   if (!o.attention_svg.empty())
-    mf::tools::write_text_file_atomic(o.attention_svg,
+    mf::train::write_text_file_atomic(o.attention_svg,
                                       attention_svg(translator, lines[o.attention_sentence - 1], o));
   return 0;
 }

@@ -1,4 +1,4 @@
-#include "tools/svg.h"
+#include "train/svg.h"
 
 #include "core/error.h"
 
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-namespace mf::tools {
+namespace mf::train {
 namespace {
 
 constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
@@ -151,4 +151,4 @@ void write_text_file_atomic(const std::filesystem::path& path, const std::string
   }
 }
 
-}  // namespace mf::tools
+}  // namespace mf::train

@@ -1,12 +1,12 @@
-// Small SVG charts for the tools (loss and BLEU curves, attention heatmaps), written as plain text
-// so they open in any browser without dependencies.
+// Small SVG charts: the training loop's loss and BLEU curves, and translate's attention heatmaps,
+// written as plain text so they open in any browser without dependencies.
 #pragma once
 
 #include <filesystem>
 #include <string>
 #include <vector>
 
-namespace mf::tools {
+namespace mf::train {
 
 struct Series {
   std::string name;
@@ -28,4 +28,4 @@ void write_text_file_atomic(const std::filesystem::path& path, const std::string
 /// `text` with &, <, >, " and ' escaped for XML.
 std::string xml_escape(const std::string& text);
 
-}  // namespace mf::tools
+}  // namespace mf::train
