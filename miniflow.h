@@ -28,6 +28,8 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/attention.h"
+#include "nn/feed_forward.h"
+#include "nn/positional_encoding.h"
 
 #include "optim/adam.h"
 #include "optim/clip.h"
@@ -39,8 +41,13 @@
 #include "text/batching.h"
 #include "text/bleu.h"
 #include "text/corpus.h"
+#include "text/special_tokens.h"
 #include "models/generation.h"
 #include "text/tokenizer.h"
 #include "models/transformer.h"
 #include "models/translation.h"
 #include "text/vocab.h"
+
+#include "train/svg.h"
+#include "train/toy_corpus.h"
+#include "train/train_loop.h"

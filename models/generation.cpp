@@ -117,7 +117,7 @@ double length_penalty(int64_t length, double alpha) {
 
 GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, const GreedyOptions& options) {
   const char* op = "greedy_decode";
-  auto specials = {options.bos, options.eos, options.pad};
+  auto specials = {options.sos_id, options.eos_id, options.pad_id};
   check_common(op, batch_size, options.max_new_tokens, specials);
   NoGradGuard no_grad;
 
@@ -128,14 +128,14 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   int64_t vocab = -1;
   for (int64_t step = 1; !sentence_of_row.empty(); ++step) {
     std::vector<int64_t> tokens;
-    for (int64_t s : sentence_of_row) tokens.push_back(generated[s].empty() ? options.bos : generated[s].back());
+    for (int64_t s : sentence_of_row) tokens.push_back(generated[s].empty() ? options.sos_id : generated[s].back());
     TopTokens top = step_top(op, decoder, tokens, 1, vocab, specials);
     std::vector<int64_t> keep;  // rows whose sentence goes on
     for (size_t row = 0; row < sentence_of_row.size(); ++row) {
       int64_t s = sentence_of_row[row];
       generated[s].push_back(top.ids[row]);
       log_probs[s] += top.values[row];
-      if (top.ids[row] != options.eos) keep.push_back(static_cast<int64_t>(row));
+      if (top.ids[row] != options.eos_id) keep.push_back(static_cast<int64_t>(row));
     }
     if (step == options.max_new_tokens || keep.empty()) break;
     select_if_changed(decoder, keep, sentence_of_row.size());
@@ -147,9 +147,9 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   size_t longest = 0;
   for (const auto& g : generated) longest = std::max(longest, g.size());
   const size_t width = 1 + longest;
-  std::vector<int64_t> matrix(static_cast<size_t>(batch_size) * width, options.pad);  // [B, L]
+  std::vector<int64_t> matrix(static_cast<size_t>(batch_size) * width, options.pad_id);  // [B, L]
   for (size_t s = 0; s < generated.size(); ++s) {
-    matrix[s * width] = options.bos;
+    matrix[s * width] = options.sos_id;
     std::copy(generated[s].begin(), generated[s].end(), matrix.begin() + static_cast<std::ptrdiff_t>(s * width + 1));
   }
   return {.tokens = from_vector(matrix, {batch_size, static_cast<int64_t>(width)}), .log_probs = std::move(log_probs)};
@@ -158,7 +158,7 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
 std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, int64_t batch_size,
                                                  const BeamOptions& options) {
   const char* op = "beam_search";
-  auto specials = {options.bos, options.eos};
+  auto specials = {options.sos_id, options.eos_id};
   check_common(op, batch_size, options.max_new_tokens, specials);
   MF_CHECK(options.beam_size >= 1, "{}: beam_size must be at least 1, got {}", op, options.beam_size);
   MF_CHECK(options.nbest >= 1 && options.nbest <= options.beam_size,
@@ -174,7 +174,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   int64_t vocab = -1;
   for (int64_t step = 1; !live.empty(); ++step) {
     std::vector<int64_t> tokens;
-    for (const Live& h : live) tokens.push_back(h.tokens.empty() ? options.bos : h.tokens.back());
+    for (const Live& h : live) tokens.push_back(h.tokens.empty() ? options.sos_id : h.tokens.back());
     TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials);
     const bool last_step = step == options.max_new_tokens;
 
@@ -195,10 +195,10 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       const size_t first_new = next.size();
       for (size_t rank = 0; rank < candidates.size() && next.size() - first_new < beam; ++rank) {
         const Candidate& c = candidates[rank];
-        if (c.token == options.eos && rank >= beam) continue;
+        if (c.token == options.eos_id && rank >= beam) continue;
         std::vector<int64_t> extended = live[static_cast<size_t>(c.row)].tokens;
         extended.push_back(c.token);
-        if (c.token == options.eos) {
+        if (c.token == options.eos_id) {
           finished[s].push_back(finish(std::move(extended), c.log_prob, options.length_penalty));
         } else {
           next.push_back({.sentence = s, .tokens = std::move(extended), .log_prob = c.log_prob});

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "text/special_tokens.h"
 
 #include <cstdint>
 #include <vector>
@@ -23,7 +24,7 @@ class IncrementalDecoder {
   virtual ~IncrementalDecoder() = default;
 
   /// Feeds one new token per row (`tokens`: [N] int64 on the CPU, N = the rows held now; the first
-  /// call feeds BOS) and returns the log-probabilities of the next token, [N, V] float32 or float64 on
+  /// call feeds SOS) and returns the log-probabilities of the next token, [N, V] float32 or float64 on
   /// any device, extending each row's key/value cache by one position.
   virtual Tensor step(const Tensor& tokens) = 0;
 
@@ -37,13 +38,14 @@ class IncrementalDecoder {
 struct GreedyOptions {
   /// At most this many tokens are generated per sentence, EOS included; at least 1.
   int64_t max_new_tokens = 64;
-  int64_t bos = 1;
-  int64_t eos = 2;
-  int64_t pad = 0;
+  /// The special tokens' ids; the defaults are those of every text::Vocab.
+  int64_t sos_id = text::kSosId;
+  int64_t eos_id = text::kEosId;
+  int64_t pad_id = text::kPadId;
 };
 
 struct GreedyResult {
-  /// [B, L] int64: BOS, then the generated tokens, then PAD after EOS (the layout of PyTorch's usual
+  /// [B, L] int64: SOS, then the generated tokens, then PAD after EOS (the layout of PyTorch's usual
   /// greedy loop). L = 1 + the longest generation, at most 1 + max_new_tokens.
   Tensor tokens;
   /// Per sentence, the sum of the log-probabilities of its generated tokens (EOS included).
@@ -70,13 +72,14 @@ struct BeamOptions {
   double length_penalty = 0.6;
   /// Hypotheses returned per sentence, 1 <= nbest <= beam_size.
   int64_t nbest = 1;
-  int64_t bos = 1;
-  int64_t eos = 2;
+  /// The special tokens' ids; the defaults are those of every text::Vocab.
+  int64_t sos_id = text::kSosId;
+  int64_t eos_id = text::kEosId;
 };
 
 /// One finished hypothesis of beam search.
 struct Hypothesis {
-  /// The generated tokens, BOS left out; the last is EOS unless max_new_tokens ran out first.
+  /// The generated tokens, SOS left out; the last is EOS unless max_new_tokens ran out first.
   std::vector<int64_t> tokens;
   /// Sum of the log-probabilities of `tokens`.
   double log_prob = 0;

@@ -358,10 +358,10 @@ void Transformer::set_record_attention(bool on) {
 std::vector<std::pair<std::string, Tensor>> Transformer::attention_weights() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < encoder->layers.size(); ++i)
-    out.emplace_back(fmt::format("encoder.{}.self_attn", i), encoder->layers[i]->attention);
+    out.emplace_back(fmt::format("encoder.layers.{}.self_attn", i), encoder->layers[i]->attention);
   for (size_t i = 0; i < decoder->layers.size(); ++i) {
-    out.emplace_back(fmt::format("decoder.{}.self_attn", i), decoder->layers[i]->self_attention);
-    out.emplace_back(fmt::format("decoder.{}.cross_attn", i), decoder->layers[i]->cross_attention);
+    out.emplace_back(fmt::format("decoder.layers.{}.self_attn", i), decoder->layers[i]->self_attention);
+    out.emplace_back(fmt::format("decoder.layers.{}.cross_attn", i), decoder->layers[i]->cross_attention);
   }
   return out;
 }

@@ -15,8 +15,11 @@
 
 #include "models/generation.h"
 #include "nn/attention.h"
+#include "nn/feed_forward.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/positional_encoding.h"
+#include "text/special_tokens.h"
 
 #include <memory>
 #include <string>
@@ -43,7 +46,8 @@ struct TransformerConfig {
   /// Output projection = target embedding (transposed), no bias.
   bool tie_output = true;
   double layer_norm_eps = 1e-5;
-  int64_t pad_id = 0;
+  /// The padding token: masked out of attention and ignored by the loss.
+  int64_t pad_id = text::kPadId;
   /// Keep the embedding's pad row zero and without gradient (nn.Embedding's padding_idx). Off by
   /// default, as in the PyTorch tutorials: padding is masked out of attention and the loss anyway.
   bool freeze_pad_embedding = false;
@@ -147,7 +151,7 @@ class Transformer : public nn::Module {
  public:
   explicit Transformer(const TransformerConfig& config);
 
-  /// Logits [B, T, V] for source tokens [B, S] and decoder inputs [B, T] (BOS + target, shifted).
+  /// Logits [B, T, V] for source tokens [B, S] and decoder inputs [B, T] (<sos> + target, shifted).
   Tensor forward(const Tensor& src, const Tensor& tgt_in);
   /// Encoder output [B, S, C] for source tokens [B, S].
   Tensor encode(const Tensor& src);
@@ -165,7 +169,9 @@ class Transformer : public nn::Module {
 
   /// Keep every layer's attention probabilities after each forward (off by default: it costs memory).
   void set_record_attention(bool on);
-  /// "encoder.{i}.self_attn", "decoder.{i}.self_attn", "decoder.{i}.cross_attn" -> [B, H, *, *].
+  /// Each attention module's probabilities from the last forward, [B, H, *, *], keyed by the module's
+  /// path in state_dict: "encoder.layers.{i}.self_attn", "decoder.layers.{i}.self_attn" and
+  /// "decoder.layers.{i}.cross_attn".
   std::vector<std::pair<std::string, Tensor>> attention_weights() const;
 
   const TransformerConfig& config() const { return config_; }

@@ -2,7 +2,7 @@
 // tokenizer settings — and the checkpoint format that train_transformer writes and translate reads.
 //
 // Sequences: source = tokens + <eos>; decoder input = <sos> + tokens; decoder target = tokens + <eos>;
-// batches are padded with <pad> (id 0), which every mask and the loss ignore.
+// batches are padded with <pad> (text::kPadId), which every mask and the loss ignore.
 #pragma once
 
 #include "models/generation.h"

@@ -1,16 +1,10 @@
 // Axes: B = batch, T = target (query) length, S = source (key/value) length, C = embed dim,
-// H = heads, D = head dim (C / H), F = feed-forward width, L = either T or S.
+// H = heads, D = head dim (C / H), L = either T or S.
 #include "nn/attention.h"
 
 #include "ops/functional.h"
 
-#include <fmt/format.h>
-
-#include <cmath>
-
 namespace mf::nn {
-
-// ---- MultiHeadAttention -------------------------------------------------------------------------
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
     : Module("MultiHeadAttention"), options_(options) {
@@ -118,59 +112,6 @@ AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& k
   }
   auto [k, v] = project_key_value(key, value);  // [B, H, S, D] each
   return attend(project_query(query), k, v, attn_mask, need_weights);
-}
-
-// ---- PositionwiseFeedForward --------------------------------------------------------------------
-
-PositionwiseFeedForward::PositionwiseFeedForward(const PositionwiseFeedForwardOptions& options)
-    : Module("PositionwiseFeedForward"), options_(options) {
-  MF_CHECK(options.d_model > 0 && options.d_ff > 0,
-           "PositionwiseFeedForward: d_model and d_ff must be positive, got {} and {}", options.d_model, options.d_ff);
-  linear1 = register_module("linear1", std::make_shared<Linear>(LinearOptions{options.d_model, options.d_ff}));
-  dropout = register_module("dropout", std::make_shared<Dropout>(DropoutOptions{options.dropout}));
-  linear2 = register_module("linear2", std::make_shared<Linear>(LinearOptions{options.d_ff, options.d_model}));
-}
-
-Tensor PositionwiseFeedForward::forward(const Tensor& x) {
-  Tensor hidden = options_.activation == Activation::GELU ? gelu(linear1->forward(x))  // [..., F]
-                                                          : linear_relu(x, linear1->weight, linear1->bias);
-  return linear2->forward(dropout->forward(hidden));  // [..., C]
-}
-
-// ---- PositionalEncoding -------------------------------------------------------------------------
-
-PositionalEncoding::PositionalEncoding(const PositionalEncodingOptions& options)
-    : Module("PositionalEncoding"), options_(options) {
-  MF_CHECK(options.d_model > 0 && options.max_len >= 0,
-           "PositionalEncoding: d_model must be positive and max_len >= 0, got {} and {}", options.d_model,
-           options.max_len);
-  int64_t C = options.d_model;
-  std::vector<double> table(static_cast<size_t>(options.max_len * C));
-  for (int64_t j = 0; j < C; ++j) {
-    // 1 / 10000^(2i/C) for the pair i = j / 2, written as PyTorch's tutorial (and the reference
-    // generator) writes it: exp(2i * -ln(10000) / C).
-    double inv_freq = std::exp(static_cast<double>(j / 2 * 2) * (-std::log(10000.0) / static_cast<double>(C)));
-    for (int64_t p = 0; p < options.max_len; ++p) {
-      double angle = static_cast<double>(p) * inv_freq;
-      table[static_cast<size_t>(p * C + j)] = j % 2 == 0 ? std::sin(angle) : std::cos(angle);
-    }
-  }
-  pe = register_buffer("pe", from_vector(table, {options.max_len, C}), /*persistent=*/false);
-}
-
-Tensor PositionalEncoding::forward(const Tensor& x, int64_t start) {
-  MF_CHECK(x.defined() && x.dim() == 3 && x.size(2) == options_.d_model,
-           "PositionalEncoding: input must be [B, T, {}] (d_model {}), got {}", options_.d_model, options_.d_model,
-           x.defined() ? shape_str(x.shape()) : "an undefined tensor");
-  int64_t T = x.size(1);
-  MF_CHECK(start >= 0 && start + T <= options_.max_len,
-           "PositionalEncoding: positions {} to {} (start {} + length {}) exceed max_len {}", start, start + T - 1,
-           start, T, options_.max_len);
-  return x + pe.narrow(0, start, T).to(x.dtype());  // [B, T, C] + [T, C]
-}
-
-std::string PositionalEncoding::extra_repr() const {
-  return fmt::format("d_model={}, max_len={}", options_.d_model, options_.max_len);
 }
 
 }  // namespace mf::nn

@@ -1,13 +1,16 @@
-// The Transformer's attention-side layers: multi-head attention, the position-wise feed-forward
-// block and sinusoidal positional encoding ("Attention Is All You Need", section 3).
+// Multi-head attention ("Attention Is All You Need", section 3.2).
 //
 // Axes: B = batch, T = target (query) length, S = source (key/value) length, C = embed dim
-// (d_model), H = heads, D = head dim (C / H), F = feed-forward width (d_ff).
+// (d_model), H = heads, D = head dim (C / H).
 #pragma once
 
 #include "core/tensor.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+// The feed-forward block and the positional encoding lived in this header until their own; kept
+// included for one release, for code that reaches them through it.
+#include "nn/feed_forward.h"
+#include "nn/positional_encoding.h"
 
 #include <memory>
 #include <string>
@@ -75,58 +78,6 @@ class MultiHeadAttention : public Module {
   Tensor split_heads(const Tensor& x) const;
 
   MultiHeadAttentionOptions options_;
-};
-
-enum class Activation { ReLU, GELU };
-
-struct PositionwiseFeedForwardOptions {
-  int64_t d_model = 0;  // C
-  int64_t d_ff = 0;     // F
-  /// Dropout after the activation (training mode only).
-  double dropout = 0.0;
-  Activation activation = Activation::ReLU;
-};
-
-/// linear2(dropout(activation(linear1(x)))): [..., C] -> [..., F] -> [..., C]. Children "linear1"
-/// (Linear(C, F)), "dropout", "linear2" (Linear(F, C)), as in torch.nn.TransformerEncoderLayer.
-class PositionwiseFeedForward : public Module {
- public:
-  explicit PositionwiseFeedForward(const PositionwiseFeedForwardOptions& options);
-  Tensor forward(const Tensor& x) override;
-  const PositionwiseFeedForwardOptions& options() const { return options_; }
-
-  std::shared_ptr<Linear> linear1;
-  std::shared_ptr<Dropout> dropout;
-  std::shared_ptr<Linear> linear2;
-
- private:
-  PositionwiseFeedForwardOptions options_;
-};
-
-struct PositionalEncodingOptions {
-  int64_t d_model = 0;     // C
-  int64_t max_len = 5000;  // positions the table covers
-};
-
-/// Adds the sinusoidal table PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(p / 10000^(2i/C)).
-/// The table is the buffer "pe" [max_len, C], computed and kept in float64 so that float64 runs see
-/// it exactly (converting the module with to(Float32) rounds it); forward casts the rows it uses to
-/// the input's dtype.
-class PositionalEncoding : public Module {
- public:
-  explicit PositionalEncoding(const PositionalEncodingOptions& options);
-  /// x [B, T, C] + PE[start : start + T] (start > 0 for incremental decoding). Throws when
-  /// start + T exceeds max_len.
-  Tensor forward(const Tensor& x, int64_t start);
-  Tensor forward(const Tensor& x) override { return forward(x, 0); }
-  /// "d_model=16, max_len=5000".
-  std::string extra_repr() const override;
-  const PositionalEncodingOptions& options() const { return options_; }
-
-  Tensor pe;  // [max_len, C]
-
- private:
-  PositionalEncodingOptions options_;
 };
 
 }  // namespace mf::nn

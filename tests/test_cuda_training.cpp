@@ -1,5 +1,5 @@
 // Training on a GPU end to end: train_transformer's toy corpus, model and schedule, trained through the
-// tool's own loop (tools/train_loop: batches, Adam + Noam, clipping, loss) on every device present, must
+// tool's own loop (train/train_loop: batches, Adam + Noam, clipping, loss) on every device present, must
 // give every toy translation right; and CPU and CUDA runs from the same initial weights (dropout 0)
 // must have the same losses over their first steps, up to the rounding of another summation order.
 // The trained model's checkpoint must load back onto its device and translate the same.
@@ -7,8 +7,6 @@
 #include <doctest/doctest.h>
 
 #include "miniflow.h"
-#include "tools/toy_corpus.h"
-#include "tools/train_loop.h"
 
 #include <cmath>
 #include <filesystem>
@@ -30,30 +28,28 @@ std::vector<Device> devices() {
 struct ToyRun {
   std::shared_ptr<models::Translator> translator;
   std::vector<double> losses;
-  std::vector<tools::ToyTranslation> translations;
+  std::vector<train::ToyTranslation> translations;
 };
 
-/// train_transformer without arguments, on `device`: the toy corpus and the tool's toy settings (with
+/// train_transformer without arguments, on `device`: the toy corpus and the tool's toy options (with
 /// `dropout`), the model initialised on the CPU from the seed and then moved, trained for the whole
 /// epoch (max_steps 0) or its first `max_steps` steps.
-ToyRun train_toy(Device device, int64_t max_steps, double dropout = tools::ToySetup().dropout) {
-  tools::ToySetup setup;
-  setup.dropout = dropout;
-  manual_seed(static_cast<uint64_t>(setup.optim.seed));
-  text::Corpus corpus = tools::make_toy_corpus(
-      setup.repeats, {.tokenizer = {.lowercase = true}, .max_length = setup.max_len - 1, .skip_empty = true});
-  ToyRun run{.translator = std::make_shared<models::Translator>(tools::build_translator(
-                 corpus, {.d_model = setup.d_model, .heads = setup.heads, .encoder_layers = setup.layers,
-                          .decoder_layers = setup.layers, .d_ff = setup.d_ff, .max_len = setup.max_len,
-                          .dropout = setup.dropout, .min_freq = setup.min_freq}))};
+ToyRun train_toy(Device device, int64_t max_steps, double dropout = train::toy_options().model.dropout) {
+  ToyRun run;
+  train::TrainingOptions options = train::toy_options();
+  options.model.dropout = dropout;
+  options.max_steps = max_steps;
+  options.on_step = [&](int64_t, double loss) { run.losses.push_back(loss); };
+  manual_seed(static_cast<uint64_t>(options.optim.seed));
+  text::Corpus corpus = train::make_toy_corpus(
+      train::kToyRepeats,
+      {.tokenizer = options.tokenizer, .max_length = options.model.max_len - 1, .skip_empty = true});
+  run.translator = std::make_shared<models::Translator>(train::build_translator(corpus, options));
   models::Translator& translator = *run.translator;
   translator.model().to(device);
-  tools::ParallelData train = tools::encode_corpus(translator, corpus.sources, corpus.targets);
-  tools::LoopOptions options{.optim = setup.optim, .epochs = setup.epochs, .log_every = setup.log_every,
-                             .max_steps = max_steps, .quiet_epochs = true,
-                             .on_step = [&](int64_t, double loss) { run.losses.push_back(loss); }};
-  REQUIRE(tools::train_translator(translator, train, {}, options) == 0);
-  run.translations = tools::translate_toy(translator);
+  train::ParallelData data = train::encode_corpus(translator, corpus.sources, corpus.targets);
+  REQUIRE(train::train_translator(translator, data, {}, options) == 0);
+  run.translations = train::translate_toy(translator);
   return run;
 }
 
@@ -65,7 +61,7 @@ TEST_CASE("train_transformer's toy corpus trains to correct translations through
     ToyRun run = train_toy(device, 0);
     CHECK(run.translator->model().device() == device);
     CHECK(run.losses.size() > 200);  // one epoch of the toy corpus is several hundred steps
-    for (const tools::ToyTranslation& t : run.translations) {
+    for (const train::ToyTranslation& t : run.translations) {
       CAPTURE(t.source);
       CHECK(t.greedy == t.expected);
       CHECK(t.beam == t.expected);
@@ -76,7 +72,7 @@ TEST_CASE("train_transformer's toy corpus trains to correct translations through
     models::Translator loaded = models::Translator::load(path);
     std::filesystem::remove(path);
     loaded.model().to(device);
-    std::vector<tools::ToyTranslation> again = tools::translate_toy(loaded);
+    std::vector<train::ToyTranslation> again = train::translate_toy(loaded);
     REQUIRE(again.size() == run.translations.size());
     for (size_t i = 0; i < again.size(); ++i) {
       CHECK(again[i].greedy == run.translations[i].greedy);

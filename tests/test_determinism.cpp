@@ -44,7 +44,7 @@ Tensor padded_tokens(int64_t rows, int64_t length, int64_t vocab, Generator& gen
 /// Trains a small Transformer (dropout 0.1, label smoothing, clipping, Adam) for kSteps steps on
 /// `threads` threads from fixed seeds. The sizes put the larger GEMMs (e.g. the output projection,
 /// 8*11 rows x 64 x 96 = 540,672 multiply-adds) above matmul's threshold for splitting over threads.
-Trace train(int threads) {
+Trace train_trace(int threads) {
   set_num_threads(threads);
   manual_seed(2024);
   models::TransformerConfig config{.src_vocab = 96, .tgt_vocab = 96, .d_model = 64, .heads = 4,
@@ -181,7 +181,7 @@ TEST_CASE("the same seed and thread count give bitwise-identical losses and para
   ThreadCountGuard restore;
   for (int threads : {1, 2}) {
     CAPTURE(threads);
-    Trace first = train(threads), second = train(threads);
+    Trace first = train_trace(threads), second = train_trace(threads);
     REQUIRE(first.losses.size() == static_cast<size_t>(kSteps));
     CHECK(same_bits(first.losses, second.losses));
     CHECK(same_bits(first.params, second.params));
@@ -196,7 +196,7 @@ TEST_CASE("1 and 2 threads train alike; bit for bit only where no matmul split r
   // k spans several of the GEMM's blocks; OpenBLAS's kernels for split blocks may round differently
   // too. So only closeness is required (here no k exceeds one block, and the bits come out the same).
   ThreadCountGuard restore;
-  Trace one = train(1), two = train(2);
+  Trace one = train_trace(1), two = train_trace(2);
   for (int step = 0; step < kSteps; ++step) {
     CAPTURE(step);
     CHECK(two.losses[step] == doctest::Approx(one.losses[step]).epsilon(1e-5));

@@ -241,7 +241,7 @@ TEST_CASE("greedy_decode: BOS first, PAD after EOS, finished rows dropped, early
   SUBCASE("other special token ids") {
     // BOS 3, EOS 4, PAD 5; sentence 0 says "4", sentence 1 "0 4".
     FakeDecoder decoder(scripted_model({{4}, {0, 4}}, 6), iota(2), 3);
-    GreedyResult result = greedy_decode(decoder, 2, {.max_new_tokens = 3, .bos = 3, .eos = 4, .pad = 5});
+    GreedyResult result = greedy_decode(decoder, 2, {.max_new_tokens = 3, .sos_id = 3, .eos_id = 4, .pad_id = 5});
     check_close(result.tokens, from_vector<int64_t>({3, 4, 5, 3, 0, 4}, {2, 3}), 0, 0);
   }
 }
@@ -482,12 +482,12 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
   CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.max_new_tokens = 0}),
                        "greedy_decode: max_new_tokens must be at least 1, got 0", Error);
   CHECK_THROWS_WITH_AS(greedy_decode(decoder, 0), "greedy_decode: batch_size must be at least 1, got 0", Error);
-  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.pad = -1}),
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.pad_id = -1}),
                        "greedy_decode: special token ids must be >= 0, got -1", Error);
   CHECK(decoder.rows_per_step.empty());  // options are checked before the decoder is touched
 
   SUBCASE("special token outside the vocabulary") {
-    CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.eos = 5}),
+    CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.eos_id = 5}),
                          "greedy_decode: special token id 5 is outside the decoder's vocabulary of 5 tokens", Error);
   }
   SUBCASE("a step result of the wrong shape") {

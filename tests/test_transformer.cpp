@@ -115,9 +115,9 @@ TEST_CASE("attention weights can be read after a forward pass") {
   model->forward(reference("input.src"), reference("input.tgt_in"));
   auto weights = model->attention_weights();
   REQUIRE(weights.size() == 6);
-  CHECK(weights[0].first == "encoder.0.self_attn");
+  CHECK(weights[0].first == "encoder.layers.0.self_attn");
   CHECK(weights[0].second.shape() == Shape{3, 2, 5, 5});
-  CHECK(weights[5].first == "decoder.1.cross_attn");
+  CHECK(weights[5].first == "decoder.layers.1.cross_attn");
   CHECK(weights[5].second.shape() == Shape{3, 2, 6, 5});
 }
 

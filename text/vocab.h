@@ -1,6 +1,8 @@
 // Token <-> id mapping, with the special tokens a sequence-to-sequence model needs at fixed ids.
 #pragma once
 
+#include "text/special_tokens.h"
+
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -35,13 +37,14 @@ struct EncodeOptions {
 
 class Vocab {
  public:
-  static constexpr int64_t kPad = 0;
-  static constexpr int64_t kSos = 1;
-  static constexpr int64_t kEos = 2;
-  static constexpr int64_t kUnk = 3;
-  static constexpr int64_t kSpecialCount = 4;
+  // The ids of text/special_tokens.h, as members for the code that spells them Vocab::kPad.
+  static constexpr int64_t kPad = kPadId;
+  static constexpr int64_t kSos = kSosId;
+  static constexpr int64_t kEos = kEosId;
+  static constexpr int64_t kUnk = kUnkId;
+  static constexpr int64_t kSpecialCount = kSpecialTokenCount;
   /// The special tokens' text, indexed by id.
-  static constexpr std::array<std::string_view, kSpecialCount> kSpecialTokens{"<pad>", "<sos>", "<eos>", "<unk>"};
+  static constexpr const std::array<std::string_view, kSpecialCount>& kSpecialTokens = kSpecialTokenTexts;
 
   /// A vocabulary holding only the four specials.
   Vocab();

@@ -3,8 +3,6 @@
 // parallel corpus (e.g. Multi30k de -> en) with checkpoints, resumption and BLEU.
 #include "miniflow.h"
 #include "tools/cli.h"
-#include "tools/toy_corpus.h"
-#include "tools/train_loop.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,19 +14,25 @@ namespace {
 
 using mf::tools::UsageError;
 
+/// The command line: the training options (whose defaults are the flags' defaults), and what only the
+/// tool has: the data files, the device, threads, and flags that stand for several options.
 struct Flags {
+  mf::train::TrainingOptions options;
   std::string train_src, train_tgt, valid_src, valid_tgt;
-  std::string checkpoint = "transformer.safetensors", plot;
+  std::string checkpoint = "transformer.safetensors", plot;  // options.checkpoint/plot, as flags take them
   mf::Device device = mf::Device::cpu();
-  int64_t epochs = 10, d_model = 256, heads = 8, layers = 3, encoder_layers = 0, decoder_layers = 0, d_ff = 512;
-  int64_t max_len = 100, min_freq = 2, max_vocab = 0, log_every = 50, bleu_sentences = 0;
-  int64_t max_steps = 0;
-  double dropout = 0.1;
-  bool no_lowercase = false, resume = false, detect_anomaly = false;
+  /// Both stacks' depth, unless --encoder-layers / --decoder-layers (0: this) say otherwise.
+  int64_t layers = options.model.encoder_layers, encoder_layers = 0, decoder_layers = 0;
+  bool no_lowercase = false, detect_anomaly = false;
   int threads = mf::get_num_threads();
-  mf::tools::OptimSettings optim{.seed = 1, .max_tokens = 1500, .warmup = 800, .lr_factor = 1.0,
-                                 .label_smoothing = 0.1, .clip = 1.0};
 };
+
+/// A TrainingOptions field as this tool's flag names it: "optim.lr_factor" -> "--lr-factor".
+std::string flag_of(std::string_view field) {
+  std::string name(field.substr(field.rfind('.') + 1));  // npos + 1 == 0: a path without a dot
+  std::replace(name.begin(), name.end(), '_', '-');
+  return "--" + name;
+}
 
 /// True when `--name` appears on the command line (as `--name`, `--name VALUE` or `--name=VALUE`).
 bool given(int argc, char** argv, std::string_view name) {
@@ -46,43 +50,48 @@ void apply_toy_defaults(Flags& f, int argc, char** argv) {
   auto set = [&](const char* name, auto& field, auto value) {
     if (!given(argc, argv, name)) field = value;
   };
-  const mf::tools::ToySetup toy;
-  set("epochs", f.epochs, toy.epochs);
-  set("d-model", f.d_model, toy.d_model);
-  set("heads", f.heads, toy.heads);
-  set("layers", f.layers, toy.layers);
-  set("d-ff", f.d_ff, toy.d_ff);
-  set("dropout", f.dropout, toy.dropout);
-  set("max-len", f.max_len, toy.max_len);
-  set("min-freq", f.min_freq, toy.min_freq);
-  set("max-tokens", f.optim.max_tokens, toy.optim.max_tokens);
-  set("warmup", f.optim.warmup, toy.optim.warmup);
-  set("lr-factor", f.optim.lr_factor, toy.optim.lr_factor);
-  set("log-every", f.log_every, toy.log_every);
-  set("checkpoint", f.checkpoint, std::string());  // the toy run saves only when asked
+  const mf::train::TrainingOptions toy = mf::train::toy_options();
+  mf::train::TrainingOptions& o = f.options;
+  set("epochs", o.epochs, toy.epochs);
+  set("d-model", o.model.d_model, toy.model.d_model);
+  set("heads", o.model.heads, toy.model.heads);
+  set("layers", f.layers, toy.model.encoder_layers);  // the toy's stacks are equally deep
+  set("d-ff", o.model.d_ff, toy.model.d_ff);
+  set("dropout", o.model.dropout, toy.model.dropout);
+  set("max-len", o.model.max_len, toy.model.max_len);
+  set("min-freq", o.vocab.min_freq, toy.vocab.min_freq);
+  set("max-tokens", o.optim.max_tokens, toy.optim.max_tokens);
+  set("warmup", o.optim.warmup, toy.optim.warmup);
+  set("lr-factor", o.optim.lr_factor, toy.optim.lr_factor);
+  set("log-every", o.log_every, toy.log_every);
+  set("checkpoint", f.checkpoint, toy.checkpoint.string());  // the toy run saves only when asked
+  o.quiet_epochs = toy.quiet_epochs;
 }
 
 void check_flags(const Flags& f) {
+  const mf::train::TrainingOptions& o = f.options;
   if (f.train_src.empty() != f.train_tgt.empty()) throw UsageError("--train-src and --train-tgt go together");
   if (f.valid_src.empty() != f.valid_tgt.empty()) throw UsageError("--valid-src and --valid-tgt go together");
   if (f.train_src.empty() && !f.valid_src.empty()) throw UsageError("--valid-src needs --train-src/--train-tgt");
-  if (f.epochs < 1 || f.d_model < 1 || f.heads < 1 || f.layers < 1 || f.d_ff < 1 || f.max_len < 2 ||
-      f.min_freq < 1 || f.log_every < 1 || f.optim.max_tokens < 1 || f.optim.warmup < 1)
+  if (o.epochs < 1 || o.model.d_model < 1 || o.model.heads < 1 || f.layers < 1 || o.model.d_ff < 1 ||
+      o.model.max_len < 2 || o.vocab.min_freq < 1 || o.log_every < 1 || o.optim.max_tokens < 1 || o.optim.warmup < 1)
     throw UsageError("--epochs, --d-model, --heads, --layers, --d-ff, --min-freq, --log-every, --max-tokens and "
                      "--warmup must be positive, --max-len at least 2");
-  if (f.encoder_layers < 0 || f.decoder_layers < 0 || f.max_vocab < 0 || f.bleu_sentences < 0 ||
-      f.max_steps < 0)
+  if (f.encoder_layers < 0 || f.decoder_layers < 0 || o.vocab.max_size < 0 || o.bleu_sentences < 0 ||
+      o.max_steps < 0)
     throw UsageError("--encoder-layers, --decoder-layers, --max-vocab, --bleu-sentences and --max-steps cannot be "
                      "negative");
-  if (f.optim.max_tokens < f.max_len)
+  if (o.optim.max_tokens < o.model.max_len)
     throw UsageError(fmt::format("--max-tokens {} is below --max-len {}: the longest pair would not fit a batch",
-                                 f.optim.max_tokens, f.max_len));
-  if (f.d_model % f.heads != 0) throw UsageError(fmt::format("--d-model {} is not a multiple of --heads {}", f.d_model, f.heads));
-  if (!(f.dropout >= 0 && f.dropout < 1)) throw UsageError("--dropout must be in [0, 1)");
-  if (!(f.optim.label_smoothing >= 0 && f.optim.label_smoothing < 1)) throw UsageError("--label-smoothing must be in [0, 1)");
-  if (!(f.optim.lr_factor > 0) || !(f.optim.clip >= 0)) throw UsageError("--lr-factor must be positive, --clip >= 0");
+                                 o.optim.max_tokens, o.model.max_len));
+  if (o.model.d_model % o.model.heads != 0)
+    throw UsageError(fmt::format("--d-model {} is not a multiple of --heads {}", o.model.d_model, o.model.heads));
+  if (!(o.model.dropout >= 0 && o.model.dropout < 1)) throw UsageError("--dropout must be in [0, 1)");
+  if (!(o.optim.label_smoothing >= 0 && o.optim.label_smoothing < 1))
+    throw UsageError("--label-smoothing must be in [0, 1)");
+  if (!(o.optim.lr_factor > 0) || !(o.optim.clip >= 0)) throw UsageError("--lr-factor must be positive, --clip >= 0");
   if (f.threads < 1) throw UsageError("--threads must be positive");
-  if (f.resume && f.checkpoint.empty()) throw UsageError("--resume needs --checkpoint");
+  if (o.resume && f.checkpoint.empty()) throw UsageError("--resume needs --checkpoint");
 }
 
 /// Reads a corpus, logging what was skipped or truncated.
@@ -122,9 +131,9 @@ void check_checkpoint_fits(const mf::models::Translator& saved, const mf::models
 
 /// Translates the toy sources greedily and with beam 4, prints them, and counts the right ones.
 int report_toy(mf::models::Translator& translator) {
-  std::vector<mf::tools::ToyTranslation> results = mf::tools::translate_toy(translator);
+  std::vector<mf::train::ToyTranslation> results = mf::train::translate_toy(translator);
   size_t correct = 0;
-  for (const mf::tools::ToyTranslation& t : results) {
+  for (const mf::train::ToyTranslation& t : results) {
     correct += t.right() ? 1 : 0;
     fmt::print("{:<20} -> greedy: {:<18} beam: {:<18} {}\n", t.source, t.greedy, t.beam, t.right() ? "ok" : "WRONG");
   }
@@ -140,6 +149,7 @@ int report_toy(mf::models::Translator& translator) {
 
 int run(int argc, char** argv) {
   Flags f;
+  mf::train::TrainingOptions& o = f.options;
   mf::tools::ArgParser args(
       "train_transformer",
       "Trains an encoder-decoder Transformer. Without --train-src/--train-tgt it learns a built-in toy corpus\n"
@@ -153,32 +163,33 @@ int run(int argc, char** argv) {
   args.add("train-tgt", &f.train_tgt, "training targets, line-aligned with --train-src");
   args.add("valid-src", &f.valid_src, "validation sources (loss, perplexity and BLEU each epoch)");
   args.add("valid-tgt", &f.valid_tgt, "validation targets");
-  args.add("epochs", &f.epochs, "epochs to train (in all, counting resumed ones)");
-  args.add("max-tokens", &f.optim.max_tokens, "token budget of a batch, padding included");
-  args.add("warmup", &f.optim.warmup, "Noam schedule warmup steps");
-  args.add("lr-factor", &f.optim.lr_factor, "Noam schedule factor: lr = f * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5)");
-  args.add("label-smoothing", &f.optim.label_smoothing, "label smoothing of the training loss");
-  args.add("clip", &f.optim.clip, "gradient norm clipping; 0: off");
-  args.add("d-model", &f.d_model, "model width");
-  args.add("heads", &f.heads, "attention heads");
+  args.add("epochs", &o.epochs, "epochs to train (in all, counting resumed ones)");
+  args.add("max-tokens", &o.optim.max_tokens, "token budget of a batch, padding included");
+  args.add("warmup", &o.optim.warmup, "Noam schedule warmup steps");
+  args.add("lr-factor", &o.optim.lr_factor,
+           "Noam schedule factor: lr = f * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5)");
+  args.add("label-smoothing", &o.optim.label_smoothing, "label smoothing of the training loss");
+  args.add("clip", &o.optim.clip, "gradient norm clipping; 0: off");
+  args.add("d-model", &o.model.d_model, "model width");
+  args.add("heads", &o.model.heads, "attention heads");
   args.add("layers", &f.layers, "encoder and decoder layers");
   args.add("encoder-layers", &f.encoder_layers, "encoder layers; 0: --layers");
   args.add("decoder-layers", &f.decoder_layers, "decoder layers; 0: --layers");
-  args.add("d-ff", &f.d_ff, "feed-forward width");
-  args.add("dropout", &f.dropout, "dropout");
-  args.add("max-len", &f.max_len, "longest sequence in tokens, <sos>/<eos> included");
-  args.add("min-freq", &f.min_freq, "vocabulary: least count of a kept token");
-  args.add("max-vocab", &f.max_vocab, "vocabulary: most tokens per side, specials included; 0: no limit");
+  args.add("d-ff", &o.model.d_ff, "feed-forward width");
+  args.add("dropout", &o.model.dropout, "dropout");
+  args.add("max-len", &o.model.max_len, "longest sequence in tokens, <sos>/<eos> included");
+  args.add("min-freq", &o.vocab.min_freq, "vocabulary: least count of a kept token");
+  args.add("max-vocab", &o.vocab.max_size, "vocabulary: most tokens per side, specials included; 0: no limit");
   args.add_switch("no-lowercase", &f.no_lowercase, "keep the case of the text (lowercased by default)");
-  args.add("seed", &f.optim.seed, "random seed (initialisation, dropout, batch order)");
+  args.add("seed", &o.optim.seed, "random seed (initialisation, dropout, batch order)");
   args.add("threads", &f.threads, "intra-op threads");
   args.add("device", &f.device, "where the model trains: cpu, cuda or cuda:N");
-  args.add("log-every", &f.log_every, "steps between progress lines when stdout is not a terminal");
-  args.add("bleu-sentences", &f.bleu_sentences, "validation sentences translated for BLEU; 0: all");
-  args.add("max-steps", &f.max_steps, "stop after this many steps of this run, saving a checkpoint; 0: no limit");
+  args.add("log-every", &o.log_every, "steps between progress lines when stdout is not a terminal");
+  args.add("bleu-sentences", &o.bleu_sentences, "validation sentences translated for BLEU; 0: all");
+  args.add("max-steps", &o.max_steps, "stop after this many steps of this run, saving a checkpoint; 0: no limit");
   args.add("checkpoint", &f.checkpoint, "checkpoint written each epoch and on Ctrl-C");
   args.add("plot", &f.plot, "SVG chart of the loss and BLEU curves (default: the checkpoint's path with .svg)");
-  args.add_switch("resume", &f.resume, "continue from --checkpoint");
+  args.add_switch("resume", &o.resume, "continue from --checkpoint");
   args.add_switch("detect-anomaly", &f.detect_anomaly,
                   "stop at the first op that makes a NaN or inf, naming it (slow: for debugging a diverging run)");
   if (!args.parse(argc, argv)) return 0;
@@ -190,47 +201,40 @@ int run(int argc, char** argv) {
     f.plot = std::filesystem::path(f.checkpoint).replace_extension(".svg").string();
   mf::set_num_threads(f.threads);
   mf::autograd::set_detect_anomaly(f.detect_anomaly);
-  mf::manual_seed(static_cast<uint64_t>(f.optim.seed));
+  mf::manual_seed(static_cast<uint64_t>(o.optim.seed));
+  // The flags that are not one option each, and the words the loop's messages use for its options.
+  o.model.encoder_layers = f.encoder_layers > 0 ? f.encoder_layers : f.layers;
+  o.model.decoder_layers = f.decoder_layers > 0 ? f.decoder_layers : f.layers;
+  o.tokenizer.lowercase = !f.no_lowercase;
+  o.checkpoint = f.checkpoint;
+  o.plot = f.plot;
+  o.names = {.field = flag_of, .detect_anomaly = "rerun with --detect-anomaly"};
 
-  mf::text::CorpusOptions corpus_options{.tokenizer = {.lowercase = !f.no_lowercase}, .max_length = f.max_len - 1,
-                                   .skip_empty = true};
+  mf::text::CorpusOptions corpus_options{.tokenizer = o.tokenizer, .max_length = o.model.max_len - 1,
+                                         .skip_empty = true};
   mf::text::Corpus train_corpus, valid_corpus;
   if (toy) {
-    const mf::tools::ToySetup setup;
-    train_corpus = mf::tools::make_toy_corpus(setup.repeats, corpus_options);
-    fmt::print("toy corpus: {} pairs, each repeated {} times\n", mf::tools::toy_pairs().size(), setup.repeats);
+    train_corpus = mf::train::make_toy_corpus(mf::train::kToyRepeats, corpus_options);
+    fmt::print("toy corpus: {} pairs, each repeated {} times\n", mf::train::toy_pairs().size(), mf::train::kToyRepeats);
   } else {
     train_corpus = read_corpus("train", f.train_src, f.train_tgt, corpus_options);
     if (!f.valid_src.empty()) valid_corpus = read_corpus("valid", f.valid_src, f.valid_tgt, corpus_options);
   }
 
-  mf::models::Translator translator = mf::tools::build_translator(
-      train_corpus, {.d_model = f.d_model, .heads = f.heads,
-                     .encoder_layers = f.encoder_layers > 0 ? f.encoder_layers : f.layers,
-                     .decoder_layers = f.decoder_layers > 0 ? f.decoder_layers : f.layers, .d_ff = f.d_ff,
-                     .max_len = f.max_len, .dropout = f.dropout, .min_freq = f.min_freq, .max_vocab = f.max_vocab,
-                     .lowercase = !f.no_lowercase});
+  mf::models::Translator translator = mf::train::build_translator(train_corpus, o);
   const mf::models::TransformerConfig& config = translator.model().config();
-  if (f.resume) check_checkpoint_fits(mf::models::Translator::load(f.checkpoint), translator, f.checkpoint);
+  if (o.resume) check_checkpoint_fits(mf::models::Translator::load(f.checkpoint), translator, f.checkpoint);
 
   // Initialised on the CPU from --seed, then moved: the same starting weights on every device.
   translator.model().to(f.device);
-  const int64_t params = [&] {
-    int64_t n = 0;
-    for (const mf::Tensor& p : translator.model().parameters()) n += p.numel();
-    return n;
-  }();
   fmt::print("model: {}+{} layers, d_model {}, {} heads, d_ff {}, dropout {}, {} parameters; vocabularies {} / {}; "
-             "on {}\n", config.encoder_layers, config.decoder_layers, f.d_model, f.heads, f.d_ff, f.dropout, params,
-             translator.src_vocab().size(), translator.tgt_vocab().size(), f.device.str());
+             "on {}\n", config.encoder_layers, config.decoder_layers, config.d_model, config.heads, config.d_ff,
+             config.dropout, translator.model().parameter_count(), translator.src_vocab().size(),
+             translator.tgt_vocab().size(), f.device.str());
 
-  mf::tools::ParallelData train = mf::tools::encode_corpus(translator, train_corpus.sources, train_corpus.targets);
-  mf::tools::ParallelData valid = mf::tools::encode_corpus(translator, valid_corpus.sources, valid_corpus.targets);
-  int status = mf::tools::train_translator(
-      translator, train, valid,
-      {.optim = f.optim, .epochs = f.epochs, .log_every = f.log_every, .bleu_sentences = f.bleu_sentences,
-       .max_steps = f.max_steps,
-       .checkpoint = f.checkpoint, .plot = f.plot, .resume = f.resume, .quiet_epochs = toy});
+  mf::train::ParallelData train = mf::train::encode_corpus(translator, train_corpus.sources, train_corpus.targets);
+  mf::train::ParallelData valid = mf::train::encode_corpus(translator, valid_corpus.sources, valid_corpus.targets);
+  int status = mf::train::train_translator(translator, train, valid, o);
   if (status != 0) return status;
   if (!f.checkpoint.empty()) fmt::print("checkpoint: '{}'\n", f.checkpoint);
   return toy ? report_toy(translator) : 0;

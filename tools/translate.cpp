@@ -31,7 +31,6 @@
 // reference, --device cuda without CUDA or without a GPU).
 #include "miniflow.h"
 #include "tools/cli.h"
-#include "tools/svg.h"
 
 #include <fmt/format.h>
 
@@ -200,7 +199,7 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   models::Transformer& model = translator.model();
   model.set_record_attention(true);
   model.forward(src, mf::from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}, src.device()));
-  std::string name = fmt::format("decoder.{}.cross_attn", model.config().decoder_layers - 1);
+  std::string name = fmt::format("decoder.layers.{}.cross_attn", model.config().decoder_layers - 1);
   mf::Tensor attention;
   for (const auto& [layer, weights] : model.attention_weights())
     if (layer == name) attention = weights;
@@ -222,7 +221,7 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   for (int64_t r = 0; r < rows; ++r) values.emplace_back(flat.begin() + r * columns, flat.begin() + (r + 1) * columns);
   std::string title = fmt::format("cross-attention, decoder layer {} (mean of {} heads): {}", model.config().decoder_layers,
                                   attention.size(1), sentence);
-  return mf::tools::heatmap_svg(title, row_labels, column_labels, values);
+  return mf::train::heatmap_svg(title, row_labels, column_labels, values);
 }
 
 int run(int argc, char** argv) {

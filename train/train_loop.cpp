@@ -1,16 +1,15 @@
-#include "tools/train_loop.h"
-
-#include "core/json_brief.h"
+#include "train/train_loop.h"
 
 #include "core/atomic_file.h"
 #include "core/graph.h"
+#include "core/json_brief.h"
 #include "text/batching.h"
 #include "text/bleu.h"
 #include "ops/functional.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/scheduler.h"
-#include "tools/svg.h"
+#include "train/svg.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,7 +21,7 @@
 #include <csignal>
 #include <cstdio>
 
-namespace mf::tools {
+namespace mf::train {
 namespace {
 
 using json = nlohmann::json;
@@ -84,15 +83,10 @@ std::string progress_json(const Progress& p, const OptimSettings& settings) {
       .dump();
 }
 
-/// "label_smoothing" -> "label-smoothing".
-std::string flag_name(std::string key) {
-  std::replace(key.begin(), key.end(), '_', '-');
-  return key;
-}
-
-/// Reads the progress saved in `path`, refusing one written with other optimisation settings.
+/// Reads the progress saved in `path`, refusing one written with other optimisation settings (named
+/// as `names` says).
 Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesystem::path& path,
-                        const OptimSettings& settings) {
+                        const OptimSettings& settings, const SettingNames& names) {
   auto it = metadata.find(kProgressKey);
   MF_CHECK(it != metadata.end(), "checkpoint '{}' was not written by train_transformer (no '{}' entry)",
            path.string(), kProgressKey);
@@ -101,8 +95,8 @@ Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesyst
     json saved = j.at("settings"), given = settings_json(settings);
     for (auto& [key, value] : given.items())
       MF_CHECK(saved.at(key) == value,
-               "checkpoint '{}' was trained with --{} {}, but this run has {}; resume with the same settings",
-               path.string(), flag_name(key), detail::brief_json(saved.at(key)), value.dump());
+               "checkpoint '{}' was trained with {} {}, but this run has {}; resume with the same settings",
+               path.string(), names("optim." + key), detail::brief_json(saved.at(key)), value.dump());
     Progress p;
     p.epoch = j.at("epoch").get<int64_t>();
     p.batch = j.at("batch").get<int64_t>();
@@ -201,18 +195,18 @@ class ProgressLine {
 
 }  // namespace
 
-models::Translator build_translator(const text::Corpus& train, const ModelSettings& s) {
+models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options) {
   auto vocab_of = [&](const std::vector<std::vector<std::string>>& sentences) {
     text::TokenCounts counts;
     text::count_tokens(sentences, counts);
-    return text::Vocab::build(counts, {.min_freq = s.min_freq, .max_size = s.max_vocab});
+    return text::Vocab::build(counts, options.vocab);
   };
   text::Vocab src_vocab = vocab_of(train.sources), tgt_vocab = vocab_of(train.targets);
-  models::TransformerConfig config{.src_vocab = src_vocab.size(), .tgt_vocab = tgt_vocab.size(),
-                                   .d_model = s.d_model, .heads = s.heads, .encoder_layers = s.encoder_layers,
-                                   .decoder_layers = s.decoder_layers, .d_ff = s.d_ff, .dropout = s.dropout,
-                                   .max_len = s.max_len, .shared_embeddings = false, .tie_output = true};
-  return models::Translator(config, src_vocab, tgt_vocab, {.lowercase = s.lowercase});
+  models::TransformerConfig config = options.model;
+  config.src_vocab = src_vocab.size();
+  config.tgt_vocab = tgt_vocab.size();
+  config.shared_embeddings = false;  // one embedding cannot serve two vocabularies
+  return models::Translator(config, src_vocab, tgt_vocab, options.tokenizer);
 }
 
 ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,
@@ -252,7 +246,7 @@ double greedy_bleu(models::Translator& translator, const ParallelData& data, int
 }
 
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
-                     const LoopOptions& options) {
+                     const TrainingOptions& options) {
   const OptimSettings& settings = options.optim;
   models::Transformer& model = translator.model();
   std::vector<Tensor> params = model.parameters();
@@ -263,7 +257,8 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
 
   Progress progress;
   if (options.resume) {
-    progress = parse_progress(optim::load_training_state(options.checkpoint, state), options.checkpoint, settings);
+    progress = parse_progress(optim::load_training_state(options.checkpoint, state), options.checkpoint, settings,
+                              options.names);
     fmt::print("resuming from '{}': epoch {}, {} batches done, step {}\n", options.checkpoint.string(),
                progress.epoch + 1, progress.batch, schedule.last_epoch());
   }
@@ -280,12 +275,13 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   const bool validate = !valid.sources.empty();
   const auto start = std::chrono::steady_clock::now();
   int64_t steps_this_run = 0, tokens_this_run = 0;
-  bool stopped = false;  // by Ctrl-C or --max-steps, with the checkpoint saved
+  bool stopped = false;  // by Ctrl-C or max_steps, with the checkpoint saved
   auto should_stop = [&] { return g_interrupted || (options.max_steps > 0 && steps_this_run >= options.max_steps); };
 
   while (progress.epoch < options.epochs && !stopped) {
-    std::vector<text::Batch> batches = text::make_batches(train.sources, train.targets, {.max_tokens = settings.max_tokens},
-                                              static_cast<uint64_t>(settings.seed + progress.epoch));
+    std::vector<text::Batch> batches = text::make_batches(train.sources, train.targets,
+                                                          {.max_tokens = settings.max_tokens},
+                                                          static_cast<uint64_t>(settings.seed + progress.epoch));
     const auto n_batches = static_cast<int64_t>(batches.size());
     model.train();
     for (; progress.batch < n_batches; ++progress.batch) {
@@ -300,10 +296,11 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
         std::string kept = saved_step < 0 ? std::string("no checkpoint was saved")
                                           : fmt::format("'{}' still holds step {}", options.checkpoint.string(),
                                                         saved_step);
+        const SettingNames& names = options.names;
         fail("{} at step {} (epoch {}, batch {}/{}); stopped before updating the model, {}. Lower the learning "
-             "rate (--lr-factor, --warmup), check --clip, or rerun with --detect-anomaly to name the op that "
-             "first makes a NaN or inf", what, schedule.last_epoch() + 1, progress.epoch + 1, progress.batch + 1,
-             n_batches, kept);
+             "rate ({}, {}), check {}, or {} to name the op that first makes a NaN or inf", what,
+             schedule.last_epoch() + 1, progress.epoch + 1, progress.batch + 1, n_batches, kept,
+             names("optim.lr_factor"), names("optim.warmup"), names("optim.clip"), names.detect_anomaly);
       };
       if (!std::isfinite(loss_value)) diverged(format_message("the training loss is {}", loss_value));
       loss.backward();
@@ -372,11 +369,13 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   line.finish();
   if (stopped) {
     if (progress.batch > 0) save();  // mid-epoch; an epoch end was saved above
-    const char* why = g_interrupted ? "interrupted" : "stopped after --max-steps";
+    const SettingNames& names = options.names;
+    std::string why = g_interrupted ? "interrupted" : "stopped after " + names("max_steps");
     if (options.checkpoint.empty())
-      fmt::print("{}; no checkpoint was asked for (--checkpoint), nothing saved\n", why);
+      fmt::print("{}; no checkpoint was asked for ({}), nothing saved\n", why, names("checkpoint"));
     else
-      fmt::print("{}: checkpoint saved to '{}' (continue with --resume)\n", why, options.checkpoint.string());
+      fmt::print("{}: checkpoint saved to '{}' (continue with {})\n", why, options.checkpoint.string(),
+                 names("resume"));
   }
   const int status = stopped && g_interrupted ? 130 : 0;
   if (!options.plot.empty()) {
@@ -386,4 +385,4 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   return status;
 }
 
-}  // namespace mf::tools
+}  // namespace mf::train

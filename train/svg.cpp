@@ -1,4 +1,4 @@
-#include "tools/svg.h"
+#include "train/svg.h"
 
 #include "core/error.h"
 
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-namespace mf::tools {
+namespace mf::train {
 namespace {
 
 constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
@@ -130,4 +130,4 @@ std::string heatmap_svg(const std::string& title, const std::vector<std::string>
   return svg + "</svg>\n";
 }
 
-}  // namespace mf::tools
+}  // namespace mf::train

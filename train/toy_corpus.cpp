@@ -1,6 +1,6 @@
-#include "tools/toy_corpus.h"
+#include "train/toy_corpus.h"
 
-namespace mf::tools {
+namespace mf::train {
 
 const std::vector<std::pair<std::string, std::string>>& toy_pairs() {
   // The tutorials' pairs.
@@ -10,6 +10,20 @@ const std::vector<std::pair<std::string, std::string>>& toy_pairs() {
       {"the cat is black", "el gato es negro"},    {"good morning", "buenos dias"},
       {"this is a book", "este es un libro"},      {"what is your name", "como te llamas"}};
   return pairs;
+}
+
+TrainingOptions toy_options() {
+  TrainingOptions options;
+  options.model = {.d_model = 64, .heads = 4, .encoder_layers = 1, .decoder_layers = 1, .d_ff = 128, .dropout = 0.0,
+                   .max_len = 16};
+  options.vocab.min_freq = 1;
+  options.optim.max_tokens = 48;
+  options.optim.warmup = 100;
+  options.optim.lr_factor = 0.5;
+  options.epochs = 1;
+  options.log_every = 100;
+  options.quiet_epochs = true;
+  return options;
 }
 
 text::Corpus make_toy_corpus(int64_t repeats, const text::CorpusOptions& options) {
@@ -30,4 +44,4 @@ std::vector<ToyTranslation> translate_toy(models::Translator& translator) {
   return out;
 }
 
-}  // namespace mf::tools
+}  // namespace mf::train

@@ -1,11 +1,11 @@
-// Small SVG charts for the tools (loss and BLEU curves, attention heatmaps), written as plain text
-// so they open in any browser without dependencies.
+// Small SVG charts: the training loop's loss and BLEU curves, and translate's attention heatmaps,
+// written as plain text so they open in any browser without dependencies.
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace mf::tools {
+namespace mf::train {
 
 struct Series {
   std::string name;
@@ -23,4 +23,4 @@ std::string heatmap_svg(const std::string& title, const std::vector<std::string>
 /// `text` with &, <, >, " and ' escaped for XML.
 std::string xml_escape(const std::string& text);
 
-}  // namespace mf::tools
+}  // namespace mf::train

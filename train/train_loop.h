@@ -1,0 +1,100 @@
+// The training loop of a translation model: Adam + Noam schedule over length-bucketed batches, a
+// progress line, per-epoch validation (loss, perplexity, greedy BLEU), checkpoints each epoch and on
+// Ctrl-C, exact resumption, and the loss/BLEU chart. It trains on whatever device the model is on:
+// batches are built there, the optimizer state lives with the parameters, and checkpoints go through
+// the host. One TrainingOptions configures it all; tools/train_transformer fills it from its flags.
+#pragma once
+
+#include "models/translation.h"
+#include "text/corpus.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mf::train {
+
+/// Encoded sentence pairs (ids without specials) and the tokenized references BLEU compares with.
+struct ParallelData {
+  std::vector<std::vector<int64_t>> sources, targets;
+  std::vector<std::vector<std::string>> references;
+};
+
+/// The settings that shape the optimisation; a resumed run must use the same ones (the checkpoint
+/// records them).
+struct OptimSettings {
+  int64_t seed = 1;           // the batch order of epoch e is shuffled with seed + e
+  int64_t max_tokens = 1500;  // token budget of a batch, padding included
+  int64_t warmup = 800;       // Noam schedule warmup steps
+  double lr_factor = 1.0;     // Noam schedule factor: lr = f * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5)
+  double label_smoothing = 0.1;
+  double clip = 1.0;          // gradient norm clipping; 0: off
+};
+
+/// How the messages of a run name the settings its user can change. The defaults name TrainingOptions'
+/// fields, for a program that sets them in code; train_transformer names its flags.
+struct SettingNames {
+  /// A field of TrainingOptions, given by its path ("optim.warmup", "max_steps", "checkpoint",
+  /// "resume"), as the user sets it. Unset: the path itself.
+  std::function<std::string(std::string_view path)> field;
+  /// How the user turns on anomaly detection, which names the op that first makes a NaN or inf.
+  std::string detect_anomaly = "rerun with autograd::set_detect_anomaly(true)";
+
+  /// `path` as `field` names it.
+  std::string operator()(std::string_view path) const { return field ? field(path) : std::string(path); }
+};
+
+/// Everything a training run is configured by: the model, its vocabularies and tokenizer, the
+/// optimisation and the loop. The defaults are train_transformer's for a real corpus.
+struct TrainingOptions {
+  /// The model. src_vocab and tgt_vocab are left 0: build_translator sets them from the vocabularies.
+  /// Only the fields that differ from TransformerConfig's defaults (the paper's base model) are given:
+  /// half its width and depth, a narrower feed-forward block and sentences up to 100 tokens, which
+  /// suits a corpus of Multi30k's size.
+  models::TransformerConfig model{.d_model = 256, .encoder_layers = 3, .decoder_layers = 3, .d_ff = 512,
+                                  .max_len = 100};
+  /// Vocabularies built from the training corpus, one per side.
+  text::VocabOptions vocab{.min_freq = 2};
+  text::TokenizerOptions tokenizer;
+  OptimSettings optim;
+  int64_t epochs = 10;          // in all, counting the epochs of the run resumed from
+  int64_t log_every = 50;       // steps between progress lines when stdout is not a terminal
+  int64_t bleu_sentences = 0;   // validation sentences translated for BLEU; 0: all
+  int64_t max_steps = 0;        // stop (saving a checkpoint) after this many steps of this run; 0: no limit
+  std::filesystem::path checkpoint;  // empty: no checkpoints
+  std::filesystem::path plot;        // empty: no chart
+  bool resume = false;               // continue from `checkpoint`
+  bool quiet_epochs = false;         // no per-epoch summary line (the toy corpus)
+  SettingNames names;
+  /// Called after each optimizer step with the step number (1 for the first step of a fresh run) and
+  /// the batch's training loss; tests compare curves through it.
+  std::function<void(int64_t step, double loss)> on_step;
+};
+
+/// Vocabularies from `train`'s two sides (options.vocab), and a Transformer of options.model with
+/// separate source and target embeddings (the vocabularies differ), initialised on the CPU.
+models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options);
+
+/// Encodes a tokenized corpus with the translator's vocabularies.
+ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,
+                           const std::vector<std::vector<std::string>>& targets);
+
+/// Trains `translator` on `train` (validating on `valid` when it holds pairs) for the epochs of
+/// `options`, resuming from options.checkpoint when options.resume is set. Returns the exit status:
+/// 0 when all epochs ran or max_steps stopped the run, 130 after Ctrl-C (in both early stops the
+/// checkpoint then holds the finished steps). Throws
+/// mf::Error for a checkpoint that does not fit (other optimisation settings, corrupt progress data),
+/// and when a step's loss or gradient norm is not finite: it then stops before that step's update
+/// without saving, so the checkpoint on disk keeps the last state saved before it.
+int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
+                     const TrainingOptions& options);
+
+/// Greedy corpus BLEU-4 of the first `limit` pairs of `data` (all for 0), batched.
+double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit);
+
+}  // namespace mf::train
