@@ -3,7 +3,7 @@
 // log-sum-exp in double, then the row's loss; the backward reuses that log-sum-exp.
 #include "cuda/fold.cuh"
 #include "cuda/kernels.h"
-#include "ops/kernel_checks.h"
+#include "ops/kernel_api.h"
 
 namespace mf::cuda {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "core/tensor.h"
 #include "cuda/runtime.h"
-#include "ops/cpu/loops.h"
+#include "ops/kernel_api.h"
 
 #include <algorithm>
 #include <array>
@@ -45,7 +45,7 @@ struct DevicePlan {
 /// Plans a loop over `shape` for operands read (broadcast) as that shape; operand 0 is usually the output.
 template <size_t N>
 DevicePlan<N> plan_for(const Shape& shape, const std::array<const Tensor*, N>& operands) {
-  cpu::LoopPlan<N> plan(shape, operands);
+  LoopPlan<N> plan(shape, operands);
   MF_CHECK(plan.shape.size() <= static_cast<size_t>(kMaxDims),
            "CUDA loops support up to {} dims after merging, got shape {}", kMaxDims, shape_str(shape));
   DevicePlan<N> d;

@@ -6,7 +6,7 @@
 #include "core/generator.h"
 #include "cuda/kernels.h"
 #include "cuda/runtime.h"
-#include "ops/kernel_checks.h"
+#include "ops/kernel_api.h"
 
 namespace mf::cuda {
 namespace {

@@ -4,7 +4,7 @@
 // n values (cuda/fold.cuh).
 #include "cuda/fold.cuh"
 #include "cuda/kernels.h"
-#include "ops/cpu/reduce_util.h"
+#include "ops/kernel_api.h"
 
 #include <type_traits>
 

@@ -5,7 +5,7 @@
 #include "core/allocator.h"
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
-#include "ops/families.h"
+#include "ops/kernel_api.h"
 
 #include <fmt/format.h>
 

@@ -2,7 +2,7 @@
 // of exp(x - max), then one write per element. Rows are laid out by reduce_layout as on the CPU.
 #include "cuda/fold.cuh"
 #include "cuda/kernels.h"
-#include "ops/cpu/reduce_util.h"
+#include "ops/kernel_api.h"
 
 #include <cmath>
 

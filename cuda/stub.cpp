@@ -1,6 +1,6 @@
 // Linked in builds without CUDA: no GPU, no kernels, and ops asked to run on CUDA say so by name.
 #include "cuda/cuda.h"
-#include "ops/families.h"
+#include "ops/kernel_api.h"
 
 namespace mf {
 

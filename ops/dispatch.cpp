@@ -2,6 +2,7 @@
 #include "core/graph.h"
 #include "ops/anomaly.h"
 #include "ops/families.h"
+#include "ops/kernel_api.h"
 #include "ops/registry.h"
 
 #include <fmt/format.h>
@@ -35,6 +36,9 @@ const Registry& registry() {
     register_loss_ops(r);
     register_attention_ops(r);
     register_cuda_kernels(r);
+    for (size_t i = 0; i < kOpCount; ++i)
+      MF_CHECK(r.is_defined(static_cast<OpId>(i)), "op registry: {} is declared in MF_OPS but no op family defines it",
+               kOpNames[i]);
     return r;
   }();
   return instance;

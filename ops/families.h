@@ -1,4 +1,5 @@
-// One registration function per op family; dispatch.cpp calls each once to build the registry.
+// One registration function per op family; dispatch.cpp calls each once to build the registry, then
+// register_cuda_kernels (ops/kernel_api.h).
 #pragma once
 
 #include "ops/registry.h"
@@ -15,6 +16,5 @@ void register_softmax_ops(Registry& registry);      // ops/softmax.cpp
 void register_nn_ops(Registry& registry);           // ops/nn_ops.cpp
 void register_loss_ops(Registry& registry);         // ops/cross_entropy.cpp
 void register_attention_ops(Registry& registry);    // ops/attention.cpp
-void register_cuda_kernels(Registry& registry);     // cuda/ (a no-op in builds without CUDA)
 
 }  // namespace mf

@@ -5,6 +5,7 @@
 #include "core/graph.h"
 #include "core/tensor.h"
 #include "ops/cpu/loops.h"
+#include "ops/kernel_api.h"
 #include "ops/registry.h"
 #include "ops/cpu/simd.h"
 
@@ -14,12 +15,6 @@
 #include <utility>
 
 namespace mf::detail {
-
-/// A contiguous version of t (t itself when it already is), made without recording autograd.
-inline Tensor dense(const Tensor& t) {
-  NoGradGuard no_grad;
-  return t.contiguous();
-}
 
 /// Rows per parallel_for chunk so that a chunk holds about kParallelGrain elements.
 inline int64_t grain_for(int64_t elements_per_row) {

@@ -1,6 +1,6 @@
-#include "ops/cpu/loops.h"
+#include "ops/layout.h"
 
-namespace mf::cpu {
+namespace mf {
 
 Shape byte_strides_for(const Tensor& t, const Shape& shape) {
   Shape strides = broadcast_strides(t.shape(), t.strides(), shape);
@@ -8,4 +8,4 @@ Shape byte_strides_for(const Tensor& t, const Shape& shape) {
   return strides;
 }
 
-}  // namespace mf::cpu
+}  // namespace mf

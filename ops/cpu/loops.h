@@ -1,11 +1,13 @@
-// CPU loops over tensors of any strides: operands are broadcast to the output's shape, dims that
-// are contiguous in every operand are merged, and the innermost run goes to a loop the compiler can
-// vectorise when every operand is contiguous there. Outer rows are split over the thread pool.
+// CPU loops over tensors of any strides, walked as ops/layout.h's LoopPlan: operands are broadcast to
+// the output's shape, dims that are contiguous in every operand are merged, and the innermost run
+// goes to a loop the compiler can vectorise when every operand is contiguous there. Outer rows are
+// split over the thread pool.
 #pragma once
 
 #include "core/parallel.h"
 #include "core/tensor.h"
 #include "ops/cpu/simd.h"
+#include "ops/layout.h"
 
 #include <algorithm>
 #include <array>
@@ -18,82 +20,44 @@ namespace mf::cpu {
 /// Work below this many elements stays on one thread (thread wake-up costs more).
 inline constexpr int64_t kParallelGrain = 32768;
 
-/// Byte strides of `t` read as `shape` (broadcasting).
-Shape byte_strides_for(const Tensor& t, const Shape& shape);
-
-/// The iteration space of N operands over one shape, with size-1 dims dropped and mergeable dims merged.
-template <size_t N>
-struct LoopPlan {
-  Shape shape;                       // outer dims ..., inner dim last
-  std::array<Shape, N> strides;      // bytes, per operand, per dim
-  std::array<char*, N> base;
-
-  LoopPlan(const Shape& full_shape, const std::array<const Tensor*, N>& operands) {
-    std::array<Shape, N> full;
-    for (size_t k = 0; k < N; ++k) {
-      full[k] = byte_strides_for(*operands[k], full_shape);
-      base[k] = static_cast<char*>(operands[k]->raw_data());
-    }
-    for (size_t d = 0; d < full_shape.size(); ++d) {
-      if (full_shape[d] == 1) continue;
-      bool merge = !shape.empty();
-      for (size_t k = 0; k < N && merge; ++k) merge = strides[k].back() == full[k][d] * full_shape[d];
-      if (merge) {
-        shape.back() *= full_shape[d];
-        for (size_t k = 0; k < N; ++k) strides[k].back() = full[k][d];
-      } else {
-        shape.push_back(full_shape[d]);
-        for (size_t k = 0; k < N; ++k) strides[k].push_back(full[k][d]);
-      }
-    }
-    if (shape.empty()) {
-      shape.push_back(1);
-      for (size_t k = 0; k < N; ++k) strides[k].push_back(0);
-    }
-  }
-
-  int64_t inner() const { return shape.back(); }
-  int64_t outer() const { return shape.back() == 0 ? 0 : shape_numel(shape) / shape.back(); }
-
-  /// Calls run(ptrs, inner_strides, length) for every innermost run, rows split across threads. When
-  /// there are fewer rows than threads (a contiguous tensor is a single run), each run is cut into
-  /// pieces as well, so that every thread gets a share.
-  template <typename Run>
-  void for_each_run(Run&& run) const {
-    int64_t n = inner(), rows = outer();
-    int64_t threads = intra_op_threads();
-    int64_t pieces = rows >= threads ? 1 : std::clamp<int64_t>(n / kParallelGrain, 1, threads);
-    constexpr int64_t kPieceAlign = 64;  // elements: pieces start on cache-line and vector boundaries
-    int64_t piece = pieces == 1 ? n : ((n + pieces - 1) / pieces + kPieceAlign - 1) & ~(kPieceAlign - 1);
-    if (piece > 0) pieces = (n + piece - 1) / piece;  // rounding up may leave fewer pieces
-    std::array<int64_t, N> inner_strides;
-    for (size_t k = 0; k < N; ++k) inner_strides[k] = strides[k].back();
-    size_t outer_dims = shape.size() - 1;
-    parallel_for(0, rows * pieces, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(piece, 1)),
-                 [&](int64_t item_begin, int64_t item_end) {
-                   Shape index(outer_dims, 0);
-                   int64_t rest = item_begin / pieces;
+/// Calls run(ptrs, inner_strides, length) for every innermost run, rows split across threads. When
+/// there are fewer rows than threads (a contiguous tensor is a single run), each run is cut into
+/// pieces as well, so that every thread gets a share.
+template <size_t N, typename Run>
+void for_each_run(const LoopPlan<N>& plan, Run&& run) {
+  int64_t n = plan.inner(), rows = plan.outer();
+  int64_t threads = intra_op_threads();
+  int64_t pieces = rows >= threads ? 1 : std::clamp<int64_t>(n / kParallelGrain, 1, threads);
+  constexpr int64_t kPieceAlign = 64;  // elements: pieces start on cache-line and vector boundaries
+  int64_t piece = pieces == 1 ? n : ((n + pieces - 1) / pieces + kPieceAlign - 1) & ~(kPieceAlign - 1);
+  if (piece > 0) pieces = (n + piece - 1) / piece;  // rounding up may leave fewer pieces
+  std::array<int64_t, N> inner_strides;
+  for (size_t k = 0; k < N; ++k) inner_strides[k] = plan.strides[k].back();
+  size_t outer_dims = plan.shape.size() - 1;
+  parallel_for(0, rows * pieces, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(piece, 1)),
+               [&](int64_t item_begin, int64_t item_end) {
+                 Shape index(outer_dims, 0);
+                 int64_t rest = item_begin / pieces;
+                 for (size_t d = outer_dims; d-- > 0;) {
+                   index[d] = rest % plan.shape[d];
+                   rest /= plan.shape[d];
+                 }
+                 for (int64_t item = item_begin, part = item_begin % pieces; item < item_end; ++item) {
+                   int64_t start = part * piece;
+                   std::array<char*, N> ptrs = plan.base;
+                   for (size_t k = 0; k < N; ++k) ptrs[k] += start * inner_strides[k];
+                   for (size_t d = 0; d < outer_dims; ++d)
+                     for (size_t k = 0; k < N; ++k) ptrs[k] += index[d] * plan.strides[k][d];
+                   run(ptrs, inner_strides, std::min(piece, n - start));
+                   if (++part < pieces) continue;
+                   part = 0;
                    for (size_t d = outer_dims; d-- > 0;) {
-                     index[d] = rest % shape[d];
-                     rest /= shape[d];
+                     if (++index[d] < plan.shape[d]) break;
+                     index[d] = 0;
                    }
-                   for (int64_t item = item_begin, part = item_begin % pieces; item < item_end; ++item) {
-                     int64_t start = part * piece;
-                     std::array<char*, N> ptrs = base;
-                     for (size_t k = 0; k < N; ++k) ptrs[k] += start * inner_strides[k];
-                     for (size_t d = 0; d < outer_dims; ++d)
-                       for (size_t k = 0; k < N; ++k) ptrs[k] += index[d] * strides[k][d];
-                     run(ptrs, inner_strides, std::min(piece, n - start));
-                     if (++part < pieces) continue;
-                     part = 0;
-                     for (size_t d = outer_dims; d-- > 0;) {
-                       if (++index[d] < shape[d]) break;
-                       index[d] = 0;
-                     }
-                   }
-                 });
-  }
-};
+                 }
+               });
+}
 
 /// out[i] = fn(in_0[i], in_1[i], ...) with inputs broadcast to out's shape. Out and In are the C++
 /// element types of the operands, which the caller has checked.
@@ -104,7 +68,7 @@ void map(Tensor& out, const std::array<const Tensor*, sizeof...(In)>& inputs, Fn
   operands[0] = &out;
   for (size_t k = 0; k < sizeof...(In); ++k) operands[k + 1] = inputs[k];
   LoopPlan<N> plan(out.shape(), operands);
-  plan.for_each_run([&](const std::array<char*, N>& ptrs, const std::array<int64_t, N>& strides, int64_t n) {
+  for_each_run(plan, [&](const std::array<char*, N>& ptrs, const std::array<int64_t, N>& strides, int64_t n) {
     [&]<size_t... I>(std::index_sequence<I...>) {
       Out* o = reinterpret_cast<Out*>(ptrs[0]);
       std::tuple<const In*...> in{reinterpret_cast<const In*>(ptrs[I + 1])...};
