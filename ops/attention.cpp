@@ -20,6 +20,7 @@
 // gradient is refused here: scaled_dot_product_attention composes ops for it).
 #include "ops/cpu/blas.h"
 #include "ops/families.h"
+#include "ops/cpu/dropout.h"
 #include "ops/kernel_checks.h"
 #include "ops/functional.h"
 #include "ops/reference.h"

@@ -10,6 +10,7 @@
 #include "ops/families.h"
 #include "ops/cpu/loops.h"
 #include "ops/functional.h"
+#include "ops/cpu/dropout.h"
 #include "ops/kernel_checks.h"
 #include "ops/reference.h"
 #include "ops/cpu/simd.h"
