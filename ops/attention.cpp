@@ -112,7 +112,7 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
           int64_t b = pair / H, h = pair % H;
           E* w = weights + pair * T * S;  // [T, S]
           gemm<E>(CblasNoTrans, CblasTrans, T, S, D, qs.at(b, h), qs.row_stride, ks.at(b, h), ks.row_stride, w, S,
-                  E{0}, scale);
+                  {.alpha = scale});
           for (int64_t t = 0; t < T; ++t) {
             E* row = w + t * S;
             const E* mask_row = masks + b * mask_strides[0] + h * mask_strides[1] + t * mask_strides[2];
@@ -205,9 +205,9 @@ void cpu_attention_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
             });
           }
           gemm<E>(CblasNoTrans, CblasNoTrans, T, D, S, dkept.data(), S, ks.at(b, h), ks.row_stride,
-                  dq + b * T * H * D + h * D, H * D, E{0}, scale);
+                  dq + b * T * H * D + h * D, H * D, {.alpha = scale});
           gemm<E>(CblasTrans, CblasNoTrans, S, D, T, dkept.data(), S, qs.at(b, h), qs.row_stride,
-                  dk + b * S * H * D + h * D, H * D, E{0}, scale);
+                  dk + b * S * H * D + h * D, H * D, {.alpha = scale});
         }
       });
     });

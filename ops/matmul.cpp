@@ -65,23 +65,23 @@ constexpr double kParallelGemmWork = 1 << 18;
 /// else by columns (sharing A, n x k).
 template <typename T>
 void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-                   const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, const T* bias = nullptr,
-                   bool relu = false) {
+                   const T* b, int64_t ldb, T* c, int64_t ldc, const cpu::GemmEpilogue<T>& epilogue = {}) {
   int64_t threads = intra_op_threads();
   if (threads == 1 || static_cast<double>(n) * m * k < kParallelGemmWork) {
-    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc, beta, T{1}, bias, relu);
+    gemm<T>(ta, tb, n, m, k, a, lda, b, ldb, c, ldc, epilogue);
     return;
   }
   if (n >= m) {
     parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* rows = a + (ta == CblasNoTrans ? lo * lda : lo);  // row lo of op(A)
-      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc, beta, T{1}, bias, relu);
+      gemm<T>(ta, tb, hi - lo, m, k, rows, lda, b, ldb, c + lo * ldc, ldc, epilogue);
     });
   } else {
     parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
       const T* columns = b + (tb == CblasNoTrans ? lo : lo * ldb);  // column lo of op(B)
-      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc, beta, T{1}, bias ? bias + lo : nullptr,
-              relu);
+      cpu::GemmEpilogue<T> block = epilogue;
+      if (block.bias) block.bias += lo;
+      gemm<T>(ta, tb, n, hi - lo, k, a, lda, columns, ldb, c + lo, ldc, block);
     });
   }
 }
@@ -124,7 +124,7 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
         offset_b += rest % batch[d] * b_batch[d];
         rest /= batch[d];
       }
-      run(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m, T{0});
+      run(la.trans, lb.trans, n, m, k, pa + offset_a, la.ld, pb + offset_b, lb.ld, pc + i * n * m, m);
     };
     if (count < intra_op_threads()) {  // few products: split each one
       for (int64_t i = 0; i < count; ++i) product(i, [](auto... args) { parallel_gemm<T>(args...); });
@@ -148,7 +148,7 @@ void gemm_2d(Tensor a, Tensor b, Tensor& c, bool accumulate = false) {
   MatrixLayout la = *blas_layout(a), lb = *blas_layout(b);
   visit_floating(c.dtype(), [&]<typename T>() {
     gemm<T>(la.trans, lb.trans, c.size(0), c.size(1), a.size(1), static_cast<const T*>(a.raw_data()), la.ld,
-            static_cast<const T*>(b.raw_data()), lb.ld, c.data_ptr<T>(), c.size(1), T(accumulate));
+            static_cast<const T*>(b.raw_data()), lb.ld, c.data_ptr<T>(), c.size(1), {.beta = T(accumulate)});
   });
 }
 
@@ -286,7 +286,7 @@ void linear_forward(const std::vector<Tensor>& in, std::vector<Tensor>& out, boo
         return;
       }
     // The GEMM adds the bias (and clamps) as it writes C: no pass over C before or after.
-    parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, T{0}, pb, relu);
+    parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, {.bias = pb, .relu = relu});
   });
 }
 

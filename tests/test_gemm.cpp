@@ -71,8 +71,10 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
             Operand c = random_matrix(n, m, padding, 2.5f, rng), bias = random_matrix(1, m, 0, 0, rng);
             if (beta == 0) std::fill(c.values.begin(), c.values.end(), nan);
             std::vector<float> before = c.values;
-            if (!mf::cpu::sgemm(trans_a, trans_b, n, m, k, alpha, a.values.data(), a.ld, b.values.data(), b.ld, beta,
-                                c.values.data(), c.ld, with_bias ? bias.values.data() : nullptr, relu != 0)) {
+            const mf::cpu::GemmEpilogue<float> epilogue{
+                .alpha = alpha, .beta = beta, .bias = with_bias ? bias.values.data() : nullptr, .relu = relu != 0};
+            if (!mf::cpu::sgemm(trans_a, trans_b, n, m, k, a.values.data(), a.ld, b.values.data(), b.ld, c.values.data(),
+                                c.ld, epilogue)) {
               // Declined exactly when the kernel path is narrower than AVX-512 (the CPU's or MINIFLOW_ISA's).
               REQUIRE(mf::kernel_isa() != mf::Isa::avx512);
               MESSAGE(fmt::format("skipped: kernels {}, so float products go to OpenBLAS", mf::isa_name(mf::kernel_isa())));

@@ -12,27 +12,27 @@
 
 namespace mf::cpu {
 
-/// c = alpha a b + beta c (+ bias[j] in column j, where bias is given), then with `relu`
-/// max(c, 0) as math::Relu, row-major, for float or double.
+/// c = op(a) op(b) through `epilogue` (sgemm.h: alpha, beta, bias, relu), row-major, op(a) rows x
+/// depth, op(b) depth x cols, for float or double.
 template <typename T>
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T* c, int64_t ldc, T beta = 0, T alpha = 1, const T* bias = nullptr,
-          bool relu = false) {
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t rows, int64_t cols, int64_t depth, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T* c, int64_t ldc, const GemmEpilogue<T>& epilogue = {}) {
   if constexpr (std::is_same_v<T, float>)
-    if (sgemm(ta != CblasNoTrans, tb != CblasNoTrans, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, relu))
-      return;
-  if (bias) {  // BLAS has no bias: c starts as beta c + bias and the product adds to it
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < m; ++j) c[i * ldc + j] = (beta == 0 ? T{0} : beta * c[i * ldc + j]) + bias[j];
+    if (sgemm(ta != CblasNoTrans, tb != CblasNoTrans, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue)) return;
+  T beta = epilogue.beta;
+  if (epilogue.bias) {  // BLAS has no bias: c starts as beta c + bias and the product adds to it
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        c[i * ldc + j] = (beta == 0 ? T{0} : beta * c[i * ldc + j]) + epilogue.bias[j];
     beta = 1;
   }
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    cblas_sgemm(CblasRowMajor, ta, tb, rows, cols, depth, epilogue.alpha, a, lda, b, ldb, beta, c, ldc);
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (relu)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < m; ++j) c[i * ldc + j] = math::Relu{}(c[i * ldc + j]);
+    cblas_dgemm(CblasRowMajor, ta, tb, rows, cols, depth, epilogue.alpha, a, lda, b, ldb, beta, c, ldc);
+  if (epilogue.relu)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = math::Relu{}(c[i * ldc + j]);
 }
 
 }  // namespace mf::cpu

@@ -277,19 +277,20 @@ MF_STRIP_TILE void strip_tile(int64_t rows, int64_t depth, const float* a, int64
 
 }  // namespace
 
-bool sgemm(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias, bool relu) {
+bool sgemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float* c, int64_t ldc, const GemmEpilogue<float>& epilogue) {
   if (kernel_isa() != Isa::avx512) return false;
-  if (n == 0 || m == 0) return true;
-  if (k == 0) {  // no products: c = beta c (+ bias), with beta == 0 writing over whatever c held
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < m; ++j) {
+  if (rows == 0 || cols == 0) return true;
+  const auto [alpha, beta, bias, relu] = epilogue;
+  if (depth == 0) {  // no products: c = beta c (+ bias), with beta == 0 writing over whatever c held
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
         float value = (beta == 0 ? 0.0f : beta * c[i * ldc + j]) + (bias ? bias[j] : 0.0f);
         c[i * ldc + j] = relu ? math::Relu{}(value) : value;
       }
     return true;
   }
-  sgemm_avx512(trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, relu);
+  sgemm_avx512(trans_a, trans_b, rows, cols, depth, alpha, a, lda, b, ldb, beta, c, ldc, bias, relu);
   return true;
 }
 

@@ -8,15 +8,23 @@
 
 namespace mf::cpu {
 
-/// c = alpha op(a) op(b) + beta c (+ bias[j] in column j), then with `relu` max(c, 0) (NaN kept),
-/// row-major, op(x) = x or x^T; op(a) is n x k, op(b) k x m, c n x m with rows ldc apart, bias m
-/// values or nullptr. With beta == 0, c is
+/// What a GEMM does beyond the product: c = alpha op(a) op(b) + beta c (+ bias[j] in column j, where
+/// bias is given), then with `relu` max(c, 0) as math::Relu (NaN kept). The defaults give c = a b.
+template <typename T>
+struct GemmEpilogue {
+  T alpha = 1;
+  T beta = 0;
+  const T* bias = nullptr;  // one value per column of c
+  bool relu = false;
+};
+
+/// c = op(a) op(b) through `epilogue`, row-major, op(x) = x or x^T; op(a) is rows x depth, op(b)
+/// depth x cols, c rows x cols with rows ldc apart (BLAS's m, n, k). With beta == 0, c is
 /// written without being read (NaN there stays out); a and b are read whatever alpha is (unlike
 /// BLAS with alpha == 0, which no caller passes). Single-threaded: callers split the work. Each
 /// element of c comes out the same whatever rows or columns the caller splits off. Returns false,
 /// computing nothing, when the CPU lacks AVX-512; the caller then uses BLAS.
-bool sgemm(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr,
-           bool relu = false);
+bool sgemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float* c, int64_t ldc, const GemmEpilogue<float>& epilogue = {});
 
 }  // namespace mf::cpu
