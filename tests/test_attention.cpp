@@ -125,12 +125,17 @@ TEST_CASE("MultiHeadAttention matches a naive loop, with a key-padding mask") {
   Tensor query = randn({2, 3, 6}, DType::Float64), memory = randn({2, 4, 6}, DType::Float64);
   // Batch 1 pads its last key.
   Tensor padding = from_vector<int64_t>({0, 0, 0, 0, 0, 0, 0, 1}, {2, 4}).eq(1.0);
-  nn::AttentionOutput out = mha->forward(query, memory, memory, padding_mask(padding), true);
   NaiveAttention expected =
       naive_attention(*mha, query, memory, [](int64_t b, int64_t, int64_t s) { return b == 1 && s == 3 ? -1e9 : 0.0; });
-  check_close(out.output, from_vector(expected.output, {2, 3, 6}), 1e-12, 1e-12);
-  check_close(out.weights, from_vector(expected.weights, {2, 2, 3, 4}), 1e-12, 1e-12);
-  CHECK_FALSE(mha->forward(query, memory, memory).weights.defined());
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    mha->to(device);
+    Tensor q = query.to(device), m = memory.to(device);
+    nn::AttentionOutput out = mha->forward(q, m, m, padding_mask(padding.to(device)), true);
+    check_close(out.output, from_vector(expected.output, {2, 3, 6}), 1e-12, 1e-12);
+    check_close(out.weights, from_vector(expected.weights, {2, 2, 3, 4}), 1e-12, 1e-12);
+    CHECK_FALSE(mha->forward(q, m, m).weights.defined());
+  }
 }
 
 TEST_CASE("attention rows sum to 1 and masked positions get probability 0") {

@@ -234,17 +234,20 @@ Tensor pad_to(const Tensor& tokens, int64_t width) {
 }  // namespace
 
 TEST_CASE("greedy decoding with the cache reproduces PyTorch's greedy decodes") {
-  for (const char* prefix : {"param.", "trained."}) {
-    CAPTURE(prefix);
-    auto model = std::make_shared<models::Transformer>(reference_config());
-    model->to(DType::Float64);
-    model->load_state_dict(testing::reference_with_prefix(prefix));
-    model->eval();
-    generation::GreedyResult result =
-        models::greedy_decode(*model, reference("input.src"), {.max_new_tokens = 8});
-    std::string expected = std::string(prefix) == "param." ? "expected.greedy" : "expected.greedy_trained";
-    check_close(pad_to(result.tokens, 9), reference(expected), 0, 0);
-  }
+  for (Device device : testing::test_devices())
+    for (const char* prefix : {"param.", "trained."}) {
+      CAPTURE(device);
+      CAPTURE(prefix);
+      auto model = std::make_shared<models::Transformer>(reference_config());
+      model->to(DType::Float64);
+      model->load_state_dict(testing::reference_with_prefix(prefix));
+      model->to(device);
+      model->eval();
+      generation::GreedyResult result =
+          models::greedy_decode(*model, reference("input.src").to(device), {.max_new_tokens = 8});
+      std::string expected = std::string(prefix) == "param." ? "expected.greedy" : "expected.greedy_trained";
+      check_close(pad_to(result.tokens.to(Device::cpu()), 9), reference(expected), 0, 0);
+    }
   // The trained model memorised the batch: its decodes are BOS + tgt_out.
   const Tensor& trained = reference("expected.greedy_trained");
   check_close(trained.slice(1, 1, 7), reference("input.tgt_out"), 0, 0);
