@@ -101,7 +101,7 @@ void copy_into_fused(const nn::MultiHeadAttention& separate, nn::MultiHeadAttent
 /// An additive key-padding mask [B, 1, 1, S]: -1e9 where `padding` (bool [B, S]) is true, else 0.
 Tensor padding_mask(const Tensor& padding) {
   int64_t B = padding.size(0), S = padding.size(1);
-  return zeros({B, 1, 1, S}, DType::Float64).masked_fill(padding.view({B, 1, 1, S}), -1e9);
+  return zeros({B, 1, 1, S}, DType::Float64, padding.device()).masked_fill(padding.view({B, 1, 1, S}), -1e9);
 }
 
 }  // namespace
