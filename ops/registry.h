@@ -213,7 +213,7 @@ template <typename P>
 constexpr size_t params_index() {
   constexpr size_t index = []<size_t... I>(std::index_sequence<I...>) {
     size_t found = std::variant_size_v<Attrs>;
-    ((std::is_same_v<P, std::variant_alternative_t<I, Attrs>> ? (found = I, true) : false) || ...);
+    (void)((std::is_same_v<P, std::variant_alternative_t<I, Attrs>> ? (found = I, true) : false) || ...);
     return found;
   }(std::make_index_sequence<std::variant_size_v<Attrs>>());
   static_assert(index < std::variant_size_v<Attrs>, "a parameter struct missing from MF_OP_PARAMS");

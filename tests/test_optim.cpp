@@ -193,33 +193,35 @@ TEST_CASE("float32 parameters are updated in float32 by the same rule") {
 TEST_CASE("Adam and AdamW match PyTorch on every parameter of the reference Transformer") {
   const std::map<std::string, Tensor>& tensors = testing::reference_tensors();
   nlohmann::json config = nlohmann::json::parse(testing::reference_config_json());
-  for (const char* which : {"adam", "adamw"}) {
-    CAPTURE(which);
-    const nlohmann::json& c = config.at(which);
-    std::vector<std::string> names;
-    std::vector<Tensor> params;
-    for (const auto& [key, tensor] : tensors) {
-      if (!key.starts_with("param.")) continue;
-      std::string name = key.substr(6);
-      Tensor p = tensor.clone();
-      p.set_requires_grad();
-      p.set_grad(tensors.at("grad." + name));
-      names.push_back(name);
-      params.push_back(p);
+  for (Device device : testing::test_devices())
+    for (const char* which : {"adam", "adamw"}) {
+      CAPTURE(device);
+      CAPTURE(which);
+      const nlohmann::json& c = config.at(which);
+      std::vector<std::string> names;
+      std::vector<Tensor> params;
+      for (const auto& [key, tensor] : tensors) {
+        if (!key.starts_with("param.")) continue;
+        std::string name = key.substr(6);
+        Tensor p = tensor.clone().to(device);
+        p.set_requires_grad();
+        p.set_grad(tensors.at("grad." + name).to(device));
+        names.push_back(name);
+        params.push_back(p);
+      }
+      REQUIRE(names.size() > 40);
+      double lr = c.at("lr"), b1 = c.at("betas").at(0), b2 = c.at("betas").at(1), eps = c.at("eps");
+      if (std::string(which) == "adam") {
+        optim::Adam(params, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps}).step();
+      } else {
+        optim::AdamW(params, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = c.at("weight_decay")})
+            .step();
+      }
+      for (size_t i = 0; i < names.size(); ++i) {
+        CAPTURE(names[i]);
+        check_close(params[i], tensors.at(std::string(which) + "1." + names[i]), 1e-12, 1e-15);
+      }
     }
-    REQUIRE(names.size() > 40);
-    double lr = c.at("lr"), b1 = c.at("betas").at(0), b2 = c.at("betas").at(1), eps = c.at("eps");
-    if (std::string(which) == "adam") {
-      optim::Adam(params, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps}).step();
-    } else {
-      optim::AdamW(params, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = c.at("weight_decay")})
-          .step();
-    }
-    for (size_t i = 0; i < names.size(); ++i) {
-      CAPTURE(names[i]);
-      check_close(params[i], tensors.at(std::string(which) + "1." + names[i]), 1e-12, 1e-15);
-    }
-  }
 }
 
 // ---- the Optimizer base -------------------------------------------------------------------------
