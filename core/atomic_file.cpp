@@ -17,8 +17,6 @@
 namespace mf {
 namespace {
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
 // This host's name as temporary file names spell it. Process ids identify a writer only on the host
 // that ran it, so a temporary file is only ever judged stale on its own host (file systems can be shared).
 const std::string& host_name() {

@@ -3,8 +3,11 @@
 #include "core/device.h"
 
 #include <string_view>
+#include <system_error>
 
 namespace mf {
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 std::string format_location(const std::source_location& loc) {
   std::string_view file = loc.file_name();

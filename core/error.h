@@ -21,6 +21,9 @@ class Error : public std::runtime_error {
 /// "model.cpp:42" for a call site (the file's base name keeps messages short).
 std::string format_location(const std::source_location& loc);
 
+/// The system's text for an errno value ("No such file or directory"), for messages about files.
+std::string errno_text(int err);
+
 /// `value` as a person should read it: a NaN loses its sign bit, which fmt would print as "-nan" (whether
 /// a NaN comes out signed depends on the kernel that made it); Python and PyTorch print every NaN as
 /// "nan". Other values pass through.

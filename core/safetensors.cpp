@@ -102,8 +102,6 @@ bool is_utf8(const std::string& text) {
   }
 }
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
 // ---- writing ----------------------------------------------------------------------------------
 
 struct WritePlan {

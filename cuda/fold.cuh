@@ -1,4 +1,4 @@
-// Folding the reduced extent of a ReduceLayout ([outer, n, inner], see ops/reduce_util.h) on the GPU,
+// Folding the reduced extent of a ReduceLayout ([outer, n, inner], see ops/layout.h) on the GPU,
 // shared by the reductions and softmax. Rows (inner == 1) are folded by one block each, all threads
 // striding along the row and meeting in shared memory; columns (inner > 1) by one thread each, so
 // neighbouring threads read neighbouring addresses.

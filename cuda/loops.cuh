@@ -1,5 +1,5 @@
-// The CUDA counterpart of ops/loops.h: one grid-stride kernel maps a functor over operands of any
-// strides, broadcast to the output's shape. The iteration space is planned on the host by the CPU's
+// The CUDA counterpart of ops/cpu/loops.h: one grid-stride kernel maps a functor over operands of any
+// strides, broadcast to the output's shape. The iteration space is planned on the host by ops/layout.h's
 // LoopPlan (size-1 dims dropped, mergeable dims merged), so both devices walk tensors the same way.
 #pragma once
 

@@ -8,8 +8,7 @@ std::vector<std::string> missing_ops() {
   std::vector<std::string> names;
   for (size_t i = 0; i < kOpCount; ++i) {
     const OpDef& def = registry()[static_cast<OpId>(i)];
-    if (def.view == nullptr && def.kernels[static_cast<size_t>(DeviceType::CUDA)] == nullptr)
-      names.emplace_back(def.name);
+    if (!def.runs_on(DeviceType::CUDA)) names.emplace_back(def.name);
   }
   return names;
 }

@@ -2,11 +2,8 @@
 // they share is ops/cpu/dropout.h).
 #pragma once
 
-#include "core/graph.h"
-#include "core/tensor.h"
 #include "ops/cpu/loops.h"
 #include "ops/kernel_api.h"
-#include "ops/registry.h"
 
 #include <cmath>
 #include <optional>

@@ -216,7 +216,8 @@ struct VarOp {
     T mean[kBlock];
     MeanOp::columns(p, n, inner, width, mean, attrs);
     column_sums(p, n, inner, width, out, [&mean](T v, int64_t c) { return (v - mean[c]) * (v - mean[c]); });
-    for (int64_t c = 0; c < width; ++c) out[c] /= divisor<T>(n, attrs);
+    const T divide_by = divisor<T>(n, attrs);
+    for (int64_t c = 0; c < width; ++c) out[c] /= divide_by;
   }
 };
 

@@ -363,6 +363,9 @@ struct OpDef {
   /// Test samples and the naive reference the suite holds the kernels against.
   SamplesFn samples = nullptr;
   ReferenceFn reference = nullptr;
+
+  /// Whether the op runs on `device`: a view anywhere, any other op where it has a kernel.
+  bool runs_on(DeviceType device) const { return view != nullptr || kernels[static_cast<size_t>(device)] != nullptr; }
 };
 
 class Registry {
@@ -396,18 +399,17 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
 
 /// The typed forms: op Id with the parameter struct MF_OPS gives it.
 template <OpId Id>
-std::vector<Tensor> call(const std::vector<Tensor>& inputs, const ParamsOf<Id>& params = {},
-                         Site site = Site::current()) {
-  return call(Id, inputs, Attrs(params), site);
+std::vector<Tensor> call(const std::vector<Tensor>& inputs, ParamsOf<Id> params = {}, Site site = Site::current()) {
+  return call(Id, inputs, Attrs(std::move(params)), site);
 }
 template <OpId Id>
-Tensor call1(const std::vector<Tensor>& inputs, const ParamsOf<Id>& params = {}, Site site = Site::current()) {
-  return call1(Id, inputs, Attrs(params), site);
+Tensor call1(const std::vector<Tensor>& inputs, ParamsOf<Id> params = {}, Site site = Site::current()) {
+  return call1(Id, inputs, Attrs(std::move(params)), site);
 }
 template <OpId Id>
-void call_inplace(Tensor& self, const std::vector<Tensor>& inputs, const ParamsOf<Id>& params = {},
+void call_inplace(Tensor& self, const std::vector<Tensor>& inputs, ParamsOf<Id> params = {},
                   Site site = Site::current()) {
-  call_inplace(Id, self, inputs, Attrs(params), site);
+  call_inplace(Id, self, inputs, Attrs(std::move(params)), site);
 }
 
 }  // namespace mf

@@ -38,7 +38,7 @@ std::vector<OutputSpec> infer_softmax(const std::vector<Tensor>& in, const Attrs
 //
 // Written once as always-inline templates over the vector width W (bytes), then compiled three times
 // (AVX-512, AVX2 + FMA, and the baseline) and picked once at run time from the CPU's features, as
-// PyTorch's CPU kernels are. Contiguous rows go through softmax_row (ops/softmax_row.h).
+// PyTorch's CPU kernels are. Contiguous rows go through softmax_row (ops/cpu/softmax_row.h).
 
 /// Columns [0, width) of one [N, inner] slab (width <= kBlock): softmax_row's passes, each vectorised
 /// across the columns.

@@ -53,7 +53,8 @@ def installed_headers(root):
 
 
 def violations(root):
-    public = installed_headers(root) | PUBLISHED_TO_LAYERS
+    installed = installed_headers(root)
+    public = installed | PUBLISHED_TO_LAYERS
     for layer in list(LAYERS) + ["tools"]:
         for path in sorted((root / layer).rglob("*")):
             if path.suffix not in SOURCE_SUFFIXES:
@@ -67,7 +68,7 @@ def violations(root):
                 if target_layer == layer:
                     continue
                 if layer == "tools":
-                    if header not in installed_headers(root):
+                    if header not in installed:
                         yield f"{where}: tools use installed headers only, and {header} is not installed"
                 elif target_layer not in LAYERS[layer]:
                     yield f"{where}: {layer} may not include {header} ({target_layer} is not below {layer})"

@@ -15,7 +15,7 @@ std::ifstream open_input(const std::filesystem::path& path, std::string_view wha
   if (!in) {
     const int open_errno = errno;
     if (!std::filesystem::exists(path, ec)) fail("{} '{}' does not exist", what, path.string());
-    fail("{} '{}' cannot be read ({})", what, path.string(), std::generic_category().message(open_errno));
+    fail("{} '{}' cannot be read ({})", what, path.string(), errno_text(open_errno));
   }
   return in;
 }

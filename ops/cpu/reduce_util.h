@@ -1,17 +1,9 @@
 // CPU helpers of the reduction ops and the fused row ops (softmax), over the layouts of ops/layout.h.
 #pragma once
 
-#include "core/tensor.h"
-#include "ops/cpu/loops.h"
-#include "ops/cpu/simd.h"
 #include "ops/layout.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <type_traits>
-#include <vector>
 
 namespace mf {
 
