@@ -199,12 +199,9 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   models::Transformer& model = translator.model();
   model.set_record_attention(true);
   model.forward(src, mf::from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}, src.device()));
-  std::string name = fmt::format("decoder.layers.{}.cross_attn", model.config().decoder_layers - 1);
-  mf::Tensor attention;
-  for (const auto& [layer, weights] : model.attention_weights())
-    if (layer == name) attention = weights;
+  mf::Tensor attention = model.decoder->layers.back()->cross_attention;  // [1, H, T, S]
   model.set_record_attention(false);
-  MF_CHECK(attention.defined(), "translate: the model recorded no attention named '{}'", name);
+  MF_CHECK(attention.defined(), "translate: the model recorded no cross-attention in its last decoder layer");
   mf::Tensor mean = attention.select(0, 0).mean({0}).to(mf::DType::Float64);  // [T, S]
   int64_t rows = mean.size(0), columns = mean.size(1);
   std::vector<double> flat = mean.contiguous().to_vector<double>();
