@@ -50,6 +50,10 @@ void ArgParser::add(const std::string& name, std::string* target, const std::str
   add_option({name, help, *target, true, [=](const std::string& v) { *target = v; }});
 }
 
+void ArgParser::add(const std::string& name, std::filesystem::path* target, const std::string& help) {
+  add_option({name, help, target->string(), true, [=](const std::string& v) { *target = v; }});
+}
+
 void ArgParser::add(const std::string& name, Device* target, const std::string& help) {
   add_option({name, help, target->str(), true, [=](const std::string& v) {
                 try {

@@ -5,6 +5,7 @@
 #include "core/device.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,7 @@ class ArgParser {
   void add(const std::string& name, int* target, const std::string& help);
   void add(const std::string& name, double* target, const std::string& help);
   void add(const std::string& name, std::string* target, const std::string& help);
+  void add(const std::string& name, std::filesystem::path* target, const std::string& help);
   /// A device: "cpu", "cuda" or "cuda:N"; anything else is bad usage. Whether the device can be used
   /// is check_device_available's business, after every flag has been checked.
   void add(const std::string& name, Device* target, const std::string& help);

@@ -19,12 +19,21 @@ using mf::tools::UsageError;
 struct Flags {
   mf::train::TrainingOptions options;
   std::string train_src, train_tgt, valid_src, valid_tgt;
-  std::string checkpoint = "transformer.safetensors", plot;  // options.checkpoint/plot, as flags take them
   mf::Device device = mf::Device::cpu();
   /// Both stacks' depth, unless --encoder-layers / --decoder-layers (0: this) say otherwise.
   int64_t layers = options.model.encoder_layers, encoder_layers = 0, decoder_layers = 0;
   bool no_lowercase = false, detect_anomaly = false;
   int threads = mf::get_num_threads();
+
+  /// The defaults of a run on a real corpus (a checkpoint each epoch), or of the toy run
+  /// (train::toy_options(): no checkpoint unless asked).
+  static Flags defaults(bool toy) {
+    Flags f;
+    f.options = toy ? mf::train::toy_options() : mf::train::TrainingOptions{};
+    if (!toy) f.options.checkpoint = "transformer.safetensors";
+    f.layers = f.options.model.encoder_layers;  // both stacks are equally deep in either default
+    return f;
+  }
 };
 
 /// A TrainingOptions field as this tool's flag names it: "optim.lr_factor" -> "--lr-factor".
@@ -32,40 +41,6 @@ std::string flag_of(std::string_view field) {
   std::string name(field.substr(field.rfind('.') + 1));  // npos + 1 == 0: a path without a dot
   std::replace(name.begin(), name.end(), '_', '-');
   return "--" + name;
-}
-
-/// True when `--name` appears on the command line (as `--name`, `--name VALUE` or `--name=VALUE`).
-bool given(int argc, char** argv, std::string_view name) {
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg.starts_with("--") && arg.substr(2, name.size()) == name &&
-        (arg.size() == name.size() + 2 || arg[name.size() + 2] == '='))
-      return true;
-  }
-  return false;
-}
-
-/// The toy corpus's settings, for every flag the user did not give.
-void apply_toy_defaults(Flags& f, int argc, char** argv) {
-  auto set = [&](const char* name, auto& field, auto value) {
-    if (!given(argc, argv, name)) field = value;
-  };
-  const mf::train::TrainingOptions toy = mf::train::toy_options();
-  mf::train::TrainingOptions& o = f.options;
-  set("epochs", o.epochs, toy.epochs);
-  set("d-model", o.model.d_model, toy.model.d_model);
-  set("heads", o.model.heads, toy.model.heads);
-  set("layers", f.layers, toy.model.encoder_layers);  // the toy's stacks are equally deep
-  set("d-ff", o.model.d_ff, toy.model.d_ff);
-  set("dropout", o.model.dropout, toy.model.dropout);
-  set("max-len", o.model.max_len, toy.model.max_len);
-  set("min-freq", o.vocab.min_freq, toy.vocab.min_freq);
-  set("max-tokens", o.optim.max_tokens, toy.optim.max_tokens);
-  set("warmup", o.optim.warmup, toy.optim.warmup);
-  set("lr-factor", o.optim.lr_factor, toy.optim.lr_factor);
-  set("log-every", o.log_every, toy.log_every);
-  set("checkpoint", f.checkpoint, toy.checkpoint.string());  // the toy run saves only when asked
-  o.quiet_epochs = toy.quiet_epochs;
 }
 
 void check_flags(const Flags& f) {
@@ -91,7 +66,7 @@ void check_flags(const Flags& f) {
     throw UsageError("--label-smoothing must be in [0, 1)");
   if (!(o.optim.lr_factor > 0) || !(o.optim.clip >= 0)) throw UsageError("--lr-factor must be positive, --clip >= 0");
   if (f.threads < 1) throw UsageError("--threads must be positive");
-  if (o.resume && f.checkpoint.empty()) throw UsageError("--resume needs --checkpoint");
+  if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint");
 }
 
 /// Reads a corpus, logging what was skipped or truncated.
@@ -147,8 +122,9 @@ int report_toy(mf::models::Translator& translator) {
   return 0;
 }
 
-int run(int argc, char** argv) {
-  Flags f;
+/// Parses argv into `f`, whose values are the defaults of the flags not given. Returns false when
+/// --help or --version was printed.
+bool parse_flags(int argc, char** argv, Flags& f) {
   mf::train::TrainingOptions& o = f.options;
   mf::tools::ArgParser args(
       "train_transformer",
@@ -187,18 +163,26 @@ int run(int argc, char** argv) {
   args.add("log-every", &o.log_every, "steps between progress lines when stdout is not a terminal");
   args.add("bleu-sentences", &o.bleu_sentences, "validation sentences translated for BLEU; 0: all");
   args.add("max-steps", &o.max_steps, "stop after this many steps of this run, saving a checkpoint; 0: no limit");
-  args.add("checkpoint", &f.checkpoint, "checkpoint written each epoch and on Ctrl-C");
-  args.add("plot", &f.plot, "SVG chart of the loss and BLEU curves (default: the checkpoint's path with .svg)");
+  args.add("checkpoint", &o.checkpoint, "checkpoint written each epoch and on Ctrl-C");
+  args.add("plot", &o.plot, "SVG chart of the loss and BLEU curves (default: the checkpoint's path with .svg)");
   args.add_switch("resume", &o.resume, "continue from --checkpoint");
   args.add_switch("detect-anomaly", &f.detect_anomaly,
                   "stop at the first op that makes a NaN or inf, naming it (slow: for debugging a diverging run)");
-  if (!args.parse(argc, argv)) return 0;
+  return args.parse(argc, argv);
+}
+
+int run(int argc, char** argv) {
+  Flags f = Flags::defaults(/*toy=*/false);
+  if (!parse_flags(argc, argv, f)) return 0;
   const bool toy = f.train_src.empty() && f.train_tgt.empty();
-  if (toy) apply_toy_defaults(f, argc, argv);
+  if (toy) {  // the toy run's defaults under the flags the user gave
+    f = Flags::defaults(/*toy=*/true);
+    parse_flags(argc, argv, f);
+  }
+  mf::train::TrainingOptions& o = f.options;
   check_flags(f);
   mf::tools::check_device_available(f.device, "--device");
-  if (f.plot.empty() && !f.checkpoint.empty())
-    f.plot = std::filesystem::path(f.checkpoint).replace_extension(".svg").string();
+  if (o.plot.empty() && !o.checkpoint.empty()) o.plot = std::filesystem::path(o.checkpoint).replace_extension(".svg");
   mf::set_num_threads(f.threads);
   mf::autograd::set_detect_anomaly(f.detect_anomaly);
   mf::manual_seed(static_cast<uint64_t>(o.optim.seed));
@@ -206,8 +190,6 @@ int run(int argc, char** argv) {
   o.model.encoder_layers = f.encoder_layers > 0 ? f.encoder_layers : f.layers;
   o.model.decoder_layers = f.decoder_layers > 0 ? f.decoder_layers : f.layers;
   o.tokenizer.lowercase = !f.no_lowercase;
-  o.checkpoint = f.checkpoint;
-  o.plot = f.plot;
   o.names = {.field = flag_of, .detect_anomaly = "rerun with --detect-anomaly"};
 
   mf::text::CorpusOptions corpus_options{.tokenizer = o.tokenizer, .max_length = o.model.max_len - 1,
@@ -223,7 +205,7 @@ int run(int argc, char** argv) {
 
   mf::models::Translator translator = mf::train::build_translator(train_corpus, o);
   const mf::models::TransformerConfig& config = translator.model().config();
-  if (o.resume) check_checkpoint_fits(mf::models::Translator::load(f.checkpoint), translator, f.checkpoint);
+  if (o.resume) check_checkpoint_fits(mf::models::Translator::load(o.checkpoint), translator, o.checkpoint.string());
 
   // Initialised on the CPU from --seed, then moved: the same starting weights on every device.
   translator.model().to(f.device);
@@ -236,7 +218,7 @@ int run(int argc, char** argv) {
   mf::train::ParallelData valid = mf::train::encode_corpus(translator, valid_corpus.sources, valid_corpus.targets);
   int status = mf::train::train_translator(translator, train, valid, o);
   if (status != 0) return status;
-  if (!f.checkpoint.empty()) fmt::print("checkpoint: '{}'\n", f.checkpoint);
+  if (!o.checkpoint.empty()) fmt::print("checkpoint: '{}'\n", o.checkpoint.string());
   return toy ? report_toy(translator) : 0;
 }
 
