@@ -35,7 +35,7 @@ void resume(const std::filesystem::path& path) {
       path, {.model = &model, .optimizer = &adam, .scheduler = &schedule, .plateau = &plateau, .generator = &generator});
   translator.translate_greedy({"ein kleiner test"}, 4);
 
-  const std::vector<std::vector<int64_t>> unknown{{mf::text::Vocab::kUnk}};  // an id every vocabulary has
+  const std::vector<std::vector<int64_t>> unknown{{mf::text::kUnkId}};  // an id every vocabulary has
   const std::vector<int64_t> rows{0};
   mf::models::TranslationBatch batch = mf::models::make_translation_batch(unknown, unknown, rows);
   model.train();

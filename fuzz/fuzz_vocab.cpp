@@ -8,10 +8,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mf::fuzz::expect_only_mf_errors([&] {
     mf::text::Vocab vocab = mf::text::Vocab::from_json(mf::fuzz::as_text(data, size), "fuzz input");
-    mf::fuzz::require(vocab.size() >= mf::text::Vocab::kSpecialCount, "a vocabulary holds the specials");
+    mf::fuzz::require(vocab.size() >= mf::text::kSpecialTokenCount, "a vocabulary holds the specials");
     for (int64_t id = 0; id < vocab.size(); ++id) {
-      if (id < mf::text::Vocab::kSpecialCount)
-        mf::fuzz::require(vocab.token(id) == mf::text::Vocab::kSpecialTokens[static_cast<size_t>(id)],
+      if (id < mf::text::kSpecialTokenCount)
+        mf::fuzz::require(vocab.token(id) == mf::text::kSpecialTokenTexts[static_cast<size_t>(id)],
                           "the specials sit at ids 0..3");
       mf::fuzz::require(!vocab.token(id).empty() && vocab.id(vocab.token(id)) == id, "each token maps to its own id");
     }

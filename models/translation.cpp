@@ -18,7 +18,7 @@ constexpr int64_t kMaxGrowth = 2;
 Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows, Device device) {
   size_t longest = 1;
   for (const auto& row : rows) longest = std::max(longest, row.size());
-  std::vector<int64_t> flat(rows.size() * longest, text::Vocab::kPad);
+  std::vector<int64_t> flat(rows.size() * longest, text::kPadId);
   for (size_t r = 0; r < rows.size(); ++r) std::copy(rows[r].begin(), rows[r].end(), flat.begin() + r * longest);
   return from_vector(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(longest)}, device);
 }
@@ -52,11 +52,11 @@ TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>&
     MF_CHECK(i >= 0 && i < static_cast<int64_t>(sources.size()) && sources.size() == targets.size(),
              "make_translation_batch: example {} is out of range for {} pairs", i, sources.size());
     src.push_back(sources[i]);
-    src.back().push_back(text::Vocab::kEos);
-    tgt_in.push_back({text::Vocab::kSos});
+    src.back().push_back(text::kEosId);
+    tgt_in.push_back({text::kSosId});
     tgt_in.back().insert(tgt_in.back().end(), targets[i].begin(), targets[i].end());
     tgt_out.push_back(targets[i]);
-    tgt_out.back().push_back(text::Vocab::kEos);
+    tgt_out.back().push_back(text::kEosId);
     target_tokens += static_cast<int64_t>(tgt_out.back().size());
   }
   return {pad_rows(src, device), pad_rows(tgt_in, device), pad_rows(tgt_out, device), target_tokens};
@@ -78,7 +78,7 @@ Tensor Translator::encode_sources(const std::vector<std::string>& sentences) con
   for (const std::string& sentence : sentences) {
     std::vector<int64_t> ids = src_vocab_.encode(tokenizer_.tokenize(sentence));
     if (static_cast<int64_t>(ids.size()) > limit) ids.resize(static_cast<size_t>(limit));
-    ids.push_back(text::Vocab::kEos);
+    ids.push_back(text::kEosId);
     rows.push_back(std::move(ids));
   }
   return pad_rows(rows, model_->device());

@@ -118,11 +118,11 @@ mf::text::TokenCounts sample_counts() { return {{"a", 5}, {"b", 3}, {"c", 3}, {"
 TEST_CASE("vocab has the specials at fixed ids") {
   const mf::text::Vocab vocab;
   CHECK(vocab.size() == 4);
-  CHECK(vocab.id("<pad>") == mf::text::Vocab::kPad);
-  CHECK(vocab.id("<sos>") == mf::text::Vocab::kSos);
-  CHECK(vocab.id("<eos>") == mf::text::Vocab::kEos);
-  CHECK(vocab.id("<unk>") == mf::text::Vocab::kUnk);
-  CHECK((mf::text::Vocab::kPad == 0 && mf::text::Vocab::kSos == 1 && mf::text::Vocab::kEos == 2 && mf::text::Vocab::kUnk == 3));
+  CHECK(vocab.id("<pad>") == mf::text::kPadId);
+  CHECK(vocab.id("<sos>") == mf::text::kSosId);
+  CHECK(vocab.id("<eos>") == mf::text::kEosId);
+  CHECK(vocab.id("<unk>") == mf::text::kUnkId);
+  CHECK((mf::text::kPadId == 0 && mf::text::kSosId == 1 && mf::text::kEosId == 2 && mf::text::kUnkId == 3));
 }
 
 TEST_CASE("vocab build applies min_freq and max_size, most frequent first, ties alphabetical") {
@@ -152,7 +152,7 @@ TEST_CASE("vocab counts tokens, encodes and decodes") {
   mf::text::count_tokens({{"der", "hund"}, {"der", "ball", "."}}, counts);
   CHECK(counts == mf::text::TokenCounts{{"der", 2}, {"hund", 1}, {"ball", 1}, {".", 1}});
   const mf::text::Vocab vocab = mf::text::Vocab::build(counts);  // der=4, then ". ball hund" = 5, 6, 7
-  CHECK(vocab.encode({"der", "katze", "."}) == std::vector<int64_t>{4, mf::text::Vocab::kUnk, 5});
+  CHECK(vocab.encode({"der", "katze", "."}) == std::vector<int64_t>{4, mf::text::kUnkId, 5});
   CHECK(vocab.encode({"hund"}, {.add_sos = true, .add_eos = true}) == std::vector<int64_t>{1, 7, 2});
   CHECK(vocab.contains("hund"));
   CHECK(!vocab.contains("katze"));

@@ -18,7 +18,7 @@ constexpr std::string_view kFormat = "miniflow-vocab";
 constexpr int kVersion = 1;
 
 bool is_special(std::string_view token) {
-  return std::find(Vocab::kSpecialTokens.begin(), Vocab::kSpecialTokens.end(), token) != Vocab::kSpecialTokens.end();
+  return std::find(kSpecialTokenTexts.begin(), kSpecialTokenTexts.end(), token) != kSpecialTokenTexts.end();
 }
 
 }  // namespace
@@ -28,7 +28,7 @@ void count_tokens(const std::vector<std::vector<std::string>>& sentences, TokenC
     for (const std::string& token : sentence) ++counts[token];
 }
 
-Vocab::Vocab() : Vocab(std::vector<std::string>(kSpecialTokens.begin(), kSpecialTokens.end())) {}
+Vocab::Vocab() : Vocab(std::vector<std::string>(kSpecialTokenTexts.begin(), kSpecialTokenTexts.end())) {}
 
 Vocab::Vocab(std::vector<std::string> tokens) : tokens_(std::move(tokens)) {
   ids_.reserve(tokens_.size());
@@ -37,8 +37,8 @@ Vocab::Vocab(std::vector<std::string> tokens) : tokens_(std::move(tokens)) {
 
 Vocab Vocab::build(const TokenCounts& counts, const VocabOptions& options) {
   MF_CHECK(options.min_freq >= 1, "Vocab::build: min_freq must be at least 1, got {}", options.min_freq);
-  MF_CHECK(options.max_size == 0 || options.max_size >= kSpecialCount,
-           "Vocab::build: max_size must be 0 (no limit) or at least {} (the special tokens), got {}", kSpecialCount,
+  MF_CHECK(options.max_size == 0 || options.max_size >= kSpecialTokenCount,
+           "Vocab::build: max_size must be 0 (no limit) or at least {} (the special tokens), got {}", kSpecialTokenCount,
            options.max_size);
   std::vector<std::pair<std::string_view, int64_t>> kept;
   for (const auto& [token, count] : counts) {
@@ -54,16 +54,16 @@ Vocab Vocab::build(const TokenCounts& counts, const VocabOptions& options) {
   std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
     return a.second != b.second ? a.second > b.second : a.first < b.first;
   });
-  if (options.max_size > 0) kept.resize(std::min(kept.size(), static_cast<size_t>(options.max_size - kSpecialCount)));
+  if (options.max_size > 0) kept.resize(std::min(kept.size(), static_cast<size_t>(options.max_size - kSpecialTokenCount)));
 
-  std::vector<std::string> tokens(kSpecialTokens.begin(), kSpecialTokens.end());
+  std::vector<std::string> tokens(kSpecialTokenTexts.begin(), kSpecialTokenTexts.end());
   for (const auto& entry : kept) tokens.emplace_back(entry.first);
   return Vocab(std::move(tokens));
 }
 
 int64_t Vocab::id(std::string_view token) const {
   auto it = ids_.find(token);
-  return it == ids_.end() ? kUnk : it->second;
+  return it == ids_.end() ? kUnkId : it->second;
 }
 
 const std::string& Vocab::token(int64_t id) const {
@@ -74,9 +74,9 @@ const std::string& Vocab::token(int64_t id) const {
 std::vector<int64_t> Vocab::encode(const std::vector<std::string>& tokens, EncodeOptions options) const {
   std::vector<int64_t> ids;
   ids.reserve(tokens.size() + 2);
-  if (options.add_sos) ids.push_back(kSos);
+  if (options.add_sos) ids.push_back(kSosId);
   for (const std::string& token : tokens) ids.push_back(id(token));
-  if (options.add_eos) ids.push_back(kEos);
+  if (options.add_eos) ids.push_back(kEosId);
   return ids;
 }
 
@@ -86,8 +86,8 @@ std::vector<std::string> Vocab::decode(std::span<const int64_t> ids) const {
     const int64_t id = ids[pos];
     MF_CHECK(id >= 0 && id < size(),
              "Vocab::decode: id {} at position {} is out of range for a vocabulary of {} tokens", id, pos, size());
-    if (id == kEos) break;
-    if (id == kPad || id == kSos) continue;
+    if (id == kEosId) break;
+    if (id == kPadId || id == kSosId) continue;
     tokens.push_back(tokens_[static_cast<size_t>(id)]);
   }
   return tokens;
@@ -123,15 +123,15 @@ Vocab Vocab::from_json(std::string_view json, std::string_view origin) {
     MF_CHECK(entry.is_string(), "vocab from {}: token at id {} is a {}, not a string", origin, id, entry.type_name());
     std::string token = entry.get<std::string>();
     MF_CHECK(!token.empty(), "vocab from {}: token at id {} is empty", origin, id);
-    if (id < kSpecialCount)
-      MF_CHECK(token == kSpecialTokens[id], "vocab from {}: id {} must be the special token \"{}\", found \"{}\"",
-               origin, id, kSpecialTokens[id], token);
+    if (id < kSpecialTokenCount)
+      MF_CHECK(token == kSpecialTokenTexts[id], "vocab from {}: id {} must be the special token \"{}\", found \"{}\"",
+               origin, id, kSpecialTokenTexts[id], token);
     auto [it, inserted] = first_id.emplace(token, id);
     MF_CHECK(inserted, "vocab from {}: duplicate token \"{}\" at ids {} and {}", origin, token, it->second, id);
     tokens.push_back(std::move(token));
   }
-  MF_CHECK(tokens.size() >= kSpecialCount, "vocab from {}: the special token \"{}\" is missing (expected at id {})",
-           origin, kSpecialTokens[tokens.size()], tokens.size());
+  MF_CHECK(tokens.size() >= kSpecialTokenCount, "vocab from {}: the special token \"{}\" is missing (expected at id {})",
+           origin, kSpecialTokenTexts[tokens.size()], tokens.size());
   return Vocab(std::move(tokens));
 }
 

@@ -3,7 +3,6 @@
 
 #include "text/special_tokens.h"
 
-#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -37,15 +36,6 @@ struct EncodeOptions {
 
 class Vocab {
  public:
-  // The ids of text/special_tokens.h, as members for the code that spells them Vocab::kPad.
-  static constexpr int64_t kPad = kPadId;
-  static constexpr int64_t kSos = kSosId;
-  static constexpr int64_t kEos = kEosId;
-  static constexpr int64_t kUnk = kUnkId;
-  static constexpr int64_t kSpecialCount = kSpecialTokenCount;
-  /// The special tokens' text, indexed by id.
-  static constexpr const std::array<std::string_view, kSpecialCount>& kSpecialTokens = kSpecialTokenTexts;
-
   /// A vocabulary holding only the four specials.
   Vocab();
 
@@ -61,12 +51,12 @@ class Vocab {
   const std::vector<std::string>& tokens() const { return tokens_; }
   /// True when `token` has an id of its own.
   bool contains(std::string_view token) const { return ids_.find(token) != ids_.end(); }
-  /// The id of `token`, or kUnk when it is not in the vocabulary.
+  /// The id of `token`, or kUnkId when it is not in the vocabulary.
   int64_t id(std::string_view token) const;
   /// The token with id `id`; throws mf::Error when it is out of range.
   const std::string& token(int64_t id) const;
 
-  /// Ids of `tokens` (unknown ones become kUnk), with <sos>/<eos> added as asked.
+  /// Ids of `tokens` (unknown ones become kUnkId), with <sos>/<eos> added as asked.
   std::vector<int64_t> encode(const std::vector<std::string>& tokens, EncodeOptions options = {}) const;
   /// Tokens of `ids` up to the first <eos>, skipping <pad> and <sos> (model output back to text).
   /// Throws mf::Error for an id out of range.

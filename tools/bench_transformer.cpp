@@ -189,7 +189,7 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool
     for (int64_t b = 0; b < greedy.tokens.size(0); ++b)
       for (int64_t t = 1; t < width; ++t) {
         ++greedy_tokens;
-        if (ids[static_cast<size_t>(b * width + t)] == mf::text::Vocab::kEos) break;
+        if (ids[static_cast<size_t>(b * width + t)] == mf::text::kEosId) break;
       }
     start = Clock::now();
     auto beams = mf::models::beam_search(model, sources, {.beam_size = 4, .max_new_tokens = 32});

@@ -182,7 +182,7 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const mf::Tensor
                                  .tokens.select(0, 0)
                                  .to_vector<int64_t>();
   std::vector<int64_t> ids(row.begin() + 1, row.end());  // drop <sos>
-  auto eos = std::find(ids.begin(), ids.end(), mf::text::Vocab::kEos);
+  auto eos = std::find(ids.begin(), ids.end(), mf::text::kEosId);
   if (eos != ids.end()) ids.erase(eos + 1, ids.end());  // padding after <eos>
   return ids;
 }
@@ -194,7 +194,7 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   mf::NoGradGuard no_grad;
   mf::Tensor src = translator.encode_sources({sentence});  // [1, S]: tokens + <eos>
   std::vector<int64_t> ids = decode_ids(translator, src, o);
-  std::vector<int64_t> tgt_in{mf::text::Vocab::kSos};
+  std::vector<int64_t> tgt_in{mf::text::kSosId};
   tgt_in.insert(tgt_in.end(), ids.begin(), ids.end() - 1);  // row t predicts ids[t]
   models::Transformer& model = translator.model();
   model.set_record_attention(true);
