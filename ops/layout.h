@@ -76,8 +76,6 @@ struct ReduceLayout {
   };
   int64_t blocks() const { return (inner + kBlock - 1) / kBlock; }
   int64_t items() const { return outer * blocks(); }
-  /// Items per parallel_for chunk on the CPU, so that a chunk covers about cpu::kParallelGrain elements.
-  int64_t grain() const;
   Slab slab(int64_t item) const {
     int64_t block = item % blocks(), o = item / blocks(), c0 = block * kBlock;
     return {o * n * inner + c0, o * inner + c0, std::min(kBlock, inner - c0)};

@@ -16,66 +16,6 @@
 
 namespace mf {
 
-ReducePlan plan_reduction(const Tensor& x, const Shape& dims, bool keepdim) {
-  ReducePlan plan;
-  plan.reduced.assign(static_cast<size_t>(x.dim()), dims.empty());
-  for (int64_t d : dims) {
-    int64_t dim = normalize_dim(d, x.dim());
-    if (x.dim() == 0) continue;
-    MF_CHECK(!plan.reduced[dim], "dim {} appears twice in {}", dim, shape_str(dims));
-    plan.reduced[dim] = true;
-  }
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    int64_t size = x.shape()[d];
-    if (plan.reduced[d]) {
-      plan.reduced_numel *= size;
-      plan.kept_shape.push_back(1);
-      if (keepdim) plan.out_shape.push_back(1);
-    } else {
-      plan.kept_shape.push_back(size);
-      plan.out_shape.push_back(size);
-    }
-  }
-  return plan;
-}
-
-int64_t ReduceLayout::grain() const {
-  return std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(n * std::min(inner, kBlock), 1));
-}
-
-ReduceLayout reduce_layout(const Tensor& x, const ReducePlan& plan) {
-  ReduceLayout layout;
-  layout.n = plan.reduced_numel;
-  if (x.numel() == 0) {  // no element is read: no rows, or rows of none
-    layout.outer = shape_numel(plan.kept_shape);
-    layout.data = Tensor::empty({0}, x.dtype(), x.device());
-    return layout;
-  }
-  // The reduced dims of size > 1 must be one run, broken by no kept dim of size > 1.
-  int64_t first = x.dim(), last = -1;
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    if (!plan.reduced[d] || x.shape()[d] == 1) continue;
-    if (last < 0) first = d;
-    last = d;
-  }
-  bool adjacent = true;
-  for (int64_t d = first; d < last; ++d) adjacent &= plan.reduced[d] || x.shape()[d] == 1;
-  if (adjacent) {
-    for (int64_t d = 0; d < x.dim(); ++d)
-      if (!plan.reduced[d] || x.shape()[d] == 1) (d < first ? layout.outer : layout.inner) *= x.shape()[d];
-    layout.data = x.contiguous();
-    return layout;
-  }
-  Shape order;
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (!plan.reduced[d]) order.push_back(d);
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (plan.reduced[d]) order.push_back(d);
-  layout.outer = shape_numel(plan.kept_shape);
-  layout.data = x.permute(order).contiguous();
-  return layout;
-}
-
 namespace {
 
 // ---- shared fronts ------------------------------------------------------------------------------
@@ -252,7 +192,7 @@ void cpu_reduce(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     if constexpr (!(kArithmetic && std::is_same_v<T, bool>)) {
       const T* p = static_cast<const T*>(layout.data.raw_data());  // [outer, n, inner]
       T* o = out[0].data_ptr<T>();                                 // [outer, inner]
-      parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) {
+      parallel_for(0, layout.items(), slab_grain(layout), [&](int64_t begin, int64_t end) {
         for (int64_t item = begin; item < end; ++item) {
           ReduceLayout::Slab s = layout.slab(item);
           if (layout.inner == 1) o[s.out] = Op::row(p + s.offset, layout.n, attrs);
@@ -275,7 +215,7 @@ void cpu_arg_extreme(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
     int64_t* indices = out.back().data_ptr<int64_t>();           // [outer, inner]
     T* values = out.size() == 2 ? out[0].data_ptr<T>() : nullptr;
     auto holds = [](T v, T best) { return v == best || (best != best && v != v); };
-    parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) {
+    parallel_for(0, layout.items(), slab_grain(layout), [&](int64_t begin, int64_t end) {
       T best[kBlock];
       for (int64_t item = begin; item < end; ++item) {
         ReduceLayout::Slab s = layout.slab(item);

@@ -85,7 +85,7 @@ void cpu_softmax(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
   visit_floating(in[0].dtype(), [&]<typename T>() {
     const T* inp = layout.data.data_ptr<T>();  // [outer, N, inner]
     T* o = out[0].data_ptr<T>();               // [outer, N, inner]
-    parallel_for(0, layout.items(), layout.grain(), [&](int64_t begin, int64_t end) {
+    parallel_for(0, layout.items(), slab_grain(layout), [&](int64_t begin, int64_t end) {
       cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE { softmax_items<W, Log>(inp, o, layout, begin, end); });
     });
   });
