@@ -88,7 +88,8 @@ std::string progress_json(const Progress& p, const OptimSettings& settings) {
 Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesystem::path& path,
                         const OptimSettings& settings, const SettingNames& names) {
   auto it = metadata.find(kProgressKey);
-  MF_CHECK(it != metadata.end(), "checkpoint '{}' was not written by train_transformer (no '{}' entry)",
+  MF_CHECK(it != metadata.end(),
+           "checkpoint '{}' holds no training progress to resume (no '{}' entry): the training loop did not save it",
            path.string(), kProgressKey);
   try {
     json j = json::parse(it->second);
