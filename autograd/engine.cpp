@@ -9,12 +9,107 @@
 
 #include <fmt/ranges.h>
 
+#include <atomic>
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace mf::autograd {
 namespace {
+
+struct LeafHook {
+  uint64_t id;
+  std::shared_ptr<TensorImpl> leaf;
+  std::function<void(Tensor&)> call;
+};
+
+/// The post-accumulate-grad hooks of every leaf. Backward looks at them only when there are some, so
+/// a program without hooks pays nothing.
+struct HookRegistry {
+  std::mutex mutex;
+  std::vector<LeafHook> hooks;
+  std::atomic<size_t> count{0};
+  uint64_t next_id = 1;
+};
+
+HookRegistry& hook_registry() {
+  static HookRegistry registry;
+  return registry;
+}
+
+/// One backward's countdown for the hooked leaves it reaches: the edges still to deliver into each
+/// leaf, counted over the graph before it runs. A leaf's hooks run when its count reaches zero, and
+/// those of leaves still counting (behind nodes no gradient reached) when backward ends.
+class GradReadyHooks {
+ public:
+  explicit GradReadyHooks(const std::vector<Tensor>& roots) {
+    if (hook_registry().count.load(std::memory_order_acquire) == 0) return;
+    {
+      std::lock_guard lock(hook_registry().mutex);
+      for (const LeafHook& hook : hook_registry().hooks) {
+        Waiting& w = waiting_[hook.leaf.get()];
+        w.leaf = hook.leaf;
+        w.hooks.push_back(hook.call);
+      }
+    }
+    std::vector<Node*> stack;
+    std::unordered_set<Node*> seen;
+    for (const Tensor& root : roots) {
+      if (auto fn = root.grad_fn()) {
+        if (seen.insert(fn.get()).second) stack.push_back(fn.get());
+      } else {
+        count_edge(root.impl_ptr().get());
+      }
+    }
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const Edge& edge : node->next_edges) {
+        if (edge.node && seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+        if (edge.leaf) count_edge(edge.leaf.get());
+      }
+    }
+    std::erase_if(waiting_, [](const auto& entry) { return entry.second.edges == 0; });
+  }
+
+  /// An edge into `leaf` has delivered its gradient (or none).
+  void arrived(const TensorImpl* leaf) {
+    if (waiting_.empty()) return;
+    auto it = waiting_.find(leaf);
+    if (it == waiting_.end() || --it->second.edges > 0) return;
+    Waiting ready = std::move(it->second);
+    waiting_.erase(it);
+    run(ready);
+  }
+
+  /// Backward is over: every leaf still waiting has all the gradient it will get.
+  void finish() {
+    std::vector<Waiting> left;
+    for (auto& [impl, w] : waiting_) left.push_back(std::move(w));
+    waiting_.clear();
+    for (Waiting& w : left) run(w);
+  }
+
+ private:
+  struct Waiting {
+    std::shared_ptr<TensorImpl> leaf;
+    std::vector<std::function<void(Tensor&)>> hooks;
+    int64_t edges = 0;
+  };
+
+  void count_edge(const TensorImpl* leaf) {
+    auto it = waiting_.find(leaf);
+    if (it != waiting_.end()) ++it->second.edges;
+  }
+
+  static void run(Waiting& w) {
+    Tensor leaf(w.leaf);
+    for (auto& hook : w.hooks) hook(leaf);
+  }
+
+  std::unordered_map<const TensorImpl*, Waiting> waiting_;
+};
 
 /// True when nothing but `t` sees its memory, so it may be updated in place.
 bool owns_storage_alone(const Tensor& t) {
@@ -67,7 +162,8 @@ void check_gradients(const Node& node, const std::vector<Tensor>& grad_inputs,
 /// Runs one node and routes its input gradients along its edges.
 void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
               std::unordered_map<Node*, std::vector<Tensor>>& pending,
-              const std::unordered_map<const TensorImpl*, size_t>* captured_leaves, std::vector<Tensor>* captured) {
+              const std::unordered_map<const TensorImpl*, size_t>* captured_leaves, std::vector<Tensor>* captured,
+              GradReadyHooks& ready_hooks) {
   for (size_t i = 0; i < grad_outputs.size(); ++i)
     if (!grad_outputs[i].defined() && is_floating(node.output_dtypes[i]) && !node.takes_undefined_grads)
       grad_outputs[i] = zeros(node.output_shapes[i], node.output_dtypes[i], node.device);
@@ -115,16 +211,17 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
   for (size_t i = 0; i < grad_inputs.size(); ++i) {
     const Edge& edge = node.next_edges[i];
     Tensor& g = grad_inputs[i];
-    if (!g.defined() || !edge.is_valid()) continue;
     if (edge.node) {
+      if (!g.defined()) continue;
       auto& slots = pending[edge.node.get()];
       slots.resize(edge.node->num_outputs);
       accumulate(slots[edge.output_nr], std::move(g));
-    } else if (captured_leaves) {
+    } else if (edge.leaf && captured_leaves) {
       auto it = captured_leaves->find(edge.leaf.get());
-      if (it != captured_leaves->end()) accumulate((*captured)[it->second], std::move(g));
-    } else {
-      accumulate_into_leaf(*edge.leaf, std::move(g));
+      if (g.defined() && it != captured_leaves->end()) accumulate((*captured)[it->second], std::move(g));
+    } else if (edge.leaf) {
+      if (g.defined()) accumulate_into_leaf(*edge.leaf, std::move(g));
+      ready_hooks.arrived(edge.leaf.get());
     }
   }
 }
@@ -143,6 +240,7 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_g
   std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
   std::unordered_set<Node*> queued;
   std::vector<std::shared_ptr<Node>> keep_alive;  // nodes stay valid even if a root handle drops them
+  GradReadyHooks ready_hooks(captured_leaves ? std::vector<Tensor>{} : roots);
   for (size_t r = 0; r < roots.size(); ++r) {
     const Tensor& root = roots[r];
     Tensor g = root_grads[r];
@@ -159,6 +257,7 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_g
       if (it != captured_leaves->end()) accumulate((*captured)[it->second], std::move(g));
     } else {
       accumulate_into_leaf(root.impl(), std::move(g));
+      ready_hooks.arrived(root.impl_ptr().get());
     }
   }
   while (!ready.empty()) {
@@ -167,13 +266,14 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_g
     std::vector<Tensor> grads = std::move(pending[node]);
     pending.erase(node);
     grads.resize(node->num_outputs);
-    run_node(*node, grads, retain_graph, pending, captured_leaves, captured);
+    run_node(*node, grads, retain_graph, pending, captured_leaves, captured, ready_hooks);
     for (const Edge& edge : node->next_edges)
       if (edge.node && pending.count(edge.node.get()) && queued.insert(edge.node.get()).second) {
         ready.push(edge.node.get());
         keep_alive.push_back(edge.node);
       }
   }
+  ready_hooks.finish();
 }
 
 Tensor checked_root_grad(const Tensor& root, const Tensor& gradient, const char* api) {
@@ -191,6 +291,35 @@ Tensor checked_root_grad(const Tensor& root, const Tensor& gradient, const char*
 }
 
 }  // namespace
+
+HookHandle register_post_accumulate_grad_hook(const Tensor& leaf, std::function<void(Tensor& leaf)> hook) {
+  MF_CHECK(leaf.defined() && leaf.requires_grad() && leaf.is_leaf(),
+           "register_post_accumulate_grad_hook: expects a leaf tensor that requires grad");
+  MF_CHECK(hook != nullptr, "register_post_accumulate_grad_hook: the hook is empty");
+  HookRegistry& registry = hook_registry();
+  std::lock_guard lock(registry.mutex);
+  uint64_t id = registry.next_id++;
+  registry.hooks.push_back({id, leaf.impl_ptr(), std::move(hook)});
+  registry.count.store(registry.hooks.size(), std::memory_order_release);
+  return HookHandle(id);
+}
+
+void HookHandle::remove() {
+  if (id_ == 0) return;
+  HookRegistry& registry = hook_registry();
+  std::lock_guard lock(registry.mutex);
+  std::erase_if(registry.hooks, [&](const LeafHook& hook) { return hook.id == id_; });
+  registry.count.store(registry.hooks.size(), std::memory_order_release);
+  id_ = 0;
+}
+
+HookHandle& HookHandle::operator=(HookHandle&& other) noexcept {
+  if (this != &other) {
+    remove();
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients, bool retain_graph) {
   MF_CHECK(gradients.empty() || gradients.size() == roots.size(), "backward: {} gradients for {} tensors",

@@ -254,6 +254,56 @@ TEST_CASE("autograd::grad returns gradients without touching .grad") {
   CHECK_THROWS_WITH_AS(autograd::grad({sum(x * x)}, {x * x}), doctest::Contains("must be a leaf"), Error);
 }
 
+// ---- post-accumulate-grad hooks ------------------------------------------------------------------
+
+TEST_CASE("a post-accumulate-grad hook sees the leaf's whole gradient, once per backward") {
+  Tensor x = leaf({1, -2, 3});
+  Tensor seen;
+  int calls = 0;
+  autograd::HookHandle handle = autograd::register_post_accumulate_grad_hook(x, [&](Tensor& grad_leaf) {
+    ++calls;
+    CHECK(grad_leaf.is_same(x));
+    seen = grad_leaf.grad().clone();
+  });
+  // x reaches the loss by three paths (x * x uses it twice): d/dx sum(x * x + x) = 2x + 1.
+  sum(x * x + x).backward();
+  CHECK(calls == 1);
+  check_close(seen, f64({3, -3, 7}), 0, 0);
+  sum(x).backward();  // the second backward adds 1 to what the first left in .grad
+  CHECK(calls == 2);
+  check_close(seen, f64({4, -2, 8}), 0, 0);
+  handle.remove();
+  sum(x).backward();
+  CHECK(calls == 2);
+}
+
+TEST_CASE("hooks fire as each leaf's gradient is final: the last layer's first") {
+  Tensor w1 = leaf({0.5, -1}, {2, 1}), w2 = leaf({2, 3}, {1, 2}), x = f64({1, 2, 3}, {1, 3});
+  std::vector<std::string> order;
+  auto h1 = autograd::register_post_accumulate_grad_hook(w1, [&](Tensor&) { order.push_back("w1"); });
+  auto h2 = autograd::register_post_accumulate_grad_hook(w2, [&](Tensor&) {
+    order.push_back("w2");
+    CHECK(!w1.grad().defined());  // w1's gradient comes later, from the node below w2's
+  });
+  sum(matmul(w2, matmul(w1, x))).backward();
+  CHECK(order == std::vector<std::string>{"w2", "w1"});
+}
+
+TEST_CASE("hooks: a leaf backward does not reach is not called; grad() calls none; a root leaf is") {
+  Tensor x = leaf({1, 2}), unused = leaf({5});
+  int x_calls = 0, unused_calls = 0;
+  auto hx = autograd::register_post_accumulate_grad_hook(x, [&](Tensor&) { ++x_calls; });
+  auto hu = autograd::register_post_accumulate_grad_hook(unused, [&](Tensor&) { ++unused_calls; });
+  autograd::grad({sum(x * x)}, {x});
+  CHECK(x_calls == 0);
+  x.backward(f64({1, 1}));  // the root is the leaf itself
+  CHECK(x_calls == 1);
+  sum(x * x).backward();
+  CHECK((x_calls == 2 && unused_calls == 0));
+  CHECK_THROWS_WITH_AS(autograd::register_post_accumulate_grad_hook(f64({1}), [](Tensor&) {}),
+                       doctest::Contains("expects a leaf tensor that requires grad"), Error);
+}
+
 TEST_CASE("gradcheck agrees on a composite function and catches a wrong gradient") {
   Tensor a = reference::randn({2, 3}, 101).set_requires_grad();
   Tensor b = reference::randn({3, 4}, 102).set_requires_grad();
