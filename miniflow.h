@@ -37,6 +37,8 @@
 #include "optim/scheduler.h"
 #include "optim/sgd.h"
 #include "optim/training_state.h"
+#include "distributed/process_group.h"
+#include "distributed/data_parallel.h"
 
 #include "text/batching.h"
 #include "text/bleu.h"

@@ -21,8 +21,9 @@ LAYERS = {
     "autograd": ["core", "ops", "cuda"],
     "nn": ["core", "ops", "cuda", "autograd"],
     "optim": ["core", "ops", "cuda", "autograd", "nn"],
+    "distributed": ["core", "ops", "cuda", "autograd", "nn", "optim"],
     "models": ["core", "text", "ops", "cuda", "autograd", "nn", "optim"],
-    "train": ["core", "text", "ops", "cuda", "autograd", "nn", "optim", "models"],
+    "train": ["core", "text", "ops", "cuda", "autograd", "nn", "optim", "distributed", "models"],
 }
 # Headers a layer publishes to the layers above it but not to users (not installed): what kernel authors
 # outside ops need (the CUDA kernels, the fused Adam step), and helpers the library's layers share.

@@ -1,0 +1,200 @@
+#include "distributed/data_parallel.h"
+
+#include "core/error.h"
+#include "ops/functional.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace mf::distributed {
+
+/// Gradients of one dtype and device, packed back to back in `flat`.
+struct DistributedDataParallel::Bucket {
+  std::vector<size_t> params;   // indices into params_
+  std::vector<int64_t> offsets;  // of each parameter's gradient in flat
+  Tensor flat;
+  Tensor gathered;              // deterministic mode: [world_size, flat.numel()]
+  std::vector<bool> filled;     // per slot, this step
+  size_t unfilled = 0;
+  std::shared_ptr<Work> work;   // set once launched this step
+};
+
+namespace {
+
+/// FNV-1a of a parameter's name, dtype and shape: what the ranks compare.
+int64_t signature(const std::string& description) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : description) hash = (hash ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(hash >> 1) | 1;  // never 0, which stands for "no such parameter"
+}
+
+std::string describe(const nn::NamedTensor& p) {
+  return fmt::format("'{}' ({} {} on {})", p.name, dtype_name(p.tensor.dtype()), shape_str(p.tensor.shape()),
+                     p.tensor.device().str());
+}
+
+/// Rank `from`'s text, on every rank (a collective).
+std::string broadcast_text(ProcessGroup& group, const std::string& text, int from) {
+  constexpr int64_t kMaxChars = 512;
+  std::vector<int64_t> codes(kMaxChars, 0);
+  if (group.rank() == from)
+    for (size_t i = 0; i < std::min<size_t>(text.size(), kMaxChars); ++i)
+      codes[i] = static_cast<unsigned char>(text[i]);
+  Tensor t = from_vector(codes, {kMaxChars});
+  group.broadcast(t, from);
+  std::string out;
+  for (int64_t code : t.to_vector<int64_t>()) {
+    if (code == 0) break;
+    out.push_back(static_cast<char>(code));
+  }
+  return out;
+}
+
+/// Throws, on every rank, when the ranks' parameter lists differ, naming the first difference.
+void check_same_parameters(ProcessGroup& group, const std::vector<nn::NamedTensor>& params) {
+  const int64_t count = static_cast<int64_t>(params.size());
+  Tensor counts = group.all_gather(from_vector(std::vector<int64_t>{count}, {1}));
+  const std::vector<int64_t> all_counts = counts.to_vector<int64_t>();
+  const int64_t longest = *std::max_element(all_counts.begin(), all_counts.end());
+  std::vector<int64_t> mine(static_cast<size_t>(longest), 0);
+  for (size_t i = 0; i < params.size(); ++i) mine[i] = signature(describe(params[i]));
+  const std::vector<int64_t> all = group.all_gather(from_vector(mine, {longest})).to_vector<int64_t>();
+  for (int64_t i = 0; i < longest; ++i) {
+    for (int r = 1; r < group.world_size(); ++r) {
+      if (all[static_cast<size_t>(r * longest + i)] == all[static_cast<size_t>(i)]) continue;
+      auto text_of = [&](int rank) {
+        std::string own = i < count ? describe(params[static_cast<size_t>(i)]) : "no such parameter";
+        return broadcast_text(group, own, rank);
+      };
+      std::string first = text_of(0), other = text_of(r);
+      fail("DistributedDataParallel: the ranks' models differ at parameter {}: rank 0 has {}, rank {} has {} "
+           "(ranks have {} parameters); every rank must build the same model", i, first, r, other,
+           fmt::join(all_counts, " / "));
+    }
+  }
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(const nn::Module& module, std::shared_ptr<ProcessGroup> group,
+                                                 DataParallelOptions options)
+    : group_(std::move(group)), options_(options) {
+  MF_CHECK(group_ != nullptr, "DistributedDataParallel: the process group is null");
+  MF_CHECK(options_.bucket_bytes > 0, "DistributedDataParallel: bucket_bytes must be positive, got {}",
+           options_.bucket_bytes);
+  std::vector<nn::NamedTensor> named = module.named_parameters();
+  check_same_parameters(*group_, named);
+  {
+    NoGradGuard no_grad;
+    for (nn::NamedTensor& p : named) group_->broadcast(p.tensor, 0);
+    if (options_.broadcast_buffers)
+      for (nn::NamedTensor& b : module.named_buffers()) group_->broadcast(b.tensor, 0);
+  }
+  for (nn::NamedTensor& p : named) params_.push_back(p.tensor);
+
+  // Buckets over the parameters in reverse order, a new one when the dtype or device changes or the
+  // bytes would pass bucket_bytes.
+  where_.resize(params_.size());
+  for (size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k];
+    Bucket* last = buckets_.empty() ? nullptr : buckets_.back().get();
+    bool fits = last && last->flat.dtype() == p.dtype() && last->flat.device() == p.device() &&
+                (last->flat.numel() + p.numel()) * static_cast<int64_t>(p.element_size()) <= options_.bucket_bytes;
+    if (!fits) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      buckets_.back()->flat = Tensor::empty({0}, p.dtype(), p.device());
+      last = buckets_.back().get();
+    }
+    where_[k] = {buckets_.size() - 1, last->params.size()};
+    last->offsets.push_back(last->flat.numel());
+    last->params.push_back(k);
+    last->flat = Tensor::empty({last->flat.numel() + p.numel()}, p.dtype(), p.device());
+  }
+  for (auto& bucket : buckets_) {
+    bucket->flat = zeros(bucket->flat.shape(), bucket->flat.dtype(), bucket->flat.device());
+    bucket->filled.assign(bucket->params.size(), false);
+    bucket->unfilled = bucket->params.size();
+    bucket_params_.push_back(bucket->params);
+  }
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (params_[k].requires_grad())
+      hooks_.push_back(autograd::register_post_accumulate_grad_hook(params_[k], [this, k](Tensor&) {
+        on_gradient_ready(k);
+      }));
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::fill(Bucket& bucket, size_t slot) {
+  const Tensor& p = params_[bucket.params[slot]];
+  Tensor region = bucket.flat.narrow(0, bucket.offsets[slot], p.numel());
+  Tensor grad = p.grad();
+  NoGradGuard no_grad;
+  if (grad.defined())
+    region.copy_(grad.reshape({p.numel()}));
+  else
+    region.zero_();
+  bucket.filled[slot] = true;
+  --bucket.unfilled;
+}
+
+void DistributedDataParallel::on_gradient_ready(size_t param) {
+  if (!syncing_) return;
+  auto [b, slot] = where_[param];
+  Bucket& bucket = *buckets_[b];
+  MF_CHECK(!bucket.work, "DistributedDataParallel: backward ran again before finish_gradient_sync() ended the "
+           "previous one (accumulate gradients inside no_sync())");
+  if (bucket.filled[slot]) return;
+  fill(bucket, slot);
+  if (options_.overlap) launch_ready_buckets();
+}
+
+void DistributedDataParallel::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->unfilled == 0) launch(*buckets_[next_launch_++]);
+}
+
+void DistributedDataParallel::launch(Bucket& bucket) {
+  if (options_.deterministic) {
+    if (!bucket.gathered.defined())
+      bucket.gathered = Tensor::empty({group_->world_size(), bucket.flat.numel()}, bucket.flat.dtype(),
+                                      bucket.flat.device());
+    bucket.work = group_->all_gather_async(bucket.flat, bucket.gathered);
+  } else {
+    bucket.work = group_->all_reduce_async(bucket.flat, options_.reduce);
+  }
+}
+
+void DistributedDataParallel::finish_gradient_sync() {
+  for (auto& bucket : buckets_)
+    for (size_t slot = 0; slot < bucket->params.size(); ++slot)
+      if (!bucket->filled[slot]) fill(*bucket, slot);
+  launch_ready_buckets();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& bucket : buckets_) bucket->work->wait();
+  last_wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    if (options_.deterministic) {  // rank 0's + rank 1's + ..., as one process would accumulate them
+      bucket->flat.copy_(bucket->gathered.select(0, 0));
+      for (int r = 1; r < group_->world_size(); ++r) bucket->flat.add_(bucket->gathered.select(0, r));
+      if (options_.reduce == ReduceOp::Average) bucket->flat.div_(scalar_tensor(group_->world_size(), bucket->flat.dtype(), bucket->flat.device()));
+    }
+    for (size_t slot = 0; slot < bucket->params.size(); ++slot) {
+      Tensor& p = params_[bucket->params[slot]];
+      Tensor reduced = bucket->flat.narrow(0, bucket->offsets[slot], p.numel()).reshape(p.shape());
+      Tensor grad = p.grad();
+      if (grad.defined() && grad.is_contiguous())
+        grad.copy_(reduced);
+      else
+        p.set_grad(reduced.clone());
+    }
+    bucket->filled.assign(bucket->params.size(), false);
+    bucket->unfilled = bucket->params.size();
+    bucket->work.reset();
+  }
+  next_launch_ = 0;
+}
+
+}  // namespace mf::distributed

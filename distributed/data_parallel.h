@@ -1,0 +1,103 @@
+// Data-parallel training (PyTorch's DistributedDataParallel): every rank holds the whole model, runs
+// forward and backward on its own share of the batch, and the ranks' gradients are summed or
+// averaged, so that every rank takes the same optimizer step.
+//
+//   auto group = distributed::init_process_group(distributed::Backend::Mpi);
+//   distributed::DistributedDataParallel ddp(model, group);   // checks the ranks agree, copies rank 0's weights
+//   loss.backward();                  // buckets of gradients are reduced while backward still runs
+//   ddp.finish_gradient_sync();       // waits for them: every .grad now holds the ranks' average
+//   optimizer.step();
+//
+// Gradients are packed into buckets of about bucket_bytes, the parameters in reverse registration
+// order (roughly the order backward finishes them). A bucket is reduced as soon as all its gradients
+// are final (the autograd engine's post-accumulate-grad hook says so) and every bucket before it has
+// been started, so all ranks issue the same collectives in the same order whatever order their
+// gradients come in.
+#pragma once
+
+#include "autograd/autograd.h"
+#include "distributed/process_group.h"
+#include "nn/module.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace mf::distributed {
+
+struct DataParallelOptions {
+  /// Gradient bytes per bucket: larger buckets need fewer collectives, smaller ones start sooner.
+  int64_t bucket_bytes = int64_t{4} << 20;
+  /// Sum or average of the ranks' gradients (average: what one process would get from the mean
+  /// loss over the whole batch, when the ranks' shares are equal).
+  ReduceOp reduce = ReduceOp::Average;
+  /// Reduce buckets while backward runs; off: all of them in finish_gradient_sync().
+  bool overlap = true;
+  /// Sum the ranks' gradients in rank order (all_gather, then rank 0's + rank 1's + ...), so the
+  /// result equals, bit for bit, one process accumulating the same gradients in the same order,
+  /// whatever algorithm the backend reduces with. Costs world_size times a bucket's memory.
+  bool deterministic = false;
+  /// Also copy rank 0's buffers (not only its parameters) to every rank at the start.
+  bool broadcast_buffers = true;
+};
+
+class DistributedDataParallel {
+ public:
+  /// Checks that every rank has the same parameters (names, dtypes, shapes, order), throwing
+  /// mf::Error that names the first that differs and the ranks, on every rank; copies rank 0's
+  /// parameters (and buffers) to the others; and starts watching the gradients. A collective call:
+  /// every rank must construct it.
+  DistributedDataParallel(const nn::Module& module, std::shared_ptr<ProcessGroup> group,
+                          DataParallelOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  /// Ends the gradient reduction of the backward just run: starts the buckets backward left (those
+  /// with parameters it gave no gradient; their share counts as zero), waits for every bucket and
+  /// writes the reduced gradients into .grad. A rank with nothing to compute calls it without a
+  /// backward and still takes part. Collective: every rank calls it once per optimizer step.
+  void finish_gradient_sync();
+
+  /// While the returned guard lives, backward accumulates gradients locally without reducing them
+  /// (gradient accumulation): the first backward after it reduces the sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp) { ddp_->syncing_ = false; }
+    ~NoSyncGuard() { ddp_->syncing_ = true; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  ProcessGroup& group() { return *group_; }
+  const DataParallelOptions& options() const { return options_; }
+  /// Number of buckets, and the parameter indices (in module order) each holds.
+  const std::vector<std::vector<size_t>>& bucket_parameters() const { return bucket_params_; }
+  /// Seconds the last finish_gradient_sync() waited for reductions still running: the part of the
+  /// communication that backward did not hide.
+  double last_wait_seconds() const { return last_wait_seconds_; }
+
+ private:
+  struct Bucket;
+  void on_gradient_ready(size_t param);
+  void launch_ready_buckets();
+  void launch(Bucket& bucket);
+  void fill(Bucket& bucket, size_t slot);
+
+  std::shared_ptr<ProcessGroup> group_;
+  DataParallelOptions options_;
+  std::vector<Tensor> params_;
+  std::vector<std::vector<size_t>> bucket_params_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::pair<size_t, size_t>> where_;  // per parameter: bucket, slot
+  std::vector<autograd::HookHandle> hooks_;
+  size_t next_launch_ = 0;
+  bool syncing_ = true;
+  double last_wait_seconds_ = 0;
+};
+
+}  // namespace mf::distributed

@@ -1,0 +1,356 @@
+// The MPI backend. One thread per process makes every MPI call after initialisation (so MPI needs only
+// MPI_THREAD_SERIALIZED), taking collectives in the order they were issued: the training thread goes
+// on with backward while a gradient bucket is being reduced. The thread starts each collective
+// non-blocking and polls it, sleeping between polls so that it leaves the core to the computation,
+// and ends the job when one passes the timeout.
+//
+// To name the ranks that did not arrive, a rank whose collective timed out asks every other rank,
+// on a communicator of its own, where it is; a rank's MPI thread answers while it waits in a
+// collective and while it is idle, so the ranks that do not answer are the ones that are gone
+// (or whose MPI thread is stuck).
+#include "distributed/backends.h"
+
+#include "core/error.h"
+#include "ops/functional.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace mf::distributed::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kAskTag = 1;    // payload: the asker's sequence number
+constexpr int kReplyTag = 2;  // payload: Status
+
+/// Where a rank is, as it answers a peer whose collective timed out.
+struct Status {
+  int64_t in_collective = 0;   // 1 while it waits in one
+  int64_t sequence = 0;        // that collective's number, else the last it finished
+  int64_t kind = 0;            // Collective::Kind of that collective
+};
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Bool: return MPI_C_BOOL;
+  }
+  fail("mpi: unsupported dtype {}", dtype_name(dtype));
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
+
+std::string mpi_error_text(int code) {
+  std::array<char, MPI_MAX_ERROR_STRING> text{};
+  int length = 0;
+  MPI_Error_string(code, text.data(), &length);
+  return std::string(text.data(), static_cast<size_t>(length));
+}
+
+/// A collective handed to the MPI thread, with the host tensors it works on and its completion.
+struct Job {
+  Collective collective;
+  Tensor host_input, host_output;  // the collective's tensors, or host copies of CUDA ones
+  std::mutex mutex;
+  std::condition_variable done_signal;
+  bool done = false;
+  std::string error;
+};
+
+class MpiWork : public Work {
+ public:
+  explicit MpiWork(std::shared_ptr<Job> job) : job_(std::move(job)) {}
+
+  void wait() override {
+    {
+      std::unique_lock lock(job_->mutex);
+      job_->done_signal.wait(lock, [&] { return job_->done; });
+    }
+    MF_CHECK(job_->error.empty(), "{}", job_->error);
+    const Collective& c = job_->collective;
+    if (!c.output.device().is_cpu() && !copied_back_) {  // CUDA tensors: the result goes back to the device
+      Tensor device_output = c.output;
+      device_output.copy_(job_->host_output);
+      copied_back_ = true;
+    }
+  }
+
+  bool completed() override {
+    std::lock_guard lock(job_->mutex);
+    return job_->done;
+  }
+
+ private:
+  std::shared_ptr<Job> job_;
+  bool copied_back_ = false;
+};
+
+class MpiProcessGroup : public ProcessGroup {
+ public:
+  MpiProcessGroup(int rank, int world_size, MPI_Comm comm, MPI_Comm notices, bool owns_mpi,
+                  const ProcessGroupOptions& options)
+      : ProcessGroup(rank, world_size, options), comm_(comm), notices_(notices), owns_mpi_(owns_mpi) {
+    worker_ = std::thread([this] { serve(); });
+  }
+
+  ~MpiProcessGroup() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    worker_.join();
+    MPI_Comm_free(&notices_);
+    MPI_Comm_free(&comm_);
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  std::string backend() const override { return "mpi"; }
+
+  [[noreturn]] void abort_job(int status) override {
+    abort_status_.store(status);
+    wake_.notify_one();
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the MPI thread ends the job
+  }
+
+ protected:
+  std::shared_ptr<Work> launch(Collective c) override {
+    MF_CHECK(!c.input.defined() || c.input.numel() <= INT_MAX, "mpi: {} has more than 2^31 - 1 elements; split "
+             "the tensor", c.describe());
+    auto job = std::make_shared<Job>();
+    auto host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); };
+    job->host_input = c.input.defined() ? host(c.input) : Tensor();
+    if (c.output.defined())
+      job->host_output = c.output.is_same(c.input) ? job->host_input
+                         : c.output.device().is_cpu() ? c.output
+                                                      : Tensor::empty(c.output.shape(), c.output.dtype());
+    job->collective = std::move(c);
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(job);
+    }
+    wake_.notify_one();
+    return std::make_shared<MpiWork>(std::move(job));
+  }
+
+ private:
+  /// The MPI thread: runs the queued collectives in order, answering peers' questions meanwhile.
+  void serve() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait_for(lock, std::chrono::milliseconds(2),
+                       [&] { return stopping_ || !queue_.empty() || abort_status_.load() >= 0; });
+        if (!queue_.empty()) {
+          job = queue_.front();
+          queue_.pop_front();
+        } else if (stopping_) {
+          return;
+        }
+      }
+      if (abort_status_.load() >= 0) MPI_Abort(MPI_COMM_WORLD, abort_status_.load());
+      answer_peers();
+      if (job) run(*job);
+    }
+  }
+
+  void run(Job& job) {
+    const Collective& c = job.collective;
+    current_ = {.in_collective = 1, .sequence = static_cast<int64_t>(c.sequence), .kind = static_cast<int64_t>(c.kind)};
+    MPI_Request request = MPI_REQUEST_NULL;
+    int code = start(job, &request);
+    if (code == MPI_SUCCESS) code = wait_for(job, &request);
+    if (code == MPI_SUCCESS && c.op == ReduceOp::Average && c.kind != Collective::Kind::Barrier &&
+        c.kind != Collective::Kind::Broadcast && c.kind != Collective::Kind::AllGather)
+      job.host_output.div_(scalar_tensor(world_size(), job.host_output.dtype()));
+    current_ = {.in_collective = 0, .sequence = static_cast<int64_t>(c.sequence), .kind = 0};
+    std::lock_guard lock(job.mutex);
+    if (code != MPI_SUCCESS) job.error = fmt::format("mpi: {} failed: {}", c.describe(), mpi_error_text(code));
+    job.done = true;
+    job.done_signal.notify_all();
+  }
+
+  int start(Job& job, MPI_Request* request) {
+    const Collective& c = job.collective;
+    const Tensor& in = job.host_input;
+    const Tensor& out = job.host_output;
+    switch (c.kind) {
+      case Collective::Kind::Barrier: return MPI_Ibarrier(comm_, request);
+      case Collective::Kind::Broadcast:
+        return MPI_Ibcast(in.raw_data(), static_cast<int>(in.numel()), mpi_type(in.dtype()), c.root, comm_, request);
+      case Collective::Kind::AllReduce:
+        return MPI_Iallreduce(MPI_IN_PLACE, in.raw_data(), static_cast<int>(in.numel()), mpi_type(in.dtype()),
+                              mpi_op(c.op), comm_, request);
+      case Collective::Kind::AllGather:
+        return MPI_Iallgather(in.raw_data(), static_cast<int>(in.numel()), mpi_type(in.dtype()), out.raw_data(),
+                              static_cast<int>(in.numel()), mpi_type(in.dtype()), comm_, request);
+      case Collective::Kind::ReduceScatter:
+        return MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), static_cast<int>(out.numel()),
+                                         mpi_type(in.dtype()), mpi_op(c.op), comm_, request);
+    }
+    return MPI_ERR_OP;
+  }
+
+  /// Polls `request` until it completes; past the timeout, ends the job. Spins briefly (a small
+  /// message completes in microseconds), then sleeps between polls, longer and longer up to 0.5 ms.
+  int wait_for(Job& job, MPI_Request* request) {
+    const Clock::time_point deadline = Clock::now() + timeout();
+    auto pause = std::chrono::microseconds(0);
+    for (int polls = 0;; ++polls) {
+      int finished = 0;
+      int code = MPI_Test(request, &finished, MPI_STATUS_IGNORE);
+      if (code != MPI_SUCCESS || finished) return code;
+      if (abort_status_.load() >= 0) MPI_Abort(MPI_COMM_WORLD, abort_status_.load());
+      if (polls % 64 == 63) {
+        answer_peers();
+        if (Clock::now() > deadline) end_job_after_timeout(job.collective);
+      }
+      if (polls < 200) {
+        std::this_thread::yield();
+      } else {
+        pause = std::min<std::chrono::microseconds>(std::max(pause * 2, std::chrono::microseconds(20)),
+                                                    std::chrono::microseconds(500));
+        std::this_thread::sleep_for(pause);
+      }
+    }
+  }
+
+  /// Answers every peer that asked where this rank is.
+  void answer_peers() {
+    for (;;) {
+      int asked = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, kAskTag, notices_, &asked, &status);
+      if (!asked) break;
+      int64_t their_sequence = 0;
+      MPI_Recv(&their_sequence, 1, MPI_INT64_T, status.MPI_SOURCE, kAskTag, notices_, MPI_STATUS_IGNORE);
+      replies_.push_back({current_, MPI_REQUEST_NULL});
+      MPI_Isend(&replies_.back().status, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, notices_,
+                &replies_.back().request);
+    }
+    while (!replies_.empty()) {  // the buffers of finished replies can go
+      int sent = 0;
+      MPI_Test(&replies_.front().request, &sent, MPI_STATUS_IGNORE);
+      if (!sent) break;
+      replies_.pop_front();
+    }
+  }
+
+  /// Asks the other ranks where they are, waits a moment for their answers, names the collective and
+  /// the ranks that did not arrive on stderr, and ends the job.
+  [[noreturn]] void end_job_after_timeout(const Collective& c) {
+    const int64_t sequence = static_cast<int64_t>(c.sequence);
+    std::vector<MPI_Request> asks;
+    for (int peer = 0; peer < world_size(); ++peer) {
+      if (peer == rank()) continue;
+      asks.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(&sequence, 1, MPI_INT64_T, peer, kAskTag, notices_, &asks.back());
+    }
+    std::vector<Status> answers(static_cast<size_t>(world_size()));
+    std::vector<bool> answered(static_cast<size_t>(world_size()), false);
+    answered[static_cast<size_t>(rank())] = true;
+    const auto grace = std::clamp<std::chrono::milliseconds>(timeout() / 4, std::chrono::milliseconds(250),
+                                                            std::chrono::milliseconds(2000));
+    const Clock::time_point until = Clock::now() + grace;
+    int missing = world_size() - 1;
+    while (missing > 0 && Clock::now() < until) {
+      answer_peers();
+      int replied = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, notices_, &replied, &status);
+      if (!replied) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      Status answer;
+      MPI_Recv(&answer, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, notices_, MPI_STATUS_IGNORE);
+      auto source = static_cast<size_t>(status.MPI_SOURCE);
+      if (!answered[source]) --missing;
+      answered[source] = true;
+      answers[source] = answer;
+    }
+    std::vector<std::string> absent;
+    for (int peer = 0; peer < world_size(); ++peer) {
+      auto p = static_cast<size_t>(peer);
+      if (!answered[p]) {
+        absent.push_back(fmt::format("rank {} did not answer (it is gone, or its MPI thread is stuck)", peer));
+      } else if (peer != rank() && !(answers[p].in_collective && answers[p].sequence == sequence)) {
+        absent.push_back(answers[p].in_collective
+                             ? fmt::format("rank {} is waiting in collective #{} instead", peer, answers[p].sequence)
+                             : fmt::format("rank {} has not reached it (the last collective it finished is #{})",
+                                           peer, answers[p].sequence));
+      }
+    }
+    std::string who = absent.empty() ? "every rank has reached it, yet it did not complete" : fmt::format(
+                                                                                      "{}", fmt::join(absent, "; "));
+    std::fprintf(stderr, "[rank %d] miniflow: %s did not complete within %.3g s: %s; ending the job\n", rank(),
+                 c.describe().c_str(), std::chrono::duration<double>(timeout()).count(), who.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);  // MPI_Abort does not return; if it did, this process must still end
+  }
+
+  struct Reply {
+    Status status;
+    MPI_Request request;
+  };
+
+  MPI_Comm comm_, notices_;
+  bool owns_mpi_;
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stopping_ = false;
+  std::atomic<int> abort_status_{-1};
+  // The MPI thread's own.
+  Status current_;
+  std::deque<Reply> replies_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_mpi_process_group(const ProcessGroupOptions& options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  bool owns_mpi = false;
+  if (!initialized) {
+    int provided = 0;
+    MF_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) == MPI_SUCCESS,
+             "init_process_group: MPI_Init_thread failed");
+    owns_mpi = true;
+    MF_CHECK(provided >= MPI_THREAD_SERIALIZED, "init_process_group: the MPI library gives thread level {}, miniflow "
+             "needs MPI_THREAD_SERIALIZED ({})", provided, static_cast<int>(MPI_THREAD_SERIALIZED));
+  } else {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    MF_CHECK(provided >= MPI_THREAD_SERIALIZED, "init_process_group: MPI was initialised with thread level {}; "
+             "miniflow's MPI thread needs MPI_THREAD_SERIALIZED (call MPI_Init_thread)", provided);
+  }
+  // Errors come back as codes that the collective's error names, instead of ending the job unexplained.
+  MPI_Comm comm = MPI_COMM_NULL, notices = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_dup(MPI_COMM_WORLD, &notices);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  return std::make_shared<MpiProcessGroup>(rank, size, comm, notices, owns_mpi, options);
+}
+
+}  // namespace mf::distributed::detail
