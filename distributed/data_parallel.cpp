@@ -144,9 +144,8 @@ void DistributedDataParallel::on_gradient_ready(size_t param) {
   if (!syncing_) return;
   auto [b, slot] = where_[param];
   Bucket& bucket = *buckets_[b];
-  MF_CHECK(!bucket.work, "DistributedDataParallel: backward ran again before finish_gradient_sync() ended the "
-           "previous one (accumulate gradients inside no_sync())");
-  if (bucket.filled[slot]) return;
+  MF_CHECK(!bucket.filled[slot], "DistributedDataParallel: backward ran again before finish_gradient_sync() ended "
+           "the previous one (accumulate gradients inside no_sync())");
   fill(bucket, slot);
   if (options_.overlap) launch_ready_buckets();
 }

@@ -82,7 +82,8 @@ class MpiWork : public Work {
     }
     MF_CHECK(job_->error.empty(), "{}", job_->error);
     const Collective& c = job_->collective;
-    if (!c.output.device().is_cpu() && !copied_back_) {  // CUDA tensors: the result goes back to the device
+    // CUDA tensors: the result goes back to the device.
+    if (c.output.defined() && !c.output.device().is_cpu() && !copied_back_) {
       Tensor device_output = c.output;
       device_output.copy_(job_->host_output);
       copied_back_ = true;

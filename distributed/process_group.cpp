@@ -44,7 +44,7 @@ class LocalProcessGroup : public ProcessGroup {
 
 void check_tensor(const Tensor& t, const char* what, const char* collective) {
   MF_CHECK(t.defined(), "{}: {} is undefined", collective, what);
-  MF_CHECK(t.is_contiguous(), "{}: {} of shape {} must be contiguous (collectives work on its memory in place; "
+  MF_CHECK(t.numel() == 0 || t.is_contiguous(), "{}: {} of shape {} must be contiguous (collectives work on its memory in place; "
            "call .contiguous())", collective, what, shape_str(t.shape()));
 }
 

@@ -1,0 +1,297 @@
+// The distributed layer: collectives and data-parallel training. Meson runs this suite under
+// `mpirun -np 2` when the build has MPI, and as one process (the local group) otherwise; every test
+// holds for any world size. The expected values are worked out from the rank-dependent inputs by
+// hand (sums of arithmetic series), and data-parallel training is compared with one process
+// accumulating the same shards' gradients, which each rank also computes on its own.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+
+#include "distributed/data_parallel.h"
+#include "distributed/process_group.h"
+#include "optim/adam.h"
+
+#include <numeric>
+
+using namespace mf;
+using mf::testing::check_close;
+namespace dist = mf::distributed;
+
+namespace {
+
+/// The job's group: MPI under a launcher (a short timeout, so that a broken test ends instead of
+/// hanging), the local group otherwise.
+dist::ProcessGroup& world() {
+  static std::shared_ptr<dist::ProcessGroup> group = [] {
+    bool mpi = dist::launched_by_mpi() && dist::backend_available(dist::Backend::Mpi);
+    return dist::init_process_group(mpi ? dist::Backend::Mpi : dist::Backend::Local,
+                                    {.timeout = std::chrono::seconds(60)});
+  }();
+  return *group;
+}
+
+/// [rank + 1, rank + 2, ...]: element i summed over W ranks is W * i + W * (W + 1) / 2.
+Tensor ramp(int64_t n, DType dtype) {
+  std::vector<double> values(static_cast<size_t>(n));
+  std::iota(values.begin(), values.end(), world().rank() + 1.0);
+  return from_vector(values, {n}).to(dtype);
+}
+
+double ramp_sum(int64_t i) {
+  const double w = world().world_size();
+  return w * static_cast<double>(i) + w * (w + 1) / 2;
+}
+
+Tensor expected_sums(int64_t n, DType dtype) {
+  std::vector<double> values;
+  for (int64_t i = 0; i < n; ++i) values.push_back(ramp_sum(i));
+  return from_vector(values, {n}).to(dtype);
+}
+
+/// Two layers with dropout between: enough for buckets, dropout streams and an unused parameter.
+class Mlp : public nn::Module {
+ public:
+  explicit Mlp(int64_t hidden = 16) : Module("Mlp") {
+    first = register_module("first", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 6,
+                                                                                     .out_features = hidden}));
+    drop = register_module("drop", std::make_shared<nn::Dropout>(nn::DropoutOptions{.p = 0.25}));
+    second = register_module("second", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = hidden,
+                                                                                       .out_features = 3}));
+    spare = register_module("spare", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3,
+                                                                                     .out_features = 3}));
+  }
+  Tensor forward(const Tensor& x) override { return second->forward(drop->forward(relu(first->forward(x)))); }
+  std::shared_ptr<nn::Linear> first, second, spare;  // spare takes no part in forward
+  std::shared_ptr<nn::Dropout> drop;
+};
+
+/// A model with seed-fixed weights, whatever the rank (DistributedDataParallel copies rank 0's anyway).
+std::shared_ptr<Mlp> make_model(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<Mlp>();
+}
+
+/// The batch of step `step`: 2W + 1 rows (shards of unequal size), the same on every rank.
+std::pair<Tensor, Tensor> batch(int64_t step) {
+  manual_seed(1000 + static_cast<uint64_t>(step));
+  int64_t rows = 2 * world().world_size() + 1;
+  return {randn({rows, 6}), randn({rows, 3})};
+}
+
+/// Rows [start, end) of shard `shard` of `rows` rows split `shards` ways.
+std::pair<int64_t, int64_t> shard_rows(int64_t rows, int64_t shard, int64_t shards) {
+  return {rows * shard / shards, rows * (shard + 1) / shards};
+}
+
+/// Runs shard `shard` of step `step` forward and backward: the summed squared error of its rows over
+/// the batch's row count (so that the shards' gradients add up to the mean loss's), with dropout
+/// drawn from a stream of its own.
+void shard_backward(Mlp& model, int64_t step, int64_t shard) {
+  auto [x, y] = batch(step);
+  auto [start, end] = shard_rows(x.size(0), shard, world().world_size());
+  manual_seed(5000 + static_cast<uint64_t>(step) * 100 + static_cast<uint64_t>(shard));
+  Tensor out = model.forward(x.narrow(0, start, end - start));
+  Tensor diff = out - y.narrow(0, start, end - start);
+  (sum(diff * diff) / static_cast<double>(x.size(0))).backward();
+}
+
+/// `steps` Adam steps of one process that accumulates every shard's gradient in shard order.
+std::shared_ptr<Mlp> train_alone(int64_t steps) {
+  auto model = make_model(7);
+  optim::Adam adam(model->parameters(), {.lr = 0.01});
+  for (int64_t step = 0; step < steps; ++step) {
+    adam.zero_grad();
+    for (int64_t shard = 0; shard < world().world_size(); ++shard) shard_backward(*model, step, shard);
+    adam.step();
+  }
+  return model;
+}
+
+/// The same steps with each rank taking its own shard and DistributedDataParallel summing them.
+std::shared_ptr<Mlp> train_parallel(int64_t steps, dist::DataParallelOptions options) {
+  auto model = make_model(7 + static_cast<uint64_t>(world().rank()));  // rank 0's weights must win
+  options.reduce = dist::ReduceOp::Sum;
+  dist::DistributedDataParallel ddp(*model, std::shared_ptr<dist::ProcessGroup>(&world(), [](auto*) {}), options);
+  optim::Adam adam(model->parameters(), {.lr = 0.01});
+  for (int64_t step = 0; step < steps; ++step) {
+    adam.zero_grad();
+    shard_backward(*model, step, world().rank());
+    ddp.finish_gradient_sync();
+    adam.step();
+  }
+  return model;
+}
+
+void check_same_parameters(const Mlp& a, const Mlp& b, double tolerance) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i].name);
+    check_close(pa[i].tensor, pb[i].tensor, tolerance, tolerance);
+  }
+}
+
+std::shared_ptr<dist::ProcessGroup> shared_world() {
+  return std::shared_ptr<dist::ProcessGroup>(&world(), [](auto*) {});
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce sums, averages and takes the maximum for every dtype the trainer uses") {
+  INFO("world size ", world().world_size(), ", backend ", world().backend());
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int64}) {
+    CAPTURE(dtype_name(dtype));
+    for (int64_t n : {0, 1, 1001}) {  // empty, one element, odd-sized
+      Tensor t = ramp(n, dtype);
+      world().all_reduce(t);
+      check_close(t, expected_sums(n, dtype), 0, 0);
+      Tensor m = ramp(n, dtype);
+      world().all_reduce(m, dist::ReduceOp::Max);
+      check_close(m, ramp(n, dtype) + (world().world_size() - 1 - world().rank()), 0, 0);
+    }
+    if (is_floating(dtype)) {
+      Tensor a = ramp(5, dtype);
+      world().all_reduce(a, dist::ReduceOp::Average);
+      check_close(a, expected_sums(5, dtype) / static_cast<double>(world().world_size()), 1e-7, 0);
+    }
+  }
+}
+
+TEST_CASE("a large all_reduce (32 MiB) and several in flight at once") {
+  Tensor big = ramp(int64_t{8} << 20, DType::Float32);
+  Tensor small = ramp(3, DType::Float64);
+  auto first = world().all_reduce_async(big);
+  auto second = world().all_reduce_async(small);
+  second->wait();  // completing in either order
+  first->wait();
+  CHECK(first->completed());
+  check_close(small, expected_sums(3, DType::Float64), 0, 0);
+  // Sums of integers below 2^24 are exact in float32.
+  CHECK(big.narrow(0, 0, 4).to_vector<float>() == expected_sums(4, DType::Float32).to_vector<float>());
+  CHECK(big.narrow(0, (int64_t{8} << 20) - 1, 1).item<float>() == static_cast<float>(ramp_sum((8 << 20) - 1)));
+}
+
+TEST_CASE("broadcast, all_gather, reduce_scatter and barrier") {
+  const int w = world().world_size(), r = world().rank();
+  Tensor b = ramp(4, DType::Float32);
+  world().broadcast(b, w - 1);  // from the last rank
+  check_close(b, from_vector(std::vector<double>{1.0 * w, w + 1.0, w + 2.0, w + 3.0}, {4}).to(DType::Float32), 0, 0);
+
+  Tensor gathered = world().all_gather(full({2, 3}, r, DType::Int64));
+  CHECK(gathered.shape() == Shape{w, 2, 3});
+  for (int k = 0; k < w; ++k) check_close(gathered.select(0, k), full({2, 3}, k, DType::Int64), 0, 0);
+
+  Tensor mine = world().reduce_scatter(ramp(2 * w, DType::Float64).reshape({2 * w}));
+  CHECK(mine.shape() == Shape{2});
+  check_close(mine, expected_sums(2 * w, DType::Float64).narrow(0, 2 * r, 2), 0, 0);
+  world().barrier();
+
+  Tensor empty = world().all_gather(Tensor::empty({0}, DType::Float32));
+  CHECK(empty.shape() == Shape{w, 0});
+}
+
+TEST_CASE("collectives refuse what they cannot do, naming it") {
+  Tensor strided = zeros({4, 4}).t();
+  CHECK_THROWS_WITH_AS(world().all_reduce(strided), doctest::Contains("must be contiguous"), Error);
+  Tensor ints = zeros({3}, DType::Int64);
+  CHECK_THROWS_WITH_AS(world().all_reduce(ints, dist::ReduceOp::Average),
+                       doctest::Contains("average needs a float32 or float64 tensor, got int64"), Error);
+  CHECK_THROWS_WITH_AS(world().reduce_scatter(zeros({})), doctest::Contains("must be a multiple of the world size"),
+                       Error);
+  if (world().world_size() > 1)
+    CHECK_THROWS_WITH_AS(world().reduce_scatter(zeros({world().world_size() + 1})),
+                         doctest::Contains("must be a multiple of the world size"), Error);
+  Tensor b = zeros({1});
+  CHECK_THROWS_WITH_AS(world().broadcast(b, world().world_size()), doctest::Contains("root rank"), Error);
+  CHECK_THROWS_WITH_AS(world().all_gather_async(zeros({2}), zeros({2})), doctest::Contains("the output must be"),
+                       Error);
+  // Nothing was started: the next collective still lines up on every rank.
+  Tensor t = ramp(2, DType::Float32);
+  world().all_reduce(t);
+  check_close(t, expected_sums(2, DType::Float32), 0, 0);
+}
+
+TEST_CASE("data parallel: W ranks at B / W rows equal one process accumulating the W shards, with dropout") {
+  auto alone = train_alone(4);
+  // The ranks' sum is rank 0's + rank 1's + ..., as the single process accumulates them: bit for bit.
+  check_same_parameters(*train_parallel(4, {.deterministic = true}), *alone, 0);
+  // The backend's own reduction order: within float rounding.
+  check_same_parameters(*train_parallel(4, {}), *alone, 1e-5);
+}
+
+TEST_CASE("data parallel: buckets of any size and overlap on or off give the same bits") {
+  auto reference = train_parallel(3, {.overlap = false});
+  for (int64_t bucket_bytes : {int64_t{64}, int64_t{1} << 10, int64_t{1} << 30}) {
+    CAPTURE(bucket_bytes);
+    check_same_parameters(*train_parallel(3, {.bucket_bytes = bucket_bytes}), *reference, 0);
+  }
+}
+
+TEST_CASE("data parallel: buckets cover every parameter once, the last layer's first") {
+  auto model = make_model(3);
+  dist::DistributedDataParallel ddp(*model, shared_world(), {.bucket_bytes = 256});
+  std::vector<size_t> seen;
+  for (const auto& bucket : ddp.bucket_parameters()) seen.insert(seen.end(), bucket.begin(), bucket.end());
+  std::vector<size_t> reversed(model->parameters().size());
+  std::iota(reversed.rbegin(), reversed.rend(), size_t{0});
+  CHECK(seen == reversed);
+  CHECK(ddp.bucket_parameters().size() > 2);
+}
+
+TEST_CASE("data parallel: rank 0's weights reach every rank, and unused parameters reduce as zeros") {
+  auto model = make_model(11 + static_cast<uint64_t>(world().rank()));
+  dist::DistributedDataParallel ddp(*model, shared_world(), {.reduce = dist::ReduceOp::Sum});
+  auto rank0 = make_model(11);
+  check_same_parameters(*model, *rank0, 0);
+  // Rank 0 skips backward (a rank with no rows this step), the others run one.
+  if (world().rank() > 0) shard_backward(*model, 0, world().rank());
+  ddp.finish_gradient_sync();
+  CHECK(model->spare->weight.grad().defined());
+  check_close(model->spare->weight.grad(), zeros({3, 3}), 0, 0);
+  Tensor expected = zeros_like(model->first->weight);
+  for (int r = 1; r < world().world_size(); ++r) {
+    auto copy = make_model(11);
+    shard_backward(*copy, 0, r);
+    expected = expected + copy->first->weight.grad();
+  }
+  check_close(model->first->weight.grad(), expected, 1e-6, 1e-7);
+}
+
+TEST_CASE("data parallel: no_sync accumulates locally; the next backward reduces the sum") {
+  auto model = make_model(5);
+  dist::DistributedDataParallel ddp(*model, shared_world(), {.reduce = dist::ReduceOp::Sum, .deterministic = true});
+  {
+    auto guard = ddp.no_sync();
+    shard_backward(*model, 0, world().rank());
+  }
+  shard_backward(*model, 1, world().rank());
+  ddp.finish_gradient_sync();
+  // By hand: every rank's two steps, accumulated rank by rank (rank 0's pair, then rank 1's, ...).
+  Tensor expected;
+  for (int r = 0; r < world().world_size(); ++r) {
+    auto copy = make_model(5);
+    shard_backward(*copy, 0, r);
+    shard_backward(*copy, 1, r);
+    expected = r == 0 ? copy->second->weight.grad() : expected + copy->second->weight.grad();
+  }
+  check_close(model->second->weight.grad(), expected, 0, 0);
+}
+
+TEST_CASE("data parallel: a second backward before finish_gradient_sync is an error") {
+  auto model = make_model(5);
+  dist::DistributedDataParallel ddp(*model, shared_world(), {.bucket_bytes = int64_t{1} << 30});
+  shard_backward(*model, 0, world().rank());
+  // The second backward would add into gradients the first has already handed to the reduction.
+  CHECK_THROWS_WITH_AS(shard_backward(*model, 0, world().rank()), doctest::Contains("before finish_gradient_sync"),
+                       Error);
+  ddp.finish_gradient_sync();
+}
+
+TEST_CASE("data parallel: ranks whose models differ get an error naming the parameter and the ranks") {
+  if (world().world_size() < 2) return;
+  auto model = std::make_shared<Mlp>(world().rank() == 1 ? 8 : 16);  // rank 1's hidden layer is narrower
+  CHECK_THROWS_WITH_AS(dist::DistributedDataParallel(*model, shared_world()),
+                       doctest::Contains("differ at parameter 0: rank 0 has 'first.weight' (float32 [16, 6] on cpu), "
+                                         "rank 1 has 'first.weight' (float32 [8, 6] on cpu)"),
+                       Error);
+}
