@@ -185,6 +185,19 @@ TEST_CASE("BLEU sums n-gram counts over the corpus before dividing") {
   CHECK(bleu.reference_length == 13);
   CHECK(bleu.score == doctest::Approx(100.0 * std::exp(-1.0 / 12) * std::pow(0.9 * 0.875 * 5.0 / 6.0, 0.25)));
   CHECK(bleu.score == doctest::Approx(82.8087296497));
+
+  // Read in two parts (as two ranks would), the summed counts give the same score, bit for bit.
+  const mf::text::BleuScore first = mf::text::corpus_bleu({hyps[0]}, {refs[0]});
+  const mf::text::BleuScore second = mf::text::corpus_bleu({hyps[1]}, {refs[1]});
+  mf::text::BleuScore summed;
+  for (size_t n = 0; n < 4; ++n) {
+    summed.matches[n] = first.matches[n] + second.matches[n];
+    summed.totals[n] = first.totals[n] + second.totals[n];
+  }
+  summed.hypothesis_length = first.hypothesis_length + second.hypothesis_length;
+  summed.reference_length = first.reference_length + second.reference_length;
+  CHECK(mf::text::bleu_from_counts(summed).score == bleu.score);
+  CHECK(mf::text::bleu_from_counts(summed).str() == bleu.str());
 }
 
 TEST_CASE("BLEU clips repeated words and is zero without a 4-gram match unless smoothed") {

@@ -60,7 +60,15 @@ BleuScore corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
       result.totals[n - 1] += static_cast<int64_t>(hypothesis.size() - n + 1);
     }
   }
+  return bleu_from_counts(result, smoothing);
+}
 
+BleuScore bleu_from_counts(const BleuScore& counts, BleuSmoothing smoothing) {
+  BleuScore result;
+  result.matches = counts.matches;
+  result.totals = counts.totals;
+  result.hypothesis_length = counts.hypothesis_length;
+  result.reference_length = counts.reference_length;
   const double c = static_cast<double>(result.hypothesis_length);
   const double r = static_cast<double>(result.reference_length);
   result.brevity_penalty = c >= r ? 1.0 : c > 0 ? std::exp(1.0 - r / c) : 0.0;

@@ -46,6 +46,11 @@ BleuScore corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
                       const std::vector<std::vector<std::string>>& references,
                       BleuSmoothing smoothing = BleuSmoothing::None);
 
+/// The score, precisions and brevity penalty given the sufficient statistics of `counts` (matches,
+/// totals and the two lengths; its other fields are ignored), as sacrebleu's compute_bleu: the BLEU
+/// of a corpus read in parts (one per rank of a data-parallel job) is that of their summed counts.
+BleuScore bleu_from_counts(const BleuScore& counts, BleuSmoothing smoothing = BleuSmoothing::None);
+
 /// BLEU of one sentence: corpus_bleu over a corpus of one pair. Unsmoothed, any hypothesis without a
 /// 4-gram match scores 0, so per-sentence use usually wants BleuSmoothing::AddOne.
 BleuScore sentence_bleu(const std::vector<std::string>& hypothesis, const std::vector<std::string>& reference,
