@@ -38,12 +38,18 @@ HookRegistry& hook_registry() {
   return registry;
 }
 
-/// One backward's countdown for the hooked leaves it reaches: the edges still to deliver into each
-/// leaf, counted over the graph before it runs. A leaf's hooks run when its count reaches zero, and
-/// those of leaves still counting (behind nodes no gradient reached) when backward ends.
-class GradReadyHooks {
+/// What one backward does to the leaves' .grad beyond adding into it:
+///  - Keeps this call's gradient of a leaf apart from what earlier calls left in its .grad, and adds
+///    it to that once whole: old + (this call's sum), the order in which a data-parallel reduction
+///    adds one rank's gradient to another's, so that accumulating shares of a batch on one process
+///    gives the bits of reducing them over ranks.
+///  - Runs the post-accumulate-grad hooks of the hooked leaves it reaches, each once its gradient
+///    is whole: when the edges into it counted over the graph before the run have all delivered, or
+///    when backward ends for those behind nodes that no gradient reached.
+class BackwardLeaves {
  public:
-  explicit GradReadyHooks(const std::vector<Tensor>& roots) {
+  /// `roots` of a backward() that updates .grad (none for grad(), which leaves .grad alone).
+  explicit BackwardLeaves(const std::vector<Tensor>& roots) {
     if (hook_registry().count.load(std::memory_order_acquire) == 0) return;
     {
       std::lock_guard lock(hook_registry().mutex);
@@ -73,22 +79,39 @@ class GradReadyHooks {
     std::erase_if(waiting_, [](const auto& entry) { return entry.second.edges == 0; });
   }
 
+  /// Backward failed: the leaves keep what earlier calls left plus what this one added.
+  ~BackwardLeaves() {
+    for (auto& [leaf, earlier] : earlier_) settle(*leaf, earlier);
+  }
+  BackwardLeaves(const BackwardLeaves&) = delete;
+  BackwardLeaves& operator=(const BackwardLeaves&) = delete;
+
+  /// Before this backward first reads or writes `leaf`'s .grad: sets aside what earlier calls left.
+  void touch(TensorImpl& leaf) {
+    if (!touched_.insert(&leaf).second) return;
+    Tensor& slot = leaf.autograd->grad;
+    if (slot.defined()) earlier_.emplace(&leaf, std::move(slot));
+    slot = Tensor();
+  }
+
   /// An edge into `leaf` has delivered its gradient (or none).
-  void arrived(const TensorImpl* leaf) {
+  void arrived(TensorImpl& leaf) {
     if (waiting_.empty()) return;
-    auto it = waiting_.find(leaf);
+    auto it = waiting_.find(&leaf);
     if (it == waiting_.end() || --it->second.edges > 0) return;
     Waiting ready = std::move(it->second);
     waiting_.erase(it);
-    run(ready);
+    run_hooks(ready);
   }
 
-  /// Backward is over: every leaf still waiting has all the gradient it will get.
+  /// Backward is over: every leaf has all the gradient it will get.
   void finish() {
     std::vector<Waiting> left;
     for (auto& [impl, w] : waiting_) left.push_back(std::move(w));
     waiting_.clear();
-    for (Waiting& w : left) run(w);
+    for (Waiting& w : left) run_hooks(w);
+    for (auto& [leaf, earlier] : earlier_) settle(*leaf, earlier);
+    earlier_.clear();
   }
 
  private:
@@ -103,12 +126,26 @@ class GradReadyHooks {
     if (it != waiting_.end()) ++it->second.edges;
   }
 
-  static void run(Waiting& w) {
+  /// .grad = what earlier calls left + this call's gradient.
+  static void settle(TensorImpl& leaf, Tensor& earlier) {
+    Tensor& slot = leaf.autograd->grad;
+    if (slot.defined()) earlier.add_(slot);
+    slot = std::move(earlier);
+  }
+
+  void run_hooks(Waiting& w) {
+    auto it = earlier_.find(w.leaf.get());
+    if (it != earlier_.end()) {
+      settle(*w.leaf, it->second);
+      earlier_.erase(it);
+    }
     Tensor leaf(w.leaf);
     for (auto& hook : w.hooks) hook(leaf);
   }
 
   std::unordered_map<const TensorImpl*, Waiting> waiting_;
+  std::unordered_set<const TensorImpl*> touched_;
+  std::unordered_map<TensorImpl*, Tensor> earlier_;
 };
 
 /// True when nothing but `t` sees its memory, so it may be updated in place.
@@ -131,7 +168,8 @@ void accumulate(Tensor& slot, Tensor grad) {
 }
 
 /// Stores the first gradient of a leaf without a copy when nothing else can see it.
-void accumulate_into_leaf(TensorImpl& leaf, Tensor grad) {
+void accumulate_into_leaf(TensorImpl& leaf, Tensor grad, BackwardLeaves& leaves) {
+  leaves.touch(leaf);
   Tensor& slot = leaf.autograd->grad;
   if (slot.defined()) {
     slot.add_(grad);
@@ -163,14 +201,15 @@ void check_gradients(const Node& node, const std::vector<Tensor>& grad_inputs,
 void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
               std::unordered_map<Node*, std::vector<Tensor>>& pending,
               const std::unordered_map<const TensorImpl*, size_t>* captured_leaves, std::vector<Tensor>* captured,
-              GradReadyHooks& ready_hooks) {
+              BackwardLeaves& leaves) {
   for (size_t i = 0; i < grad_outputs.size(); ++i)
     if (!grad_outputs[i].defined() && is_floating(node.output_dtypes[i]) && !node.takes_undefined_grads)
       grad_outputs[i] = zeros(node.output_shapes[i], node.output_dtypes[i], node.device);
   // Gradients already summed for an input that the node may add into in place (a linear layer's
   // dX GEMM then runs with beta = 1, skipping a zeroed buffer and an add; an embedding adds its rows
-  // into a tied weight's .grad). A leaf's .grad is accumulated in place anyway. Not in anomaly
-  // mode, which must see what the node itself produced, nor for grad(), whose leaves keep theirs.
+  // into a tied weight's .grad, which holds only this call's gradient: see BackwardLeaves). Not in
+  // anomaly mode, which must see what the node itself produced, nor for grad(), whose leaves keep
+  // theirs.
   std::vector<Tensor> sums(node.next_edges.size());
   for (size_t i = 0; i < sums.size() && !is_anomaly_enabled(); ++i) {
     const Edge& edge = node.next_edges[i];
@@ -179,6 +218,7 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
       auto it = pending.find(edge.node.get());
       if (it != pending.end() && edge.output_nr < it->second.size()) slot = &it->second[edge.output_nr];
     } else if (edge.leaf && !captured_leaves) {
+      leaves.touch(*edge.leaf);
       slot = &edge.leaf->autograd->grad;
     }
     if (slot && slot->defined() && can_add_into(*slot, node.input_shapes[i], node.input_dtypes[i])) sums[i] = *slot;
@@ -220,8 +260,8 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
       auto it = captured_leaves->find(edge.leaf.get());
       if (g.defined() && it != captured_leaves->end()) accumulate((*captured)[it->second], std::move(g));
     } else if (edge.leaf) {
-      if (g.defined()) accumulate_into_leaf(*edge.leaf, std::move(g));
-      ready_hooks.arrived(edge.leaf.get());
+      if (g.defined()) accumulate_into_leaf(*edge.leaf, std::move(g), leaves);
+      leaves.arrived(*edge.leaf);
     }
   }
 }
@@ -240,7 +280,7 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_g
   std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
   std::unordered_set<Node*> queued;
   std::vector<std::shared_ptr<Node>> keep_alive;  // nodes stay valid even if a root handle drops them
-  GradReadyHooks ready_hooks(captured_leaves ? std::vector<Tensor>{} : roots);
+  BackwardLeaves leaves(captured_leaves ? std::vector<Tensor>{} : roots);
   for (size_t r = 0; r < roots.size(); ++r) {
     const Tensor& root = roots[r];
     Tensor g = root_grads[r];
@@ -256,8 +296,8 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_g
       auto it = captured_leaves->find(root.impl_ptr().get());
       if (it != captured_leaves->end()) accumulate((*captured)[it->second], std::move(g));
     } else {
-      accumulate_into_leaf(root.impl(), std::move(g));
-      ready_hooks.arrived(root.impl_ptr().get());
+      accumulate_into_leaf(root.impl(), std::move(g), leaves);
+      leaves.arrived(root.impl());
     }
   }
   while (!ready.empty()) {
@@ -266,14 +306,14 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_g
     std::vector<Tensor> grads = std::move(pending[node]);
     pending.erase(node);
     grads.resize(node->num_outputs);
-    run_node(*node, grads, retain_graph, pending, captured_leaves, captured, ready_hooks);
+    run_node(*node, grads, retain_graph, pending, captured_leaves, captured, leaves);
     for (const Edge& edge : node->next_edges)
       if (edge.node && pending.count(edge.node.get()) && queued.insert(edge.node.get()).second) {
         ready.push(edge.node.get());
         keep_alive.push_back(edge.node);
       }
   }
-  ready_hooks.finish();
+  leaves.finish();
 }
 
 Tensor checked_root_grad(const Tensor& root, const Tensor& gradient, const char* api) {
