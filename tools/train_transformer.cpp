@@ -22,8 +22,10 @@ struct Flags {
   mf::Device device = mf::Device::cpu();
   /// Both stacks' depth, unless --encoder-layers / --decoder-layers (0: this) say otherwise.
   int64_t layers = options.model.encoder_layers, encoder_layers = 0, decoder_layers = 0;
-  bool no_lowercase = false, detect_anomaly = false;
+  bool no_lowercase = false, detect_anomaly = false, distributed = false, dist_deterministic = false;
   int threads = mf::get_num_threads();
+  double dist_timeout = 600;  // seconds
+  double bucket_mb = static_cast<double>(options.data_parallel.bucket_bytes) / (1 << 20);
 
   /// The defaults of a run on a real corpus (a checkpoint each epoch), or of the toy run
   /// (train::toy_options(): no checkpoint unless asked).
@@ -67,6 +69,8 @@ void check_flags(const Flags& f) {
   if (!(o.optim.lr_factor > 0) || !(o.optim.clip >= 0)) throw UsageError("--lr-factor must be positive, --clip >= 0");
   if (f.threads < 1) throw UsageError("--threads must be positive");
   if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint");
+  if (o.accumulate < 1) throw UsageError("--accumulate must be positive");
+  if (!(f.dist_timeout > 0) || !(f.bucket_mb > 0)) throw UsageError("--dist-timeout and --bucket-mb must be positive");
 }
 
 /// Reads a corpus, logging what was skipped or truncated.
@@ -166,21 +170,24 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("checkpoint", &o.checkpoint, "checkpoint written each epoch and on Ctrl-C");
   args.add("plot", &o.plot, "SVG chart of the loss and BLEU curves (default: the checkpoint's path with .svg)");
   args.add_switch("resume", &o.resume, "continue from --checkpoint");
+  args.add("accumulate", &o.accumulate,
+           "split each batch into this many shares per process, accumulating their gradients (less memory)");
+  args.add_switch("distributed", &f.distributed,
+                  "data-parallel training: join the job mpirun started (each rank trains on its share of every "
+                  "batch; rank 0 prints and saves)");
+  args.add("dist-timeout", &f.dist_timeout,
+           "seconds a collective may take before the job is ended with an error naming it and the missing ranks");
+  args.add("bucket-mb", &f.bucket_mb, "megabytes of gradients reduced together while backward runs");
+  args.add_switch("dist-deterministic", &f.dist_deterministic,
+                  "sum the ranks' gradients in rank order: the same bits whatever the world size and backend");
   args.add_switch("detect-anomaly", &f.detect_anomaly,
                   "stop at the first op that makes a NaN or inf, naming it (slow: for debugging a diverging run)");
   return args.parse(argc, argv);
 }
 
-int run(int argc, char** argv) {
-  Flags f = Flags::defaults(/*toy=*/false);
-  if (!parse_flags(argc, argv, f)) return 0;
-  const bool toy = f.train_src.empty() && f.train_tgt.empty();
-  if (toy) {  // the toy run's defaults under the flags the user gave
-    f = Flags::defaults(/*toy=*/true);
-    parse_flags(argc, argv, f);
-  }
+/// Trains as the flags say (on this rank's share, in a distributed job).
+int train_with_flags(Flags& f, bool toy) {
   mf::train::TrainingOptions& o = f.options;
-  check_flags(f);
   mf::tools::check_device_available(f.device, "--device");
   if (o.plot.empty() && !o.checkpoint.empty()) o.plot = std::filesystem::path(o.checkpoint).replace_extension(".svg");
   mf::set_num_threads(f.threads);
@@ -220,6 +227,39 @@ int run(int argc, char** argv) {
   if (status != 0) return status;
   if (!o.checkpoint.empty()) fmt::print("checkpoint: '{}'\n", o.checkpoint.string());
   return toy ? report_toy(translator) : 0;
+}
+
+int run(int argc, char** argv) {
+  Flags f = Flags::defaults(/*toy=*/false);
+  if (!parse_flags(argc, argv, f)) return 0;
+  const bool toy = f.train_src.empty() && f.train_tgt.empty();
+  if (toy) {  // the toy run's defaults under the flags the user gave
+    f = Flags::defaults(/*toy=*/true);
+    parse_flags(argc, argv, f);
+  }
+  mf::train::TrainingOptions& o = f.options;
+  check_flags(f);
+  std::shared_ptr<mf::distributed::ProcessGroup> group;
+  if (f.distributed) {
+    group = mf::distributed::init_process_group(
+        mf::distributed::Backend::Mpi,
+        {.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.dist_timeout * 1000))});
+    if (group->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)  // rank 0 speaks for the job
+      throw mf::Error(fmt::format("[rank {}] cannot silence stdout", group->rank()));
+    if (f.device.is_cuda()) f.device = mf::Device::cuda(group->rank() % std::max(1, mf::cuda::device_count()));
+    o.group = group;
+    o.data_parallel.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
+    o.data_parallel.deterministic = f.dist_deterministic;
+  }
+  try {
+    return train_with_flags(f, toy);
+  } catch (const std::exception& error) {
+    if (!group || group->world_size() == 1) throw;
+    // The other ranks cannot know: end the whole job, or they would wait in their next collective.
+    fmt::print(stderr, "[rank {}] train_transformer: error: {}\n", group->rank(), error.what());
+    std::fflush(stderr);
+    group->abort_job(1);
+  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 
 namespace mf::train {
 namespace {
@@ -127,19 +128,55 @@ std::string format_duration(double seconds) {
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
-/// Validation loss without label smoothing (so that exp(loss) is the perplexity).
-double validation_loss(models::Translator& translator, const ParallelData& data, int64_t max_tokens) {
+/// [begin, end) of share `share` of `count` items split `shares` ways (contiguous, sizes differing by
+/// at most one).
+std::pair<size_t, size_t> share_range(size_t count, int64_t share, int64_t shares) {
+  auto bound = [&](int64_t k) { return count * static_cast<size_t>(k) / static_cast<size_t>(shares); };
+  return {bound(share), bound(share + 1)};
+}
+
+/// `values` summed over the group's ranks (unchanged without a group).
+std::vector<double> sum_over_ranks(std::vector<double> values, distributed::ProcessGroup* group) {
+  if (group == nullptr) return values;
+  Tensor t = from_vector(values, {static_cast<int64_t>(values.size())});
+  group->all_reduce(t);
+  return t.to_vector<double>();
+}
+
+/// Validation loss without label smoothing (so that exp(loss) is the perplexity). With a group, each
+/// rank takes every world_size-th batch.
+double validation_loss(models::Translator& translator, const ParallelData& data, int64_t max_tokens,
+                       distributed::ProcessGroup* group) {
   models::Transformer& model = translator.model();
   NoGradGuard no_grad;
-  double sum = 0;
-  int64_t tokens = 0;
-  for (const text::Batch& batch : text::make_batches(data.sources, data.targets, {.max_tokens = max_tokens}, 0)) {
-    models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batch, model.device());
+  double sum = 0, tokens = 0;
+  std::vector<text::Batch> batches = text::make_batches(data.sources, data.targets, {.max_tokens = max_tokens}, 0);
+  const size_t stride = group ? static_cast<size_t>(group->world_size()) : 1;
+  for (size_t i = group ? static_cast<size_t>(group->rank()) : 0; i < batches.size(); i += stride) {
+    models::TranslationBatch b = models::make_translation_batch(data.sources, data.targets, batches[i], model.device());
     Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, 0.0);
     sum += loss.item<double>() * static_cast<double>(b.target_tokens);
-    tokens += b.target_tokens;
+    tokens += static_cast<double>(b.target_tokens);
   }
-  return sum / static_cast<double>(tokens);
+  std::vector<double> totals = sum_over_ranks({sum, tokens}, group);
+  return totals[0] / totals[1];
+}
+
+/// Target tokens of `batch` (<eos> included): the denominator of its mean loss.
+int64_t target_tokens(const ParallelData& data, const text::Batch& batch) {
+  int64_t tokens = 0;
+  for (int64_t i : batch) tokens += static_cast<int64_t>(data.targets[i].size()) + 1;
+  return tokens;
+}
+
+/// The seed of the dropout stream of share `share` of step `step`: a share draws the same masks
+/// whichever rank trains it, so a run depends on the number of shares, not on the world size.
+uint64_t share_seed(int64_t seed, int64_t step, int64_t share) {
+  uint64_t x = static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ull +
+               static_cast<uint64_t>(share);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;  // SplitMix64's finaliser
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
 }
 
 /// The loss chart above the BLEU chart, in one SVG.
@@ -221,16 +258,18 @@ ParallelData encode_corpus(const models::Translator& translator, const std::vect
   return data;
 }
 
-double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit) {
+double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit,
+                   distributed::ProcessGroup* group) {
   constexpr size_t kChunk = 64;
   size_t count = limit > 0 ? std::min(static_cast<size_t>(limit), data.sources.size()) : data.sources.size();
+  auto [begin, end] = group ? share_range(count, group->rank(), group->world_size()) : std::pair<size_t, size_t>{0, count};
   models::Transformer& model = translator.model();
-  std::vector<std::vector<std::string>> hypotheses, references(data.references.begin(),
-                                                               data.references.begin() + static_cast<ptrdiff_t>(count));
-  for (size_t first = 0; first < count; first += kChunk) {
+  std::vector<std::vector<std::string>> hypotheses, references(data.references.begin() + static_cast<ptrdiff_t>(begin),
+                                                               data.references.begin() + static_cast<ptrdiff_t>(end));
+  for (size_t first = begin; first < end; first += kChunk) {
     std::vector<int64_t> rows;
     size_t longest = 0;
-    for (size_t i = first; i < std::min(count, first + kChunk); ++i) {
+    for (size_t i = first; i < std::min(end, first + kChunk); ++i) {
       rows.push_back(static_cast<int64_t>(i));
       longest = std::max(longest, data.sources[i].size());
     }
@@ -243,7 +282,23 @@ double greedy_bleu(models::Translator& translator, const ParallelData& data, int
       hypotheses.push_back(translator.tgt_vocab().decode(
           std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width))));
   }
-  return text::corpus_bleu(hypotheses, references).score;
+  text::BleuScore counts = text::corpus_bleu(hypotheses, references);
+  if (group != nullptr) {  // the counts are integers far below 2^53: exact as doubles
+    std::vector<double> summed = {static_cast<double>(counts.hypothesis_length),
+                                  static_cast<double>(counts.reference_length)};
+    for (size_t n = 0; n < counts.matches.size(); ++n) {
+      summed.push_back(static_cast<double>(counts.matches[n]));
+      summed.push_back(static_cast<double>(counts.totals[n]));
+    }
+    summed = sum_over_ranks(summed, group);
+    counts.hypothesis_length = static_cast<int64_t>(summed[0]);
+    counts.reference_length = static_cast<int64_t>(summed[1]);
+    for (size_t n = 0; n < counts.matches.size(); ++n) {
+      counts.matches[n] = static_cast<int64_t>(summed[2 + 2 * n]);
+      counts.totals[n] = static_cast<int64_t>(summed[3 + 2 * n]);
+    }
+  }
+  return text::bleu_from_counts(counts).score;
 }
 
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
@@ -256,19 +311,62 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   optim::TrainingState state{.model = &model, .optimizer = &adam, .scheduler = &schedule,
                              .generator = &default_generator()};
 
+  MF_CHECK(options.accumulate >= 1, "train_translator: accumulate must be at least 1, got {}", options.accumulate);
+  distributed::ProcessGroup* group = options.group.get();
+  const int64_t rank = group ? group->rank() : 0;
+  const bool leader = rank == 0;  // prints, saves and draws
+  // A batch is one share on a process alone; else world size x accumulate shares, each with its own
+  // dropout stream and its loss weighted by its tokens, so the shares' gradients sum to the batch's.
+  const bool sharded = group != nullptr || options.accumulate > 1;
+  const int64_t shares = (group ? group->world_size() : 1) * options.accumulate;
+
   Progress progress;
-  if (options.resume) {
+  if (options.resume) {  // every rank reads the checkpoint (it must be where each can read it)
     progress = parse_progress(optim::load_training_state(options.checkpoint, state), options.checkpoint, settings,
                               options.names);
-    fmt::print("resuming from '{}': epoch {}, {} batches done, step {}\n", options.checkpoint.string(),
-               progress.epoch + 1, progress.batch, schedule.last_epoch());
+    if (leader)
+      fmt::print("resuming from '{}': epoch {}, {} batches done, step {}\n", options.checkpoint.string(),
+                 progress.epoch + 1, progress.batch, schedule.last_epoch());
+  }
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  if (group != nullptr) {
+    distributed::DataParallelOptions data_parallel = options.data_parallel;
+    data_parallel.reduce = distributed::ReduceOp::Sum;
+    ddp = std::make_unique<distributed::DistributedDataParallel>(model, options.group, data_parallel);
   }
   // The step the checkpoint on disk holds (-1: none), for the message when training diverges.
   int64_t saved_step = options.resume ? schedule.last_epoch() : -1;
   auto save = [&] {
     if (options.checkpoint.empty()) return;
-    translator.save(options.checkpoint, state, {{kProgressKey, progress_json(progress, settings)}});
+    if (leader) translator.save(options.checkpoint, state, {{kProgressKey, progress_json(progress, settings)}});
     saved_step = schedule.last_epoch();
+  };
+  bool stop_requested = false;  // Ctrl-C on any rank (the ranks agree at each step)
+
+  // This rank's shares of `batch`, forward and backward (the gradients of all but the last stay local):
+  // returns the sum of their mean losses weighted by their target tokens.
+  auto backward_shares = [&](const text::Batch& batch, int64_t batch_target_tokens) {
+    double weighted = 0;
+    for (int64_t a = 0; a < options.accumulate; ++a) {
+      const int64_t share = rank * options.accumulate + a;
+      auto [begin, end] = share_range(batch.size(), share, shares);
+      if (begin == end) continue;  // a batch with fewer sentences than shares; the gradient sync still runs
+      manual_seed(share_seed(settings.seed, schedule.last_epoch() + 1, share));
+      models::TranslationBatch b = models::make_translation_batch(
+          train.sources, train.targets, text::Batch(batch.begin() + static_cast<ptrdiff_t>(begin),
+                                                    batch.begin() + static_cast<ptrdiff_t>(end)), model.device());
+      Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
+      const double tokens = static_cast<double>(b.target_tokens);
+      weighted += loss.item<double>() * tokens;
+      Tensor share_loss = loss * (tokens / static_cast<double>(batch_target_tokens));
+      if (ddp && a + 1 < options.accumulate) {
+        auto local = ddp->no_sync();
+        share_loss.backward();
+      } else {
+        share_loss.backward();
+      }
+    }
+    return weighted;
   };
 
   SigintScope sigint;
@@ -277,7 +375,9 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   const auto start = std::chrono::steady_clock::now();
   int64_t steps_this_run = 0, tokens_this_run = 0;
   bool stopped = false;  // by Ctrl-C or max_steps, with the checkpoint saved
-  auto should_stop = [&] { return g_interrupted || (options.max_steps > 0 && steps_this_run >= options.max_steps); };
+  auto should_stop = [&] {
+    return stop_requested || (options.max_steps > 0 && steps_this_run >= options.max_steps);
+  };
 
   while (progress.epoch < options.epochs && !stopped) {
     std::vector<text::Batch> batches = text::make_batches(train.sources, train.targets,
@@ -286,10 +386,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     const auto n_batches = static_cast<int64_t>(batches.size());
     model.train();
     for (; progress.batch < n_batches; ++progress.batch) {
-      models::TranslationBatch b = models::make_translation_batch(
-          train.sources, train.targets, batches[static_cast<size_t>(progress.batch)], model.device());
-      Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
-      const double loss_value = loss.item<double>();  // the step's one wait for the device
+      const text::Batch& batch = batches[static_cast<size_t>(progress.batch)];
       // A non-finite loss or gradient would poison the parameters and the optimizer state for good:
       // stop before the update, so the checkpoint on disk keeps the last state that was saved.
       auto diverged = [&](const std::string& what) {
@@ -303,8 +400,26 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
              schedule.last_epoch() + 1, progress.epoch + 1, progress.batch + 1, n_batches, kept,
              names("optim.lr_factor"), names("optim.warmup"), names("optim.clip"), names.detect_anomaly);
       };
-      if (!std::isfinite(loss_value)) diverged(format_message("the training loss is {}", loss_value));
-      loss.backward();
+      double loss_value = 0;
+      int64_t batch_target_tokens = 0;
+      if (!sharded) {
+        models::TranslationBatch b = models::make_translation_batch(train.sources, train.targets, batch, model.device());
+        Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
+        loss_value = loss.item<double>();  // the step's one wait for the device
+        if (!std::isfinite(loss_value)) diverged(format_message("the training loss is {}", loss_value));
+        loss.backward();
+        batch_target_tokens = b.target_tokens;
+        stop_requested = g_interrupted != 0;
+      } else {
+        // The ranks agree on the batch's loss (and so on stopping when it is not finite) and on Ctrl-C.
+        batch_target_tokens = target_tokens(train, batch);
+        std::vector<double> totals =
+            sum_over_ranks({backward_shares(batch, batch_target_tokens), g_interrupted ? 1.0 : 0.0}, group);
+        loss_value = totals[0] / static_cast<double>(batch_target_tokens);
+        stop_requested = totals[1] > 0;
+        if (!std::isfinite(loss_value)) diverged(format_message("the training loss is {}", loss_value));
+        if (ddp) ddp->finish_gradient_sync();
+      }
       if (settings.clip > 0) {
         double norm = optim::clip_grad_norm_(params, settings.clip);
         if (!std::isfinite(norm)) diverged(format_message("the gradient norm is {} (loss {:.3f})", norm, loss_value));
@@ -315,21 +430,22 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       adam.zero_grad();
 
       if (options.on_step) options.on_step(schedule.last_epoch(), loss_value);
-      double value = loss_value * static_cast<double>(b.target_tokens);
+      double value = loss_value * static_cast<double>(batch_target_tokens);
       progress.loss_sum += value;
-      progress.loss_tokens += b.target_tokens;
+      progress.loss_tokens += batch_target_tokens;
       progress.curve_sum += value;
-      progress.curve_tokens += b.target_tokens;
+      progress.curve_tokens += batch_target_tokens;
       ++steps_this_run;
-      tokens_this_run += batch_tokens(train, batches[static_cast<size_t>(progress.batch)]);
+      tokens_this_run += batch_tokens(train, batch);
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       double remaining_steps = static_cast<double>(n_batches - progress.batch - 1 +
                                                    (options.epochs - progress.epoch - 1) * n_batches);
-      line.update(steps_this_run,
-                  format_message("epoch {}/{} step {}/{} loss {:.3f} {:.0f} tok/s lr {:.2e} ETA {}", progress.epoch + 1,
-                              options.epochs, progress.batch + 1, n_batches, loss_value,
-                              static_cast<double>(tokens_this_run) / elapsed, lr,
-                              format_duration(elapsed / static_cast<double>(steps_this_run) * remaining_steps)));
+      if (leader)
+        line.update(steps_this_run,
+                    format_message("epoch {}/{} step {}/{} loss {:.3f} {:.0f} tok/s lr {:.2e} ETA {}",
+                                   progress.epoch + 1, options.epochs, progress.batch + 1, n_batches, loss_value,
+                                   static_cast<double>(tokens_this_run) / elapsed, lr,
+                                   format_duration(elapsed / static_cast<double>(steps_this_run) * remaining_steps)));
       if (schedule.last_epoch() % options.log_every == 0 || progress.batch + 1 == n_batches) {
         progress.train_curve.emplace_back(static_cast<double>(progress.epoch) +
                                               static_cast<double>(progress.batch + 1) / static_cast<double>(n_batches),
@@ -349,13 +465,13 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     line.finish();
     if (validate) {
       model.eval();
-      record.valid_loss = validation_loss(translator, valid, settings.max_tokens);
-      record.bleu = greedy_bleu(translator, valid, options.bleu_sentences);
+      record.valid_loss = validation_loss(translator, valid, settings.max_tokens, group);
+      record.bleu = greedy_bleu(translator, valid, options.bleu_sentences, group);
     }
     progress.epochs.push_back(record);
     progress.loss_sum = 0;
     progress.loss_tokens = 0;
-    if (!options.quiet_epochs) {
+    if (leader && !options.quiet_epochs) {
       std::string summary = format_message("epoch {}: train loss {:.3f}", progress.epoch + 1, record.train_loss);
       if (validate)
         summary += format_message(", valid loss {:.3f}, perplexity {:.2f}, BLEU {:.2f}", record.valid_loss,
@@ -371,18 +487,19 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   if (stopped) {
     if (progress.batch > 0) save();  // mid-epoch; an epoch end was saved above
     const SettingNames& names = options.names;
-    std::string why = g_interrupted ? "interrupted" : "stopped after " + names("max_steps");
-    if (options.checkpoint.empty())
+    std::string why = stop_requested ? "interrupted" : "stopped after " + names("max_steps");
+    if (leader && options.checkpoint.empty())
       fmt::print("{}; no checkpoint was asked for ({}), nothing saved\n", why, names("checkpoint"));
-    else
+    else if (leader)
       fmt::print("{}: checkpoint saved to '{}' (continue with {})\n", why, options.checkpoint.string(),
                  names("resume"));
   }
-  const int status = stopped && g_interrupted ? 130 : 0;
-  if (!options.plot.empty()) {
+  const int status = stopped && stop_requested ? 130 : 0;
+  if (leader && !options.plot.empty()) {
     write_file_atomic(options.plot, training_chart(progress), "training chart");
     fmt::print("training curves written to '{}'\n", options.plot.string());
   }
+  if (group != nullptr) group->barrier();  // no rank returns before rank 0's files are on disk
   return status;
 }
 

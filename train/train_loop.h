@@ -5,6 +5,8 @@
 // the host. One TrainingOptions configures it all; tools/train_transformer fills it from its flags.
 #pragma once
 
+#include "distributed/data_parallel.h"
+#include "distributed/process_group.h"
 #include "models/translation.h"
 #include "text/corpus.h"
 #include "text/tokenizer.h"
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,6 +74,19 @@ struct TrainingOptions {
   bool resume = false;               // continue from `checkpoint`
   bool quiet_epochs = false;         // no per-epoch summary line (the toy corpus)
   SettingNames names;
+  /// Data-parallel training: the ranks of `group` share every batch, each training on a contiguous
+  /// share of its sentences, and sum their gradients, so that every rank takes the same steps. Rank 0
+  /// alone prints, saves checkpoints and writes the chart; validation and BLEU are shared out too.
+  /// Every rank calls train_translator with the same options and data. Null: this process alone.
+  std::shared_ptr<distributed::ProcessGroup> group;
+  /// Bucket size, overlap and the deterministic (rank-order) reduction. `reduce` is ignored: the
+  /// ranks' losses are weighted by their shares' tokens, and their gradients summed.
+  distributed::DataParallelOptions data_parallel;
+  /// Shares each rank splits its part of a batch into, accumulating their gradients (less memory for
+  /// the same batch). A batch is split into world size x accumulate shares, each with its own dropout
+  /// stream, so a run depends only on that product: 2 ranks x 1 and 1 rank x 2 train alike, and a
+  /// checkpoint resumes at any world size. With no group and accumulate 1, a batch is one share.
+  int64_t accumulate = 1;
   /// Called after each optimizer step with the step number (1 for the first step of a fresh run) and
   /// the batch's training loss; tests compare curves through it.
   std::function<void(int64_t step, double loss)> on_step;
@@ -94,7 +110,10 @@ ParallelData encode_corpus(const models::Translator& translator, const std::vect
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
                      const TrainingOptions& options);
 
-/// Greedy corpus BLEU-4 of the first `limit` pairs of `data` (all for 0), batched.
-double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit);
+/// Greedy corpus BLEU-4 of the first `limit` pairs of `data` (all for 0), batched. With a group,
+/// each rank translates its share of the pairs and the score comes from their summed counts (the
+/// same score); every rank of the group must call it.
+double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit,
+                   distributed::ProcessGroup* group = nullptr);
 
 }  // namespace mf::train
