@@ -10,8 +10,12 @@
 #include "distributed/data_parallel.h"
 #include "distributed/process_group.h"
 #include "optim/adam.h"
+#include "train/toy_corpus.h"
+#include "train/train_loop.h"
 
+#include <filesystem>
 #include <numeric>
+#include <unistd.h>
 
 using namespace mf;
 using mf::testing::check_close;
@@ -294,4 +298,81 @@ TEST_CASE("data parallel: ranks whose models differ get an error naming the para
                        doctest::Contains("differ at parameter 0: rank 0 has 'first.weight' (float32 [16, 6] on cpu), "
                                          "rank 1 has 'first.weight' (float32 [8, 6] on cpu)"),
                        Error);
+}
+
+// ---- the training loop -------------------------------------------------------------------------
+
+namespace {
+
+/// A directory every rank names alike (rank 0's pid), for checkpoints one rank writes and all read.
+std::filesystem::path shared_directory() {
+  Tensor pid = from_vector(std::vector<int64_t>{static_cast<int64_t>(getpid())}, {1});
+  world().broadcast(pid, 0);
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("mf_test_distributed_{}", pid.item<int64_t>());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+struct LoopRun {
+  std::vector<double> losses;
+  std::vector<Tensor> parameters;
+};
+
+/// `steps` steps of the toy corpus (with dropout, so that the shares' dropout streams matter), from
+/// `resume_from` when it is not empty, saving to `save_to`.
+LoopRun run_loop(std::shared_ptr<dist::ProcessGroup> group, int64_t accumulate, int64_t steps,
+                 const std::filesystem::path& resume_from = {}, const std::filesystem::path& save_to = {}) {
+  train::TrainingOptions options = train::toy_options();
+  options.model.dropout = 0.1;
+  options.optim.max_tokens = 64;
+  options.group = std::move(group);
+  options.data_parallel.deterministic = true;
+  options.accumulate = accumulate;
+  options.max_steps = steps;
+  options.checkpoint = save_to;
+  LoopRun run;
+  options.on_step = [&](int64_t, double loss) { run.losses.push_back(loss); };
+  text::Corpus corpus = train::make_toy_corpus(20, {.tokenizer = options.tokenizer, .max_length = 15});
+  manual_seed(static_cast<uint64_t>(options.optim.seed));
+  models::Translator translator = train::build_translator(corpus, options);
+  if (!resume_from.empty()) {
+    std::filesystem::copy_file(resume_from, save_to, std::filesystem::copy_options::overwrite_existing);
+    options.resume = true;
+  }
+  train::ParallelData data = train::encode_corpus(translator, corpus.sources, corpus.targets);
+  CHECK(train::train_translator(translator, data, {}, options) == 0);
+  for (const Tensor& p : translator.model().parameters()) run.parameters.push_back(p.clone());
+  return run;
+}
+
+void check_same_run(const LoopRun& a, const LoopRun& b) {
+  CHECK(a.losses == b.losses);
+  REQUIRE(a.parameters.size() == b.parameters.size());
+  for (size_t i = 0; i < a.parameters.size(); ++i) check_close(a.parameters[i], b.parameters[i], 0, 0);
+}
+
+}  // namespace
+
+TEST_CASE("training loop: W ranks x 1 share train as 1 process x W shares, bit for bit") {
+  const int64_t w = world().world_size();
+  LoopRun parallel = run_loop(shared_world(), 1, 4);
+  LoopRun alone = run_loop(dist::local_process_group(), w, 4);  // every rank alone, accumulating all W shares
+  CHECK(parallel.losses.size() == 4);
+  check_same_run(parallel, alone);
+}
+
+TEST_CASE("training loop: a checkpoint resumes at another world size as an unbroken run") {
+  const int64_t w = world().world_size();
+  const std::filesystem::path dir = shared_directory();
+  const std::filesystem::path first = dir / "first.safetensors", second = dir / fmt::format("second.{}.safetensors",
+                                                                                           world().rank());
+  LoopRun unbroken = run_loop(shared_world(), 1, 6);
+  run_loop(shared_world(), 1, 2, {}, first);   // W ranks, 2 steps
+  run_loop(dist::local_process_group(), w, 2, first, second);  // 1 process x W shares (each rank on its own copy)
+  LoopRun resumed = run_loop(shared_world(), 1, 2, second, dir / fmt::format("third.{}.safetensors", world().rank()));
+  CHECK(resumed.losses == std::vector<double>(unbroken.losses.end() - 2, unbroken.losses.end()));
+  for (size_t i = 0; i < unbroken.parameters.size(); ++i)
+    check_close(resumed.parameters[i], unbroken.parameters[i], 0, 0);
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
