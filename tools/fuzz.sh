@@ -37,7 +37,7 @@ if [ ! -f build-fuzz/build.ninja ]; then
   # Static libraries, so the one executable holds all the instrumented code; OSS-Fuzz's flags (-O1,
   # line tables only) keep the build short and stack traces readable.
   CXX=clang++-16 meson setup build-fuzz -Dfuzz=true -Dtests=false -Dtools=false -Dcuda=disabled \
-    -Ddefault_library=static -Doptimization=1 -Ddebug=false -Db_sanitize=address,undefined \
+    -Ddistributed=disabled -Ddefault_library=static -Doptimization=1 -Ddebug=false -Db_sanitize=address,undefined \
     -Dcpp_args="-fno-sanitize-recover=all -fno-omit-frame-pointer -gline-tables-only"
 fi
 ninja -C build-fuzz

@@ -13,7 +13,9 @@ for arg in "$@"; do
   esac
 done
 
-packages=(g++ meson ninja-build pkg-config libopenblas-dev libfmt-dev nlohmann-json3-dev doctest-dev)
+# OpenMPI for data-parallel training across processes (and mpirun for its tests); procps for pgrep.
+packages=(g++ meson ninja-build pkg-config libopenblas-dev libfmt-dev nlohmann-json3-dev doctest-dev
+          openmpi-bin libopenmpi-dev procps)
 if ((with_python_interop)); then packages+=(python3-venv); fi
 bash tools/install_packages.sh "${packages[@]}"
 
