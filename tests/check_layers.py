@@ -32,6 +32,7 @@ PUBLISHED_TO_LAYERS = {
     "ops/cpu/simd.h",     # for CPU kernel authors: vector types and with_widest_isa
     "ops/anomaly.h",      # the anomaly scan the autograd engine runs after each backward rule
     "core/json_brief.h",  # JSON values quoted briefly in error messages
+    "cuda/runtime.h",     # a device's stream and CUDA error checks, for the NCCL backend
 }
 SOURCE_SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/([^"]+)"')

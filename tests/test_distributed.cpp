@@ -7,6 +7,7 @@
 
 #include "helpers.h"
 
+#include "cuda/cuda.h"
 #include "distributed/data_parallel.h"
 #include "distributed/process_group.h"
 #include "optim/adam.h"
@@ -375,4 +376,39 @@ TEST_CASE("training loop: a checkpoint resumes at another world size as an unbro
     check_close(resumed.parameters[i], unbroken.parameters[i], 0, 0);
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("nccl: collectives and data-parallel gradients on CUDA tensors (a world of this process)") {
+  if (!dist::backend_available(dist::Backend::Nccl) || !cuda::is_available() || world().world_size() > 1) {
+    MESSAGE("SKIPPED: needs a build with NCCL, a GPU, and this suite run alone (one rank per GPU)");
+    return;
+  }
+  auto nccl = dist::init_process_group(dist::Backend::Nccl, {.timeout = std::chrono::seconds(60)});
+  CHECK(nccl->backend() == "nccl");
+  const Device gpu = Device::cuda(0);
+  Tensor t = ramp(1001, DType::Float32).to(gpu);
+  nccl->all_reduce(t, dist::ReduceOp::Average);
+  check_close(t.to(Device::cpu()), ramp(1001, DType::Float32), 0, 0);
+  Tensor b = ramp(4, DType::Int64).to(gpu);
+  nccl->broadcast(b, 0);
+  check_close(b.to(Device::cpu()), ramp(4, DType::Int64), 0, 0);
+  CHECK(nccl->all_gather(ramp(3, DType::Float64).to(gpu)).to(Device::cpu()).reshape({3}).to_vector<double>() ==
+        ramp(3, DType::Float64).to_vector<double>());
+  nccl->barrier();
+  CHECK_THROWS_WITH_AS(nccl->all_reduce(t = zeros({2})), doctest::Contains("needs tensors on cuda:0"), Error);
+
+  auto model = make_model(5);
+  model->to(gpu);
+  dist::DistributedDataParallel ddp(*model, nccl, {.bucket_bytes = 256});
+  auto reference = make_model(5);
+  model->eval();  // no dropout: the CPU reference need not draw the GPU's masks
+  reference->eval();
+  shard_backward(*reference, 0, 0);
+  auto [x, y] = batch(0);
+  manual_seed(5000);
+  Tensor out = model->forward(x.to(gpu));
+  Tensor diff = out - y.to(gpu);
+  (sum(diff * diff) / static_cast<double>(x.size(0))).backward();
+  ddp.finish_gradient_sync();
+  check_close(model->first->weight.grad().to(Device::cpu()), reference->first->weight.grad(), 1e-4, 1e-5);
 }

@@ -241,8 +241,10 @@ int run(int argc, char** argv) {
   check_flags(f);
   std::shared_ptr<mf::distributed::ProcessGroup> group;
   if (f.distributed) {
+    // CUDA tensors go GPU to GPU over NCCL where the build has it, else through host memory over MPI.
+    const bool nccl = f.device.is_cuda() && mf::distributed::backend_available(mf::distributed::Backend::Nccl);
     group = mf::distributed::init_process_group(
-        mf::distributed::Backend::Mpi,
+        nccl ? mf::distributed::Backend::Nccl : mf::distributed::Backend::Mpi,
         {.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.dist_timeout * 1000))});
     if (group->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)  // rank 0 speaks for the job
       throw mf::Error(fmt::format("[rank {}] cannot silence stdout", group->rank()));
