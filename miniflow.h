@@ -39,6 +39,7 @@
 #include "optim/training_state.h"
 #include "distributed/process_group.h"
 #include "distributed/data_parallel.h"
+#include "distributed/zero.h"
 
 #include "text/batching.h"
 #include "text/bleu.h"

@@ -1,6 +1,7 @@
 #include "distributed/data_parallel.h"
 
 #include "core/error.h"
+#include "distributed/broadcast_text.h"
 #include "ops/functional.h"
 
 #include <fmt/format.h>
@@ -35,23 +36,6 @@ std::string describe(const nn::NamedTensor& p) {
                      p.tensor.device().str());
 }
 
-/// Rank `from`'s text, on every rank (a collective).
-std::string broadcast_text(ProcessGroup& group, const std::string& text, int from) {
-  constexpr int64_t kMaxChars = 512;
-  std::vector<int64_t> codes(kMaxChars, 0);
-  if (group.rank() == from)
-    for (size_t i = 0; i < std::min<size_t>(text.size(), kMaxChars); ++i)
-      codes[i] = static_cast<unsigned char>(text[i]);
-  Tensor t = from_vector(codes, {kMaxChars});
-  group.broadcast(t, from);
-  std::string out;
-  for (int64_t code : t.to_vector<int64_t>()) {
-    if (code == 0) break;
-    out.push_back(static_cast<char>(code));
-  }
-  return out;
-}
-
 /// Throws, on every rank, when the ranks' parameter lists differ, naming the first difference.
 void check_same_parameters(ProcessGroup& group, const std::vector<nn::NamedTensor>& params) {
   const int64_t count = static_cast<int64_t>(params.size());
@@ -66,7 +50,7 @@ void check_same_parameters(ProcessGroup& group, const std::vector<nn::NamedTenso
       if (all[static_cast<size_t>(r * longest + i)] == all[static_cast<size_t>(i)]) continue;
       auto text_of = [&](int rank) {
         std::string own = i < count ? describe(params[static_cast<size_t>(i)]) : "no such parameter";
-        return broadcast_text(group, own, rank);
+        return detail::broadcast_text(group, own, rank);
       };
       std::string first = text_of(0), other = text_of(r);
       fail("DistributedDataParallel: the ranks' models differ at parameter {}: rank 0 has {}, rank {} has {} "

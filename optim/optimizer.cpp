@@ -77,6 +77,25 @@ const ParamState& Optimizer::param_state(size_t index) const {
   return state_[index];
 }
 
+void Optimizer::set_param_state(size_t index, ParamState state) {
+  MF_CHECK(index < state_.size(), "{}: no parameter {} (the optimizer has {})", name_, index, state_.size());
+  MF_CHECK(state.step >= 0 && state.step <= kMaxStepCount, "{}: parameter {}'s step count {} is outside [0, 2^53]",
+           name_, index, state.step);
+  const Tensor* param = nullptr;
+  for (size_t g = 0, first = 0; g < num_param_groups() && !param; first += group_params(g).size(), ++g)
+    if (index < first + group_params(g).size()) param = &group_params(g)[index - first];
+  for (auto& [buffer, tensor] : state.buffers) {
+    MF_CHECK(tensor.shape() == param->shape(), "{}: buffer '{}' of shape {} does not fit parameter {} of shape {}",
+             name_, buffer, shape_str(tensor.shape()), index, shape_str(param->shape()));
+    if (tensor.dtype() != param->dtype() || tensor.device() != param->device()) {
+      Tensor copy = empty_like(*param);
+      copy.copy_(tensor);
+      tensor = copy;
+    }
+  }
+  state_[index] = std::move(state);
+}
+
 OptimizerState Optimizer::state_dict() const {
   check_param_count();
   OptimizerState out;

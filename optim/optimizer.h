@@ -83,6 +83,9 @@ class Optimizer {
 
   /// The state of the parameter at `index` (counting over all groups in order).
   const ParamState& param_state(size_t index) const;
+  /// Replaces the state of the parameter at `index` (buffers copied to its dtype and device where they
+  /// differ; ParamState{} drops it): a sharded optimizer keeps only its own rank's parameters' states.
+  void set_param_state(size_t index, ParamState state);
   /// Copies of the state (tensors cloned, so later steps do not change them) and the options.
   OptimizerState state_dict() const;
   /// Restores what state_dict() returned: options, step counts and buffers (copied into tensors of

@@ -10,6 +10,8 @@
 #include "cuda/cuda.h"
 #include "distributed/data_parallel.h"
 #include "distributed/process_group.h"
+#include "distributed/zero.h"
+#include "nn/checkpoint.h"
 #include "optim/adam.h"
 #include "train/toy_corpus.h"
 #include "train/train_loop.h"
@@ -322,13 +324,15 @@ struct LoopRun {
 /// `steps` steps of the toy corpus (with dropout, so that the shares' dropout streams matter), from
 /// `resume_from` when it is not empty, saving to `save_to`.
 LoopRun run_loop(std::shared_ptr<dist::ProcessGroup> group, int64_t accumulate, int64_t steps,
-                 const std::filesystem::path& resume_from = {}, const std::filesystem::path& save_to = {}) {
+                 const std::filesystem::path& resume_from = {}, const std::filesystem::path& save_to = {},
+                 bool shard_optimizer = false) {
   train::TrainingOptions options = train::toy_options();
   options.model.dropout = 0.1;
   options.optim.max_tokens = 64;
   options.group = std::move(group);
   options.data_parallel.deterministic = true;
   options.accumulate = accumulate;
+  options.shard_optimizer = shard_optimizer;
   options.max_steps = steps;
   options.checkpoint = save_to;
   LoopRun run;
@@ -360,6 +364,43 @@ TEST_CASE("training loop: W ranks x 1 share train as 1 process x W shares, bit f
   LoopRun alone = run_loop(dist::local_process_group(), w, 4);  // every rank alone, accumulating all W shares
   CHECK(parallel.losses.size() == 4);
   check_same_run(parallel, alone);
+}
+
+TEST_CASE("training loop: ZeRO-1 takes the steps and writes the checkpoints of unsharded Adam, bit for bit") {
+  const std::filesystem::path dir = shared_directory();
+  LoopRun sharded = run_loop(shared_world(), 1, 3, {}, dir / "sharded.safetensors", true);
+  LoopRun plain = run_loop(shared_world(), 1, 3, {}, dir / "plain.safetensors");
+  check_same_run(sharded, plain);
+  nn::TensorFile a = nn::load_tensors(dir / "sharded.safetensors"), b = nn::load_tensors(dir / "plain.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    CAPTURE(a.tensors[i].name);
+    CHECK(a.tensors[i].name == b.tensors[i].name);
+    check_close(a.tensors[i].tensor, b.tensors[i].tensor, 0, 0);
+  }
+  CHECK(a.metadata == b.metadata);
+  // Resumed sharded, at this world size, from either.
+  check_same_run(run_loop(shared_world(), 1, 2, dir / "plain.safetensors", dir / fmt::format("r.{}", world().rank()), true),
+                 run_loop(shared_world(), 1, 2, dir / "sharded.safetensors", dir / fmt::format("s.{}", world().rank())));
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("ZeRO-1: each rank keeps the state of its share of the parameters") {
+  auto model = make_model(3);
+  optim::Adam adam(model->parameters(), {.lr = 0.01});
+  dist::ZeroRedundancyOptimizer zero(adam, shared_world());
+  int64_t total = model->parameter_count();
+  Tensor owned = from_vector(std::vector<int64_t>{zero.owned_elements()}, {1});
+  world().all_reduce(owned);
+  CHECK(owned.item<int64_t>() == total);  // every parameter has one owner
+  CHECK(zero.owned_elements() <= total / world().world_size() + 16 * 6);  // balanced within the largest parameter
+  shard_backward(*model, 0, 0);
+  std::vector<bool> has_gradient;  // all but the spare layer's
+  for (const Tensor& p : model->parameters()) has_gradient.push_back(p.grad().defined());
+  zero.step();
+  for (size_t i = 0; i < has_gradient.size(); ++i)
+    CHECK(adam.param_state(i).buffers.empty() == (zero.owner(i) != world().rank() || !has_gradient[i]));
 }
 
 TEST_CASE("training loop: a checkpoint resumes at another world size as an unbroken run") {

@@ -178,6 +178,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("dist-timeout", &f.dist_timeout,
            "seconds a collective may take before the job is ended with an error naming it and the missing ranks");
   args.add("bucket-mb", &f.bucket_mb, "megabytes of gradients reduced together while backward runs");
+  args.add_switch("shard-optimizer", &o.shard_optimizer,
+                  "with --distributed: each rank keeps 1/W of Adam's state (ZeRO stage 1); same steps and checkpoints");
   args.add_switch("dist-deterministic", &f.dist_deterministic,
                   "sum the ranks' gradients in rank order: the same bits whatever the world size and backend");
   args.add_switch("detect-anomaly", &f.detect_anomaly,

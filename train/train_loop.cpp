@@ -334,11 +334,16 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     data_parallel.reduce = distributed::ReduceOp::Sum;
     ddp = std::make_unique<distributed::DistributedDataParallel>(model, options.group, data_parallel);
   }
+  std::unique_ptr<distributed::ZeroRedundancyOptimizer> zero;
+  if (group != nullptr && options.shard_optimizer)
+    zero = std::make_unique<distributed::ZeroRedundancyOptimizer>(adam, options.group);
   // The step the checkpoint on disk holds (-1: none), for the message when training diverges.
   int64_t saved_step = options.resume ? schedule.last_epoch() : -1;
   auto save = [&] {
     if (options.checkpoint.empty()) return;
+    if (zero) zero->consolidate_state(0);  // the whole state on rank 0, in the unsharded format
     if (leader) translator.save(options.checkpoint, state, {{kProgressKey, progress_json(progress, settings)}});
+    if (zero) zero->shard_state();
     saved_step = schedule.last_epoch();
   };
   bool stop_requested = false;  // Ctrl-C on any rank (the ranks agree at each step)
@@ -425,7 +430,10 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
         if (!std::isfinite(norm)) diverged(format_message("the gradient norm is {} (loss {:.3f})", norm, loss_value));
       }
       double lr = schedule.get_last_lr()[0];
-      adam.step();
+      if (zero)
+        zero->step();
+      else
+        adam.step();
       schedule.step();
       adam.zero_grad();
 

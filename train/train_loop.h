@@ -7,6 +7,7 @@
 
 #include "distributed/data_parallel.h"
 #include "distributed/process_group.h"
+#include "distributed/zero.h"
 #include "models/translation.h"
 #include "text/corpus.h"
 #include "text/tokenizer.h"
@@ -87,6 +88,9 @@ struct TrainingOptions {
   /// stream, so a run depends only on that product: 2 ranks x 1 and 1 rank x 2 train alike, and a
   /// checkpoint resumes at any world size. With no group and accumulate 1, a batch is one share.
   int64_t accumulate = 1;
+  /// With a group: shard Adam's state over the ranks (ZeRO stage 1, distributed/zero.h), each keeping
+  /// 1/W of it. The steps and checkpoints are the bits of the unsharded run.
+  bool shard_optimizer = false;
   /// Called after each optimizer step with the step number (1 for the first step of a fresh run) and
   /// the batch's training loss; tests compare curves through it.
   std::function<void(int64_t step, double loss)> on_step;
