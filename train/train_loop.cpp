@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -29,22 +30,30 @@ using json = nlohmann::json;
 constexpr const char* kProgressKey = "train_transformer.progress";
 
 volatile std::sig_atomic_t g_interrupted = 0;
-/// The first Ctrl-C asks the loop to save and stop; a second one kills as usual.
-extern "C" void on_sigint(int) {
+/// Ctrl-C (SIGINT), SIGTERM and SIGUSR1 ask the loop to save and stop; the same signal again ends the
+/// process as usual. Under mpirun, Ctrl-C reaches mpirun alone, which sends SIGTERM to every rank
+/// (and SIGKILL after odls_base_sigkill_timeout seconds); mpirun forwards SIGUSR1 to every rank.
+constexpr std::array<int, 3> kStopSignals{SIGINT, SIGTERM, SIGUSR1};
+extern "C" void on_stop_signal(int signal) {
   g_interrupted = 1;
-  std::signal(SIGINT, SIG_DFL);
+  std::signal(signal, SIG_DFL);
 }
 
-/// Installs on_sigint for its scope, restoring the previous handler however the loop ends.
-class SigintScope {
+/// Installs on_stop_signal for its scope, restoring the previous handlers however the loop ends.
+class StopSignalScope {
  public:
-  SigintScope() : previous_(std::signal(SIGINT, on_sigint)) { g_interrupted = 0; }
-  ~SigintScope() { std::signal(SIGINT, previous_); }
-  SigintScope(const SigintScope&) = delete;
-  SigintScope& operator=(const SigintScope&) = delete;
+  StopSignalScope() {
+    g_interrupted = 0;
+    for (size_t i = 0; i < kStopSignals.size(); ++i) previous_[i] = std::signal(kStopSignals[i], on_stop_signal);
+  }
+  ~StopSignalScope() {
+    for (size_t i = 0; i < kStopSignals.size(); ++i) std::signal(kStopSignals[i], previous_[i]);
+  }
+  StopSignalScope(const StopSignalScope&) = delete;
+  StopSignalScope& operator=(const StopSignalScope&) = delete;
 
  private:
-  void (*previous_)(int);
+  std::array<void (*)(int), kStopSignals.size()> previous_{};
 };
 
 /// One finished epoch's numbers (NaN where there was no validation set).
@@ -374,7 +383,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     return weighted;
   };
 
-  SigintScope sigint;
+  StopSignalScope stop_signals;
   ProgressLine line(options.log_every);
   const bool validate = !valid.sources.empty();
   const auto start = std::chrono::steady_clock::now();
