@@ -11,10 +11,12 @@
 
 namespace mf::distributed {
 
-/// Gradients of one dtype and device, packed back to back in `flat`.
+/// Gradients of one dtype and device, packed back to back in `flat`; or one large parameter's,
+/// reduced where it is, in its .grad (`in_place`: packing it would copy it twice for nothing).
 struct DistributedDataParallel::Bucket {
   std::vector<size_t> params;   // indices into params_
   std::vector<int64_t> offsets;  // of each parameter's gradient in flat
+  bool in_place = false;
   Tensor flat;
   Tensor gathered;              // deterministic mode: [world_size, flat.numel()]
   std::vector<bool> filled;     // per slot, this step
@@ -79,16 +81,20 @@ DistributedDataParallel::DistributedDataParallel(const nn::Module& module, std::
   for (nn::NamedTensor& p : named) params_.push_back(p.tensor);
 
   // Buckets over the parameters in reverse order, a new one when the dtype or device changes or the
-  // bytes would pass bucket_bytes.
+  // bytes would pass bucket_bytes; a parameter of a quarter bucket or more gets one of its own.
   where_.resize(params_.size());
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = params_[k];
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    const bool alone = 4 * bytes >= options_.bucket_bytes;
     Bucket* last = buckets_.empty() ? nullptr : buckets_.back().get();
-    bool fits = last && last->flat.dtype() == p.dtype() && last->flat.device() == p.device() &&
-                (last->flat.numel() + p.numel()) * static_cast<int64_t>(p.element_size()) <= options_.bucket_bytes;
+    bool fits = !alone && last && !last->in_place && last->flat.dtype() == p.dtype() &&
+                last->flat.device() == p.device() &&
+                last->flat.numel() * static_cast<int64_t>(p.element_size()) + bytes <= options_.bucket_bytes;
     if (!fits) {
       buckets_.push_back(std::make_unique<Bucket>());
       buckets_.back()->flat = Tensor::empty({0}, p.dtype(), p.device());
+      buckets_.back()->in_place = alone;
       last = buckets_.back().get();
     }
     where_[k] = {buckets_.size() - 1, last->params.size()};
@@ -113,13 +119,21 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::fill(Bucket& bucket, size_t slot) {
   const Tensor& p = params_[bucket.params[slot]];
-  Tensor region = bucket.flat.narrow(0, bucket.offsets[slot], p.numel());
   Tensor grad = p.grad();
   NoGradGuard no_grad;
-  if (grad.defined())
-    region.copy_(grad.reshape({p.numel()}));
-  else
+  if (bucket.in_place) {
+    bucket.flat = !grad.defined()        ? zeros({p.numel()}, p.dtype(), p.device())
+                  : grad.is_contiguous() ? grad.reshape({p.numel()})
+                                         : grad.contiguous().reshape({p.numel()});
+    bucket.filled[slot] = true;
+    --bucket.unfilled;
+    return;
+  }
+  Tensor region = bucket.flat.narrow(0, bucket.offsets[slot], p.numel());
+  if (!grad.defined())
     region.zero_();
+  else if (grad.raw_data() != region.raw_data())  // else .grad is still the bucket's view (accumulation)
+    region.copy_(grad.reshape({p.numel()}));
   bucket.filled[slot] = true;
   --bucket.unfilled;
 }
@@ -140,7 +154,7 @@ void DistributedDataParallel::launch_ready_buckets() {
 
 void DistributedDataParallel::launch(Bucket& bucket) {
   if (options_.deterministic) {
-    if (!bucket.gathered.defined())
+    if (!bucket.gathered.defined() || bucket.gathered.size(1) != bucket.flat.numel())
       bucket.gathered = Tensor::empty({group_->world_size(), bucket.flat.numel()}, bucket.flat.dtype(),
                                       bucket.flat.device());
     bucket.work = group_->all_gather_async(bucket.flat, bucket.gathered);
@@ -166,12 +180,9 @@ void DistributedDataParallel::finish_gradient_sync() {
     }
     for (size_t slot = 0; slot < bucket->params.size(); ++slot) {
       Tensor& p = params_[bucket->params[slot]];
-      Tensor reduced = bucket->flat.narrow(0, bucket->offsets[slot], p.numel()).reshape(p.shape());
-      Tensor grad = p.grad();
-      if (grad.defined() && grad.is_contiguous())
-        grad.copy_(reduced);
-      else
-        p.set_grad(reduced.clone());
+      // .grad becomes a view of the bucket (PyTorch's gradient_as_bucket_view): no copy back. The
+      // next backward's gradients replace it, or add into it when they are not zeroed in between.
+      p.set_grad(bucket->flat.narrow(0, bucket->offsets[slot], p.numel()).reshape(p.shape()));
     }
     bucket->filled.assign(bucket->params.size(), false);
     bucket->unfilled = bucket->params.size();

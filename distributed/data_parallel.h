@@ -55,8 +55,10 @@ class DistributedDataParallel {
 
   /// Ends the gradient reduction of the backward just run: starts the buckets backward left (those
   /// with parameters it gave no gradient; their share counts as zero), waits for every bucket and
-  /// writes the reduced gradients into .grad. A rank with nothing to compute calls it without a
-  /// backward and still takes part. Collective: every rank calls it once per optimizer step.
+  /// makes each .grad a view of its bucket, holding the reduced gradient (the next
+  /// finish_gradient_sync() overwrites it: clone a gradient to keep it). A rank with nothing to
+  /// compute calls it without a backward and still takes part. Collective: every rank calls it once
+  /// per optimizer step.
   void finish_gradient_sync();
 
   /// While the returned guard lives, backward accumulates gradients locally without reducing them
