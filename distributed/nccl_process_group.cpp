@@ -1,6 +1,7 @@
 // The NCCL backend: collectives on CUDA tensors, GPU to GPU. Under an MPI launcher, rank 0's NCCL
 // unique id reaches the other ranks over MPI (MPI_COMM_WORLD's ranks are the group's); started
-// alone, the group is this process on its GPU.
+// alone, the group is this process on its GPU. libnccl.so.2 is loaded when the first NCCL group is
+// made, not linked: a CUDA build runs on a machine without NCCL, and only asking for it fails.
 //
 // Collectives run on a stream of their own, after the work already queued on miniflow's stream of the
 // device (an event orders them), so that a bucket's reduction overlaps the rest of backward. wait()
@@ -22,6 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
+#include <mutex>
 #include <thread>
 
 namespace mf::distributed::detail {
@@ -29,11 +32,51 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// The NCCL functions this backend calls, from libnccl.so.2.
+struct NcclApi {
+  decltype(&ncclGetErrorString) get_error_string;
+  decltype(&ncclGetUniqueId) get_unique_id;
+  decltype(&ncclCommInitRankConfig) comm_init_rank_config;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error;
+  decltype(&ncclCommAbort) comm_abort;
+  decltype(&ncclCommDestroy) comm_destroy;
+  decltype(&ncclAllReduce) all_reduce;
+  decltype(&ncclBroadcast) broadcast;
+  decltype(&ncclAllGather) all_gather;
+  decltype(&ncclReduceScatter) reduce_scatter;
+};
+
+/// Loads libnccl.so.2 once; throws mf::Error naming what is missing.
+const NcclApi& nccl() {
+  static NcclApi api;
+  static std::once_flag loaded;
+  std::call_once(loaded, [] {
+    void* library = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    MF_CHECK(library != nullptr, "init_process_group: cannot load NCCL ({}); put libnccl.so.2 on the library path "
+             "(it comes with the CUDA toolkit, and with PyTorch's nvidia-nccl wheel)", dlerror());
+    auto load = [&](auto& function, const char* name) {
+      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(library, name));
+      MF_CHECK(function != nullptr, "init_process_group: libnccl.so.2 has no {}", name);
+    };
+    load(api.get_error_string, "ncclGetErrorString");
+    load(api.get_unique_id, "ncclGetUniqueId");
+    load(api.comm_init_rank_config, "ncclCommInitRankConfig");
+    load(api.comm_get_async_error, "ncclCommGetAsyncError");
+    load(api.comm_abort, "ncclCommAbort");
+    load(api.comm_destroy, "ncclCommDestroy");
+    load(api.all_reduce, "ncclAllReduce");
+    load(api.broadcast, "ncclBroadcast");
+    load(api.all_gather, "ncclAllGather");
+    load(api.reduce_scatter, "ncclReduceScatter");
+  });
+  return api;
+}
+
 #define MF_NCCL_CHECK(expr)                                                                     \
   do {                                                                                          \
     ncclResult_t mf_nccl_status_ = (expr);                                                      \
     if (mf_nccl_status_ != ncclSuccess && mf_nccl_status_ != ncclInProgress)                    \
-      ::mf::fail("nccl: {} failed: {}", #expr, ncclGetErrorString(mf_nccl_status_));            \
+      ::mf::fail("nccl: {} failed: {}", #expr, nccl().get_error_string(mf_nccl_status_));            \
   } while (0)
 
 ncclDataType_t nccl_type(DType dtype) {
@@ -60,9 +103,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 void wait_ready(ncclComm_t comm, Clock::time_point deadline, const char* what) {
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    MF_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+    MF_NCCL_CHECK(nccl().comm_get_async_error(comm, &state));
     if (state == ncclSuccess) return;
-    if (state != ncclInProgress) fail("nccl: {} failed: {}", what, ncclGetErrorString(state));
+    if (state != ncclInProgress) fail("nccl: {} failed: {}", what, nccl().get_error_string(state));
     if (Clock::now() > deadline) fail("nccl: {} did not finish within the timeout", what);
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -92,7 +135,7 @@ class NcclProcessGroup : public ProcessGroup {
     MF_CUDA_CHECK(cudaSetDevice(device_));
     MF_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     ncclUniqueId id;
-    if (rank == 0) MF_NCCL_CHECK(ncclGetUniqueId(&id));
+    if (rank == 0) MF_NCCL_CHECK(nccl().get_unique_id(&id));
     if (bootstrap_) {  // rank 0's id, over MPI
       std::vector<int64_t> words((sizeof(id) + 7) / 8, 0);
       std::memcpy(words.data(), &id, sizeof(id));
@@ -103,19 +146,19 @@ class NcclProcessGroup : public ProcessGroup {
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // calls return at once; timeouts can then abort a stuck communicator
-    MF_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_size, id, rank, &config));
+    MF_NCCL_CHECK(nccl().comm_init_rank_config(&comm_, world_size, id, rank, &config));
     wait_ready(comm_, Clock::now() + timeout(), "ncclCommInitRankConfig");
   }
 
   ~NcclProcessGroup() override {
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    if (comm_ != nullptr) nccl().comm_destroy(comm_);
     if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
   }
 
   std::string backend() const override { return "nccl"; }
 
   [[noreturn]] void abort_job(int status) override {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    if (comm_ != nullptr) nccl().comm_abort(comm_);
     comm_ = nullptr;
     if (bootstrap_) bootstrap_->abort_job(status);
     std::_Exit(status);
@@ -129,9 +172,9 @@ class NcclProcessGroup : public ProcessGroup {
       if (state == cudaSuccess) break;
       if (state != cudaErrorNotReady) cuda::fail_cuda("cudaEventQuery", state);
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      nccl().comm_get_async_error(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress)
-        fail("nccl: {} failed: {}", c.describe(), ncclGetErrorString(async));
+        fail("nccl: {} failed: {}", c.describe(), nccl().get_error_string(async));
       if (Clock::now() > deadline) {
         std::fprintf(stderr, "[rank %d] miniflow: %s did not complete within %.3g s (nccl: a rank did not reach "
                      "it or its GPU stalled); ending the job\n", rank(), c.describe().c_str(),
@@ -165,19 +208,19 @@ class NcclProcessGroup : public ProcessGroup {
     switch (c.kind) {
       case Collective::Kind::Barrier:
       case Collective::Kind::AllReduce:
-        MF_NCCL_CHECK(ncclAllReduce(c.input.raw_data(), c.output.raw_data(), count, nccl_type(c.input.dtype()),
+        MF_NCCL_CHECK(nccl().all_reduce(c.input.raw_data(), c.output.raw_data(), count, nccl_type(c.input.dtype()),
                                     nccl_op(c.op), comm_, comm_stream_));
         break;
       case Collective::Kind::Broadcast:
-        MF_NCCL_CHECK(ncclBroadcast(c.input.raw_data(), c.output.raw_data(), count, nccl_type(c.input.dtype()),
+        MF_NCCL_CHECK(nccl().broadcast(c.input.raw_data(), c.output.raw_data(), count, nccl_type(c.input.dtype()),
                                     c.root, comm_, comm_stream_));
         break;
       case Collective::Kind::AllGather:
-        MF_NCCL_CHECK(ncclAllGather(c.input.raw_data(), c.output.raw_data(), count, nccl_type(c.input.dtype()),
+        MF_NCCL_CHECK(nccl().all_gather(c.input.raw_data(), c.output.raw_data(), count, nccl_type(c.input.dtype()),
                                     comm_, comm_stream_));
         break;
       case Collective::Kind::ReduceScatter:
-        MF_NCCL_CHECK(ncclReduceScatter(c.input.raw_data(), c.output.raw_data(),
+        MF_NCCL_CHECK(nccl().reduce_scatter(c.input.raw_data(), c.output.raw_data(),
                                         static_cast<size_t>(c.output.numel()), nccl_type(c.input.dtype()),
                                         nccl_op(c.op), comm_, comm_stream_));
         break;
