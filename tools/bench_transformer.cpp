@@ -4,6 +4,7 @@
 // own matmul), peak RSS, and greedy / beam-4 decoding throughput.
 // --device cuda runs it all on a GPU, waiting for the GPU at the end of each timed phase.
 #include "miniflow.h"
+#include "tools/bench_configs.h"
 #include "tools/cli.h"
 
 #include <cblas.h>
@@ -18,16 +19,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct BenchConfig {
-  const char* name;
-  int64_t d_model, layers, heads, d_ff, vocab, batch, length;
-};
-
-constexpr BenchConfig kConfigs[] = {
-    {"seed", 512, 6, 8, 2048, 32, 6, 20},
-    {"small", 256, 3, 4, 1024, 8000, 32, 32},
-    {"base", 512, 6, 8, 2048, 16000, 16, 64},
-};
+using mf::tools::BenchConfig;
 
 /// Waits for the work queued on `device` (GPU kernels run asynchronously).
 void wait_for(mf::Device device) {
@@ -130,10 +122,7 @@ struct StepTimes {
 std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool decode, mf::Device device) {
   GemmYardstick yardstick(device);
   mf::manual_seed(0);
-  mf::models::TransformerConfig config{.src_vocab = c.vocab, .tgt_vocab = c.vocab, .d_model = c.d_model,
-                                       .heads = c.heads, .encoder_layers = c.layers, .decoder_layers = c.layers,
-                                       .d_ff = c.d_ff, .dropout = 0.1, .max_len = std::max<int64_t>(c.length, 64) + 1};
-  mf::models::Transformer model(config);
+  mf::models::Transformer model(c.model());
   model.to(device);
   mf::optim::Adam adam(model.parameters(), {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
   mf::Generator data(1);
@@ -221,13 +210,13 @@ int main(int argc, char** argv) {
     if (!args.parse(argc, argv)) return 0;
     if (steps < 1) throw mf::tools::UsageError("--steps must be at least 1");
     bool known = only.empty();
-    for (const BenchConfig& c : kConfigs) known = known || only == c.name;
+    for (const BenchConfig& c : mf::tools::kBenchConfigs) known = known || only == c.name;
     if (!known) throw mf::tools::UsageError(fmt::format("unknown config '{}' (seed, small or base)", only));
     mf::tools::check_device_available(device, "--device");
     mf::set_num_threads(threads);
 
     if (!json) fmt::print("CPU {}: {}\n{}, threads {}\n", mf::cpu_model_name(), mf::describe_kernel_isa(), device.str(), threads);
-    for (const BenchConfig& c : kConfigs) {
+    for (const BenchConfig& c : mf::tools::kBenchConfigs) {
       if (!only.empty() && only != c.name) continue;
       auto result = bench_config(c, static_cast<int>(steps), std::string(c.name) == "small", device);
       if (json) {
