@@ -12,7 +12,9 @@
 // order (roughly the order backward finishes them). A bucket is reduced as soon as all its gradients
 // are final (the autograd engine's post-accumulate-grad hook says so) and every bucket before it has
 // been started, so all ranks issue the same collectives in the same order whatever order their
-// gradients come in.
+// gradients come in. A bucket holding a parameter that a rank's backward did not reach starts only in
+// finish_gradient_sync(), so issue no other collective on the group between backward and
+// finish_gradient_sync(): one rank could then issue it before that bucket and another after.
 #pragma once
 
 #include "autograd/autograd.h"

@@ -137,13 +137,6 @@ std::string format_duration(double seconds) {
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
-/// [begin, end) of share `share` of `count` items split `shares` ways (contiguous, sizes differing by
-/// at most one).
-std::pair<size_t, size_t> share_range(size_t count, int64_t share, int64_t shares) {
-  auto bound = [&](int64_t k) { return count * static_cast<size_t>(k) / static_cast<size_t>(shares); };
-  return {bound(share), bound(share + 1)};
-}
-
 /// `values` summed over the group's ranks (unchanged without a group).
 std::vector<double> sum_over_ranks(std::vector<double> values, distributed::ProcessGroup* group) {
   if (group == nullptr) return values;
@@ -271,7 +264,7 @@ double greedy_bleu(models::Translator& translator, const ParallelData& data, int
                    distributed::ProcessGroup* group) {
   constexpr size_t kChunk = 64;
   size_t count = limit > 0 ? std::min(static_cast<size_t>(limit), data.sources.size()) : data.sources.size();
-  auto [begin, end] = group ? share_range(count, group->rank(), group->world_size()) : std::pair<size_t, size_t>{0, count};
+  auto [begin, end] = distributed::shard_range(count, group ? group->rank() : 0, group ? group->world_size() : 1);
   models::Transformer& model = translator.model();
   std::vector<std::vector<std::string>> hypotheses, references(data.references.begin() + static_cast<ptrdiff_t>(begin),
                                                                data.references.begin() + static_cast<ptrdiff_t>(end));
@@ -363,7 +356,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     double weighted = 0;
     for (int64_t a = 0; a < options.accumulate; ++a) {
       const int64_t share = rank * options.accumulate + a;
-      auto [begin, end] = share_range(batch.size(), share, shares);
+      auto [begin, end] = distributed::shard_range(batch.size(), share, shares);
       if (begin == end) continue;  // a batch with fewer sentences than shares; the gradient sync still runs
       manual_seed(share_seed(settings.seed, schedule.last_epoch() + 1, share));
       models::TranslationBatch b = models::make_translation_batch(
@@ -425,14 +418,17 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
         batch_target_tokens = b.target_tokens;
         stop_requested = g_interrupted != 0;
       } else {
-        // The ranks agree on the batch's loss (and so on stopping when it is not finite) and on Ctrl-C.
         batch_target_tokens = target_tokens(train, batch);
-        std::vector<double> totals =
-            sum_over_ranks({backward_shares(batch, batch_target_tokens), g_interrupted ? 1.0 : 0.0}, group);
+        const double weighted_loss = backward_shares(batch, batch_target_tokens);
+        // First the gradients: a rank may start its last buckets only here (one whose share left a
+        // parameter without a gradient), and every rank must issue the collectives in one order.
+        if (ddp) ddp->finish_gradient_sync();
+        // Then the ranks agree on the batch's loss (and so on stopping when it is not finite) and on
+        // Ctrl-C.
+        std::vector<double> totals = sum_over_ranks({weighted_loss, g_interrupted ? 1.0 : 0.0}, group);
         loss_value = totals[0] / static_cast<double>(batch_target_tokens);
         stop_requested = totals[1] > 0;
         if (!std::isfinite(loss_value)) diverged(format_message("the training loss is {}", loss_value));
-        if (ddp) ddp->finish_gradient_sync();
       }
       if (settings.clip > 0) {
         double norm = optim::clip_grad_norm_(params, settings.clip);
