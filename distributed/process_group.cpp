@@ -157,6 +157,12 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(const Tensor& tensor, T
   return start({.kind = Collective::Kind::ReduceScatter, .input = tensor, .output = std::move(output), .op = op});
 }
 
+ShardRange shard_range(size_t count, int64_t shard, int64_t shards) {
+  MF_CHECK(shards >= 1 && shard >= 0 && shard < shards, "shard_range: shard {} of {} is out of range", shard, shards);
+  auto bound = [&](int64_t k) { return count * static_cast<size_t>(k) / static_cast<size_t>(shards); };
+  return {bound(shard), bound(shard + 1)};
+}
+
 bool backend_available(Backend backend) {
   switch (backend) {
     case Backend::Local: return true;

@@ -101,6 +101,15 @@ class ProcessGroup {
   uint64_t sequence_ = 0;
 };
 
+/// Items [begin, end) of shard `shard` when `count` items are split into `shards` contiguous shards
+/// whose sizes differ by at most one (the first ones are never the larger): the shards are disjoint
+/// and cover every item once, whatever the counts, as every rank of a data-parallel job computes alike.
+struct ShardRange {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+ShardRange shard_range(size_t count, int64_t shard, int64_t shards);
+
 /// Which engine carries the collectives.
 enum class Backend { Local, Mpi, Nccl };
 

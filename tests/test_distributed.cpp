@@ -218,6 +218,26 @@ TEST_CASE("collectives refuse what they cannot do, naming it") {
   check_close(t, expected_sums(2, DType::Float32), 0, 0);
 }
 
+TEST_CASE("shard_range: shards are disjoint, cover every item once, and differ in size by at most one") {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{7}, size_t{64}, size_t{1001}}) {
+    for (int64_t shards : {1, 2, 3, 4, 8, 13}) {
+      CAPTURE(count);
+      CAPTURE(shards);
+      size_t next = 0, smallest = count, largest = 0;
+      for (int64_t shard = 0; shard < shards; ++shard) {
+        dist::ShardRange range = dist::shard_range(count, shard, shards);
+        CHECK(range.begin == next);  // contiguous and in order: disjoint, nothing skipped
+        next = range.end;
+        smallest = std::min(smallest, range.size());
+        largest = std::max(largest, range.size());
+      }
+      CHECK(next == count);
+      CHECK(largest - smallest <= 1);
+    }
+  }
+  CHECK_THROWS_WITH_AS(dist::shard_range(10, 2, 2), doctest::Contains("shard 2 of 2 is out of range"), Error);
+}
+
 TEST_CASE("data parallel: W ranks at B / W rows equal one process accumulating the W shards, with dropout") {
   auto alone = train_alone(4);
   // The ranks' sum is rank 0's + rank 1's + ..., as the single process accumulates them: bit for bit.
@@ -401,6 +421,26 @@ TEST_CASE("ZeRO-1: each rank keeps the state of its share of the parameters") {
   zero.step();
   for (size_t i = 0; i < has_gradient.size(); ++i)
     CHECK(adam.param_state(i).buffers.empty() == (zero.owner(i) != world().rank() || !has_gradient[i]));
+}
+
+TEST_CASE("training loop: only rank 0 writes the checkpoint and the chart") {
+  const std::filesystem::path dir = shared_directory();
+  train::TrainingOptions options = train::toy_options();
+  options.group = shared_world();
+  options.max_steps = 3;
+  // The other ranks get paths in a directory that does not exist: any write there would throw.
+  const std::filesystem::path base = world().rank() == 0 ? dir : dir / "no-such-directory";
+  options.checkpoint = base / "toy.safetensors";
+  options.plot = base / "toy.svg";
+  text::Corpus corpus = train::make_toy_corpus(20, {.tokenizer = options.tokenizer, .max_length = 15});
+  models::Translator translator = train::build_translator(corpus, options);
+  train::ParallelData data = train::encode_corpus(translator, corpus.sources, corpus.targets);
+  CHECK(train::train_translator(translator, data, {}, options) == 0);
+  CHECK(std::filesystem::exists(dir / "toy.safetensors"));  // every rank sees it: the loop waits for it
+  CHECK(std::filesystem::exists(dir / "toy.svg"));
+  CHECK(!std::filesystem::exists(dir / "no-such-directory"));
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("training loop: a checkpoint resumes at another world size as an unbroken run") {
