@@ -27,7 +27,7 @@ tar -tzf "$work/kit/payload.tar.gz" >"$work/contents"
 for file in bin/test_cuda libexec/test_cuda bin/test_cuda_training bin/train_transformer bin/translate \
             bin/bench_transformer lib/libminiflow.so lib/libopenblas.so.0 lib/libfmt.so.9 lib/glibc/libc.so.6 \
             lib/glibc/ld-linux-x86-64.so.2 tests/data/transformer_tiny.safetensors scripts/tools_train.sh \
-            scripts/bench_pytorch.py glibc_needed; do
+            scripts/bench_pytorch.py bin/test_distributed glibc_needed; do
   check "the kit holds $file" grep -qx "./$file" "$work/contents"
 done
 check "the kit leaves cuBLAS to the GPU machine" bash -c "! grep -q libcublas '$work/contents'"
@@ -38,7 +38,7 @@ else
   bash "$work/kit/gpu_kit.sh" run "$work/out" >"$work/run.log" 2>&1
   check "run without a GPU exits 0" test $? -eq 0 || cat "$work/run.log"
   check "the kit's binaries start" summary_has '^\| kit \| PASS \|' "$work/out"
-  for part in gpu test_cuda train translate test_cuda_training bench suites memcheck racecheck; do
+  for part in gpu test_cuda nccl train translate test_cuda_training bench suites memcheck racecheck; do
     check "run skips $part, saying why" summary_has "^\| $part \| SKIPPED \| 0 \| no GPU: .+ \|$" "$work/out"
   done
 fi

@@ -15,7 +15,8 @@
 # run unpacks the payload and runs each part under its own time limit, never stopping at a failure,
 # all within --deadline seconds (default 540, inside the device tool's 10-minute command limit): the
 # GPU and driver, the kit's binaries, test_cuda and the registry suite (every op on the GPU against its
-# reference, its backward against the CPU's), test_cuda_training, the
+# reference, its backward against the CPU's), NCCL collectives and data-parallel gradients on the GPU
+# (a world of one process), test_cuda_training, the
 # suites with CUDA parts, train_transformer --device cuda on the toy corpus (8/8 correct), translate
 # --device cuda against the CPU's translations, compute-sanitizer memcheck over the registry suite's
 # device checks and racecheck over the reduction kernels, and bench_transformer --device cuda beside
@@ -32,7 +33,7 @@ readonly kMaxKitBytes=$((60 * 1024 * 1024))  # the device tool carries 64 MiB, t
 readonly kPayload=payload.tar.gz
 # Executables the kit carries: the suites with CUDA parts, the tools, and the toy checkpoint maker that
 # tools_translate.sh needs.
-readonly kTests="test_cuda test_ops_registry test_cuda_training test_tensor test_ops test_properties test_nn test_transformer"
+readonly kTests="test_cuda test_ops_registry test_cuda_training test_distributed test_tensor test_ops test_properties test_nn test_transformer"
 readonly kTools="train_transformer translate bench_transformer"
 # Libraries the GPU machine provides itself: its driver and CUDA toolkit, and the kernel's vDSO.
 readonly kHostLibraries='^(linux-vdso|libcuda\.|libcudart\.|libcublas|libcublasLt|libnccl|libnvidia)'
@@ -185,6 +186,13 @@ part_test_cuda() {
   ((status == 0)) || { echo "failures (see tests.log)"; return 1; }
   echo "every op on cuda:0 against its reference and the CPU's backward: ${summary:-passed}"
 }
+part_nccl() {
+  bin/test_distributed -tc='nccl*' 2>&1 | tee "$WORK/nccl.out"
+  local status=${PIPESTATUS[0]}
+  if grep -q "SKIPPED" "$WORK/nccl.out"; then echo "skipped: $(grep -o 'SKIPPED.*' "$WORK/nccl.out" | head -n 1)"; return 1; fi
+  ((status == 0)) || { echo "failures (see tests.log)"; return 1; }
+  echo "all_reduce, broadcast, all_gather, barrier and DistributedDataParallel over NCCL on cuda:0"
+}
 part_test_cuda_training() {
   bin/test_cuda_training 2>&1 | tee "$WORK/training.out"
   local status=${PIPESTATUS[0]}
@@ -330,6 +338,9 @@ run() {
              /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$dir" ] && cuda_libs+=":$(cd "$dir" && pwd)"
   done
+  # NCCL from PyTorch's nvidia-nccl wheel where the toolkit has none (miniflow loads it at run time).
+  dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [ -n "$dir" ] && [ -d "$dir" ] && cuda_libs+=":$dir"
   export MF_KIT_LIBRARY_PATH="$kit/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local have needed
   have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
@@ -355,6 +366,7 @@ run() {
   else record gpu INFO 0 "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"; fi
   part kit 60 tests.log 0 part_kit
   part test_cuda 120 tests.log 1 part_test_cuda
+  part nccl 60 tests.log 1 part_nccl
   part train 90 tools.log 1 part_train
   part translate 60 tools.log 1 part_translate
   part test_cuda_training 150 tests.log 1 part_test_cuda_training
