@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train_transformer --distributed under `mpirun -np 2`: the toy corpus learns all 8 pairs with rank 0
-# alone printing; --max-steps stops both ranks with one checkpoint, which resumes at world size 1
-# (--accumulate 2) and back at 2; SIGUSR1 to mpirun (which forwards it) saves and stops every rank; an
+# alone printing; on a tiny corpus, --max-steps stops both ranks with one checkpoint, which resumes at
+# world size 1 (--accumulate 2) and back at 2; SIGUSR1 to mpirun (which forwards it) saves and stops every rank; an
 # error on one rank ends the job with that rank named; a build without MPI refuses --distributed.
 set -u
 tool="$1"
@@ -33,13 +33,20 @@ else
   ok "only rank 0 prints"
 fi
 
-ckpt="$work/toy.safetensors"
+# A tiny parallel corpus of made-up words, 40 pairs: 3 epochs of 3 steps at this batch budget.
+for i in $(seq 0 39); do
+  echo "w$((i % 10)) v$((i * 7 % 10)) u$((i % 4))" >>"$work/train.src"
+  echo "a$((i % 10)) b$((i * 7 % 10)) c$((i % 4))" >>"$work/train.tgt"
+done
+ckpt="$work/tiny.safetensors"
+tiny=(--train-src "$work/train.src" --train-tgt "$work/train.tgt" --d-model 16 --heads 2 --layers 1 --d-ff 32
+      --max-len 8 --min-freq 1 --max-tokens 64 --warmup 10 --epochs 3 --threads 1 --checkpoint "$ckpt")
 expect 0 "--max-steps stops both ranks with one checkpoint" "stopped after --max-steps: checkpoint saved" \
-  "${ranks2[@]}" "$tool" --distributed --threads 1 --dropout 0.1 --max-steps 30 --checkpoint "$ckpt"
-expect 0 "it resumes alone with --accumulate 2" "resuming from .* step 30" \
-  "$tool" --accumulate 2 --threads 1 --dropout 0.1 --max-steps 30 --checkpoint "$ckpt" --resume
-expect 0 "and again on 2 ranks, to the end" "resuming from .* step 60" \
-  "${ranks2[@]}" "$tool" --distributed --threads 1 --dropout 0.1 --checkpoint "$ckpt" --resume
+  "${ranks2[@]}" "$tool" --distributed "${tiny[@]}" --max-steps 4
+expect 0 "it resumes alone with --accumulate 2" "resuming from .* step 4" \
+  "$tool" --accumulate 2 "${tiny[@]}" --max-steps 2 --resume
+expect 0 "and again on 2 ranks, to the end" "resuming from .* step 6" \
+  "${ranks2[@]}" "$tool" --distributed "${tiny[@]}" --resume
 
 # SIGUSR1 to mpirun, once both ranks train: every rank stops after the same step, rank 0 saves.
 "${ranks2[@]}" "$tool" --distributed --threads 1 --epochs 200 --checkpoint "$work/signal.safetensors" \
