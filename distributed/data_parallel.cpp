@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 
 namespace mf::distributed {
 
@@ -17,6 +16,9 @@ struct DistributedDataParallel::Bucket {
   std::vector<size_t> params;   // indices into params_
   std::vector<int64_t> offsets;  // of each parameter's gradient in flat
   bool in_place = false;
+  DType dtype = DType::Float32;
+  Device device;
+  int64_t elements = 0;
   Tensor flat;
   Tensor gathered;              // deterministic mode: [world_size, flat.numel()]
   std::vector<bool> filled;     // per slot, this step
@@ -88,25 +90,24 @@ DistributedDataParallel::DistributedDataParallel(const nn::Module& module, std::
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
     const bool alone = 4 * bytes >= options_.bucket_bytes;
     Bucket* last = buckets_.empty() ? nullptr : buckets_.back().get();
-    bool fits = !alone && last && !last->in_place && last->flat.dtype() == p.dtype() &&
-                last->flat.device() == p.device() &&
-                last->flat.numel() * static_cast<int64_t>(p.element_size()) + bytes <= options_.bucket_bytes;
+    bool fits = !alone && last && !last->in_place && last->dtype == p.dtype() && last->device == p.device() &&
+                last->elements * static_cast<int64_t>(p.element_size()) + bytes <= options_.bucket_bytes;
     if (!fits) {
       buckets_.push_back(std::make_unique<Bucket>());
-      buckets_.back()->flat = Tensor::empty({0}, p.dtype(), p.device());
-      buckets_.back()->in_place = alone;
       last = buckets_.back().get();
+      last->in_place = alone;
+      last->dtype = p.dtype();
+      last->device = p.device();
     }
     where_[k] = {buckets_.size() - 1, last->params.size()};
-    last->offsets.push_back(last->flat.numel());
+    last->offsets.push_back(last->elements);
     last->params.push_back(k);
-    last->flat = Tensor::empty({last->flat.numel() + p.numel()}, p.dtype(), p.device());
+    last->elements += p.numel();
   }
   for (auto& bucket : buckets_) {
-    bucket->flat = zeros(bucket->flat.shape(), bucket->flat.dtype(), bucket->flat.device());
+    if (!bucket->in_place) bucket->flat = zeros({bucket->elements}, bucket->dtype, bucket->device);
     bucket->filled.assign(bucket->params.size(), false);
     bucket->unfilled = bucket->params.size();
-    bucket_params_.push_back(bucket->params);
   }
   for (size_t k = 0; k < params_.size(); ++k)
     if (params_[k].requires_grad())
@@ -116,6 +117,12 @@ DistributedDataParallel::DistributedDataParallel(const nn::Module& module, std::
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
+
+std::vector<std::vector<size_t>> DistributedDataParallel::bucket_parameters() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& bucket : buckets_) out.push_back(bucket->params);
+  return out;
+}
 
 void DistributedDataParallel::fill(Bucket& bucket, size_t slot) {
   const Tensor& p = params_[bucket.params[slot]];
@@ -168,9 +175,7 @@ void DistributedDataParallel::finish_gradient_sync() {
     for (size_t slot = 0; slot < bucket->params.size(); ++slot)
       if (!bucket->filled[slot]) fill(*bucket, slot);
   launch_ready_buckets();
-  const auto start = std::chrono::steady_clock::now();
   for (auto& bucket : buckets_) bucket->work->wait();
-  last_wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     if (options_.deterministic) {  // rank 0's + rank 1's + ..., as one process would accumulate them

@@ -79,11 +79,8 @@ class DistributedDataParallel {
 
   ProcessGroup& group() { return *group_; }
   const DataParallelOptions& options() const { return options_; }
-  /// Number of buckets, and the parameter indices (in module order) each holds.
-  const std::vector<std::vector<size_t>>& bucket_parameters() const { return bucket_params_; }
-  /// Seconds the last finish_gradient_sync() waited for reductions still running: the part of the
-  /// communication that backward did not hide.
-  double last_wait_seconds() const { return last_wait_seconds_; }
+  /// The buckets, in the order they are reduced, each as the parameter indices (in module order) it holds.
+  std::vector<std::vector<size_t>> bucket_parameters() const;
 
  private:
   struct Bucket;
@@ -95,13 +92,11 @@ class DistributedDataParallel {
   std::shared_ptr<ProcessGroup> group_;
   DataParallelOptions options_;
   std::vector<Tensor> params_;
-  std::vector<std::vector<size_t>> bucket_params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<size_t, size_t>> where_;  // per parameter: bucket, slot
   std::vector<autograd::HookHandle> hooks_;
   size_t next_launch_ = 0;
   bool syncing_ = true;
-  double last_wait_seconds_ = 0;
 };
 
 }  // namespace mf::distributed

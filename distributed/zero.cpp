@@ -26,6 +26,20 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(optim::Optimizer& optimizer, st
     owners_[index] = static_cast<int>(lightest - load.begin());
     *lightest += params_[index].numel();
   }
+  // Each rank's parameters in packs of one dtype and device, broadcast from it after every step.
+  for (int rank = 0; rank < group_->world_size(); ++rank) {
+    std::vector<size_t> owned;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (owners_[i] == rank) owned.push_back(i);
+    while (!owned.empty()) {
+      const Tensor& first = params_[owned.front()];
+      std::vector<size_t> same, rest;
+      for (size_t i : owned)
+        (params_[i].dtype() == first.dtype() && params_[i].device() == first.device() ? same : rest).push_back(i);
+      packs_.push_back({rank, std::move(same)});
+      owned = std::move(rest);
+    }
+  }
   shard_state();
 }
 
@@ -45,29 +59,17 @@ void ZeroRedundancyOptimizer::step() {
   for (size_t i = 0; i < params_.size(); ++i)
     if (owners_[i] != group_->rank()) params_[i].set_grad(Tensor());
   optimizer_.step();
-  // Each rank's parameters, packed per dtype and device into one buffer and broadcast from it.
   NoGradGuard no_grad;
-  for (int rank = 0; rank < group_->world_size(); ++rank) {
-    std::vector<size_t> owned;
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (owners_[i] == rank) owned.push_back(i);
-    while (!owned.empty()) {
-      const Tensor& first = params_[owned.front()];
-      std::vector<size_t> same, rest;
-      for (size_t i : owned)
-        (params_[i].dtype() == first.dtype() && params_[i].device() == first.device() ? same : rest).push_back(i);
-      std::vector<Tensor> flat_parts;
-      for (size_t i : same) flat_parts.push_back(params_[i].reshape({params_[i].numel()}));
-      Tensor packed = cat(flat_parts, 0);
-      group_->broadcast(packed, rank);
-      if (rank != group_->rank()) {
-        int64_t offset = 0;
-        for (size_t i : same) {
-          params_[i].copy_(packed.narrow(0, offset, params_[i].numel()).reshape(params_[i].shape()));
-          offset += params_[i].numel();
-        }
-      }
-      owned = std::move(rest);
+  for (const Pack& pack : packs_) {
+    std::vector<Tensor> flat_parts;
+    for (size_t i : pack.params) flat_parts.push_back(params_[i].reshape({params_[i].numel()}));
+    Tensor packed = cat(flat_parts, 0);
+    group_->broadcast(packed, pack.owner);
+    if (pack.owner == group_->rank()) continue;
+    int64_t offset = 0;
+    for (size_t i : pack.params) {
+      params_[i].copy_(packed.narrow(0, offset, params_[i].numel()).reshape(params_[i].shape()));
+      offset += params_[i].numel();
     }
   }
 }

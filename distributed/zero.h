@@ -51,6 +51,12 @@ class ZeroRedundancyOptimizer {
   std::shared_ptr<ProcessGroup> group_;
   std::vector<Tensor> params_;
   std::vector<int> owners_;
+  /// One rank's parameters of one dtype and device, broadcast together after each step.
+  struct Pack {
+    int owner;
+    std::vector<size_t> params;
+  };
+  std::vector<Pack> packs_;
 };
 
 }  // namespace mf::distributed
