@@ -125,13 +125,14 @@ class MpiProcessGroup : public ProcessGroup {
 
   std::string backend() const override { return "mpi"; }
 
-  [[noreturn]] void abort_job(int status) override {
+
+ protected:
+  void end_job(int status) override {
     abort_status_.store(status);
     wake_.notify_one();
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the MPI thread ends the job
   }
 
- protected:
   std::shared_ptr<Work> launch(Collective c) override {
     MF_CHECK(!c.input.defined() || c.input.numel() <= INT_MAX, "mpi: {} has more than 2^31 - 1 elements; split "
              "the tensor", c.describe());

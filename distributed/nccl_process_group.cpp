@@ -157,11 +157,10 @@ class NcclProcessGroup : public ProcessGroup {
 
   std::string backend() const override { return "nccl"; }
 
-  [[noreturn]] void abort_job(int status) override {
+  void end_job(int status) override {
     if (comm_ != nullptr) nccl().comm_abort(comm_);
     comm_ = nullptr;
     if (bootstrap_) bootstrap_->abort_job(status);
-    std::_Exit(status);
   }
 
   /// Blocks until `done` has happened on the GPU, ending the job past the timeout.

@@ -86,12 +86,14 @@ class ProcessGroup {
 
   /// Ends every process of the job at once with exit status `status` (MPI_Abort): what a rank does
   /// after an error the others cannot know about, so that none is left waiting in a collective.
-  virtual void abort_job(int status) = 0;
+  [[noreturn]] void abort_job(int status);
 
  protected:
   ProcessGroup(int rank, int world_size, ProcessGroupOptions options);
   /// Starts `collective`, whose tensors the caller has checked (contiguous, matching shapes).
   virtual std::shared_ptr<Work> launch(Collective collective) = 0;
+  /// The backend's way to end every process of the job (abort_job ends this one if it returns).
+  virtual void end_job(int status) = 0;
 
  private:
   std::shared_ptr<Work> start(Collective collective);
