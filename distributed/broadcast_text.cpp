@@ -13,10 +13,10 @@ std::string broadcast_text(ProcessGroup& group, const std::string& text, int fro
   if (group.rank() == from)
     for (size_t i = 0; i < std::min<size_t>(text.size(), kMaxChars); ++i)
       codes[i] = static_cast<unsigned char>(text[i]);
-  Tensor t = from_vector(codes, {kMaxChars});
+  Tensor t = from_vector(codes, {kMaxChars}).to(group.device());
   group.broadcast(t, from);
   std::string out;
-  for (int64_t code : t.to_vector<int64_t>()) {
+  for (int64_t code : t.to(Device::cpu()).to_vector<int64_t>()) {
     if (code == 0) break;
     out.push_back(static_cast<char>(code));
   }

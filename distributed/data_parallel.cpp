@@ -43,12 +43,15 @@ std::string describe(const nn::NamedTensor& p) {
 /// Throws, on every rank, when the ranks' parameter lists differ, naming the first difference.
 void check_same_parameters(ProcessGroup& group, const std::vector<nn::NamedTensor>& params) {
   const int64_t count = static_cast<int64_t>(params.size());
-  Tensor counts = group.all_gather(from_vector(std::vector<int64_t>{count}, {1}));
-  const std::vector<int64_t> all_counts = counts.to_vector<int64_t>();
+  auto gathered = [&](const std::vector<int64_t>& values) {
+    Tensor mine = from_vector(values, {static_cast<int64_t>(values.size())}).to(group.device());
+    return group.all_gather(mine).to(Device::cpu()).to_vector<int64_t>();
+  };
+  const std::vector<int64_t> all_counts = gathered({count});
   const int64_t longest = *std::max_element(all_counts.begin(), all_counts.end());
   std::vector<int64_t> mine(static_cast<size_t>(longest), 0);
   for (size_t i = 0; i < params.size(); ++i) mine[i] = signature(describe(params[i]));
-  const std::vector<int64_t> all = group.all_gather(from_vector(mine, {longest})).to_vector<int64_t>();
+  const std::vector<int64_t> all = gathered(mine);
   for (int64_t i = 0; i < longest; ++i) {
     for (int r = 1; r < group.world_size(); ++r) {
       if (all[static_cast<size_t>(r * longest + i)] == all[static_cast<size_t>(i)]) continue;

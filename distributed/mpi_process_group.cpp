@@ -124,6 +124,7 @@ class MpiProcessGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "mpi"; }
+  Device device() const override { return Device::cpu(); }
 
 
  protected:

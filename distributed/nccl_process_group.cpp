@@ -156,6 +156,7 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
 
   void end_job(int status) override {
     if (comm_ != nullptr) nccl().comm_abort(comm_);

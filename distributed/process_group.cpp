@@ -32,6 +32,7 @@ class LocalProcessGroup : public ProcessGroup {
  public:
   explicit LocalProcessGroup(ProcessGroupOptions options) : ProcessGroup(0, 1, options) {}
   std::string backend() const override { return "local"; }
+  Device device() const override { return Device::cpu(); }
 
  protected:
   void end_job(int status) override { std::_Exit(status); }

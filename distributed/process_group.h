@@ -63,6 +63,8 @@ class ProcessGroup {
   int world_size() const { return world_size_; }
   /// "local", "mpi" or "nccl".
   virtual std::string backend() const = 0;
+  /// Where this group's tensors must be: the CPU for "local" and "mpi", this rank's GPU for "nccl".
+  virtual Device device() const = 0;
   std::chrono::milliseconds timeout() const { return options_.timeout; }
 
   /// Returns when every rank has called it.

@@ -81,9 +81,10 @@ void ZeroRedundancyOptimizer::consolidate_state(int to) {
     const int from = owners_[i];
     if (from == to) continue;
     const optim::ParamState& own = optimizer_.param_state(i);
-    Tensor header = from_vector(std::vector<int64_t>{own.step, static_cast<int64_t>(own.buffers.size())}, {2});
+    Tensor header =
+        from_vector(std::vector<int64_t>{own.step, static_cast<int64_t>(own.buffers.size())}, {2}).to(group_->device());
     group_->broadcast(header, from);
-    const std::vector<int64_t> values = header.to_vector<int64_t>();
+    const std::vector<int64_t> values = header.to(Device::cpu()).to_vector<int64_t>();
     optim::ParamState received{.step = values[0], .buffers = {}};
     auto buffer = own.buffers.begin();
     for (int64_t b = 0; b < values[1]; ++b) {

@@ -252,6 +252,14 @@ void check_params(OpId id, const Attrs& attrs) {
            kParamsNames[attrs.index()]);
 }
 
+/// Runs a kernel with recording off: a kernel computes its outputs, and those that call ops themselves
+/// (CUDA's linear copies the bias into its output first) must neither record nor be refused as in-place
+/// writes beside inputs that require grad; call() records the op itself once the kernel is done.
+void run_kernel(KernelFn kernel, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs, const Attrs& attrs) {
+  NoGradGuard kernels_do_not_record;
+  kernel(inputs, outputs, attrs);
+}
+
 }  // namespace
 
 std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
@@ -275,7 +283,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
         for (const OutputSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, out_device));
       }
       // Nothing to compute for empty outputs (and the CPU loops cannot plan a zero-size dim).
-      if (!all_empty(outputs)) kernel(inputs, outputs, attrs);
+      if (!all_empty(outputs)) run_kernel(kernel, inputs, outputs, attrs);
       if (def.writes_input) inputs[0].storage()->bump_version();
       // Fills (writes_input) write what they are told; views above share their input's values.
       else if (checks_anomaly()) [[unlikely]]
@@ -317,10 +325,10 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
       // nothing to write
     } else if (specs[0].dtype == self.dtype()) {
       std::vector<Tensor> outputs{self};
-      kernel(inputs, outputs, attrs);
+      run_kernel(kernel, inputs, outputs, attrs);
     } else {
       std::vector<Tensor> outputs{Tensor::empty(specs[0].shape, specs[0].dtype, device)};
-      kernel(inputs, outputs, attrs);
+      run_kernel(kernel, inputs, outputs, attrs);
       std::vector<Tensor> casted{self};
       kernel_for(registry()[OpId::cast], device)({outputs[0]}, casted, CastParams{.dtype = self.dtype()});
     }

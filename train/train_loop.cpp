@@ -140,9 +140,9 @@ std::string format_duration(double seconds) {
 /// `values` summed over the group's ranks (unchanged without a group).
 std::vector<double> sum_over_ranks(std::vector<double> values, distributed::ProcessGroup* group) {
   if (group == nullptr) return values;
-  Tensor t = from_vector(values, {static_cast<int64_t>(values.size())});
+  Tensor t = from_vector(values, {static_cast<int64_t>(values.size())}).to(group->device());
   group->all_reduce(t);
-  return t.to_vector<double>();
+  return t.to(Device::cpu()).to_vector<double>();
 }
 
 /// Validation loss without label smoothing (so that exp(loss) is the perplexity). With a group, each
