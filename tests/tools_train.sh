@@ -63,6 +63,8 @@ grep -q "^epoch 2: train loss" "$work/out" && ok "resumed run trains epoch 2" ||
 expect 1 "--resume with another model" "d_model = 16, but the flags and data give 32" \
   "$tool" "${tiny[@]}" --d-model 32 --epochs 3 --resume
 expect 1 "--resume with another schedule" "trained with --warmup 10" "$tool" "${tiny[@]}" --warmup 20 --epochs 3 --resume
+expect 1 "--resume with other batches" "trained with --batch-pool 0" "$tool" "${tiny[@]}" --batch-pool 8 --epochs 3 \
+  --resume
 expect 1 "--resume with other data (vocabulary)" "other vocabularies" \
   "$tool" "${tiny[@]}" --train-src "$work/valid.src" --train-tgt "$work/valid.tgt" --epochs 3 --resume
 

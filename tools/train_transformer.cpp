@@ -55,9 +55,9 @@ void check_flags(const Flags& f) {
     throw UsageError("--epochs, --d-model, --heads, --layers, --d-ff, --min-freq, --log-every, --max-tokens and "
                      "--warmup must be positive, --max-len at least 2");
   if (f.encoder_layers < 0 || f.decoder_layers < 0 || o.vocab.max_size < 0 || o.bleu_sentences < 0 ||
-      o.max_steps < 0)
-    throw UsageError("--encoder-layers, --decoder-layers, --max-vocab, --bleu-sentences and --max-steps cannot be "
-                     "negative");
+      o.max_steps < 0 || o.optim.batch_pool < 0)
+    throw UsageError("--encoder-layers, --decoder-layers, --max-vocab, --bleu-sentences, --max-steps and --batch-pool "
+                     "cannot be negative");
   if (o.optim.max_tokens < o.model.max_len)
     throw UsageError(fmt::format("--max-tokens {} is below --max-len {}: the longest pair would not fit a batch",
                                  o.optim.max_tokens, o.model.max_len));
@@ -145,6 +145,9 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("valid-tgt", &f.valid_tgt, "validation targets");
   args.add("epochs", &o.epochs, "epochs to train (in all, counting resumed ones)");
   args.add("max-tokens", &o.optim.max_tokens, "token budget of a batch, padding included");
+  args.add("batch-pool", &o.optim.batch_pool,
+           "sentences shuffled, then sorted by length in pools of this many before batching (less padding, "
+           "fewer mixed lengths); 0: the whole epoch is one pool");
   args.add("warmup", &o.optim.warmup, "Noam schedule warmup steps");
   args.add("lr-factor", &o.optim.lr_factor,
            "Noam schedule factor: lr = f * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5)");

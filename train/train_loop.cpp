@@ -75,8 +75,9 @@ struct Progress {
 };
 
 json settings_json(const OptimSettings& s) {
-  return {{"seed", s.seed}, {"max_tokens", s.max_tokens}, {"warmup", s.warmup}, {"lr_factor", s.lr_factor},
-          {"label_smoothing", s.label_smoothing}, {"clip", s.clip}};
+  return {{"seed", s.seed},         {"max_tokens", s.max_tokens},           {"batch_pool", s.batch_pool},
+          {"warmup", s.warmup},     {"lr_factor", s.lr_factor},             {"label_smoothing", s.label_smoothing},
+          {"clip", s.clip}};
 }
 
 /// JSON has no NaN: missing numbers are stored as null.
@@ -104,6 +105,7 @@ Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesyst
   try {
     json j = json::parse(it->second);
     json saved = j.at("settings"), given = settings_json(settings);
+    if (!saved.contains("batch_pool")) saved["batch_pool"] = 0;  // written before the setting existed
     for (auto& [key, value] : given.items())
       MF_CHECK(saved.at(key) == value,
                "checkpoint '{}' was trained with {} {}, but this run has {}; resume with the same settings",
@@ -388,7 +390,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
 
   while (progress.epoch < options.epochs && !stopped) {
     std::vector<text::Batch> batches = text::make_batches(train.sources, train.targets,
-                                                          {.max_tokens = settings.max_tokens},
+                                                          {.max_tokens = settings.max_tokens, .pool_size = settings.batch_pool},
                                                           static_cast<uint64_t>(settings.seed + progress.epoch));
     const auto n_batches = static_cast<int64_t>(batches.size());
     model.train();

@@ -34,6 +34,7 @@ struct ParallelData {
 struct OptimSettings {
   int64_t seed = 1;           // the batch order of epoch e is shuffled with seed + e
   int64_t max_tokens = 1500;  // token budget of a batch, padding included
+  int64_t batch_pool = 0;     // examples sorted by length together before batching; 0: the whole epoch
   int64_t warmup = 800;       // Noam schedule warmup steps
   double lr_factor = 1.0;     // Noam schedule factor: lr = f * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5)
   double label_smoothing = 0.1;
