@@ -53,7 +53,7 @@ pack() {
   cd "$(dirname "$0")/.." || exit 1
   command -v nvcc >/dev/null || die "pack needs nvcc (the CUDA toolkit) to build the CUDA variant"
   bash tools/install_packages.sh g++ meson ninja-build pkg-config libopenblas-dev libfmt-dev \
-    nlohmann-json3-dev doctest-dev || exit 1
+    nlohmann-json3-dev doctest-dev libsentencepiece-dev || exit 1
   if [ ! -f "$build/build.ninja" ]; then
     meson setup "$build" -Dcuda=enabled -Dgpu_arch='80;90' || die "meson setup $build failed"
   fi

@@ -13,9 +13,10 @@ for arg in "$@"; do
   esac
 done
 
-# OpenMPI for data-parallel training across processes (and mpirun for its tests); procps for pgrep.
+# OpenMPI for data-parallel training across processes (and mpirun for its tests); procps for pgrep;
+# SentencePiece for subword vocabularies.
 packages=(g++ meson ninja-build pkg-config libopenblas-dev libfmt-dev nlohmann-json3-dev doctest-dev
-          openmpi-bin libopenmpi-dev procps)
+          openmpi-bin libopenmpi-dev procps libsentencepiece-dev)
 if ((with_python_interop)); then packages+=(python3-venv); fi
 bash tools/install_packages.sh "${packages[@]}"
 

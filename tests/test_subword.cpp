@@ -1,0 +1,150 @@
+// SubwordModel: SentencePiece models learned and loaded, with miniflow's specials at their ids. The
+// expectations come from SentencePiece's documented behaviour (decode inverts encode on normalized
+// text; byte fallback spells unseen characters as <0xNN> pieces; the default unk surface is " ⁇ "),
+// not from miniflow's own output.
+#include "text/subword.h"
+
+#include "core/error.h"
+
+#include <doctest/doctest.h>
+#include <sentencepiece_trainer.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+using namespace mf;
+using namespace mf::text;
+
+namespace {
+
+/// A few hundred sentences in German and English with accents, CJK and punctuation, varied enough for
+/// a vocabulary of a few hundred pieces.
+const std::vector<std::string>& corpus() {
+  static const std::vector<std::string> sentences = [] {
+    const std::vector<std::string> subjects = {"Ein Mann", "Eine Frau", "Zwei Kinder", "Der Hund", "A man",
+                                               "A woman", "Two children", "The dog", "Jürgen", "Zoë"};
+    const std::vector<std::string> verbs = {"läuft über", "spielt auf", "sitzt neben", "runs across",
+                                            "plays on", "sits next to", "schläft unter", "looks at"};
+    const std::vector<std::string> objects = {"die Straße.", "dem Rasen!", "einem Baum?", "the street.",
+                                              "a lawn, quickly.", "the tree (again).", "„Grüße“ aus 東京.",
+                                              "a café's terrace — naïvely."};
+    std::vector<std::string> out;
+    for (const std::string& s : subjects)
+      for (const std::string& v : verbs)
+        for (const std::string& o : objects) out.push_back(s + " " + v + " " + o);
+    return out;
+  }();
+  return sentences;
+}
+
+SubwordModel small_model(SubwordAlgorithm algorithm = SubwordAlgorithm::Unigram, bool byte_fallback = true) {
+  return SubwordModel::train(corpus(), {.algorithm = algorithm, .vocab_size = byte_fallback ? 340 : 90,
+                                        .byte_fallback = byte_fallback});
+}
+
+std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("miniflow_test_subword_" + name);
+}
+
+}  // namespace
+
+TEST_CASE("a learned subword model round-trips text, Unicode and punctuation included") {
+  for (SubwordAlgorithm algorithm : {SubwordAlgorithm::Unigram, SubwordAlgorithm::Bpe}) {
+    CAPTURE(static_cast<int>(algorithm));
+    const SubwordModel model = small_model(algorithm);
+    CHECK(model.size() == 340);
+    for (size_t i = 0; i < corpus().size(); i += 37) {
+      const std::string& sentence = corpus()[i];
+      const std::vector<int64_t> ids = model.encode(sentence);
+      CHECK(!ids.empty());
+      CHECK(std::none_of(ids.begin(), ids.end(), [](int64_t id) { return id < kSpecialTokenCount; }));
+      CHECK(model.decode(ids) == sentence);
+    }
+    // Subwords, not characters: a frequent word is one piece, marked as starting a word by "▁".
+    CHECK(model.pieces("The dog").size() < std::string("The dog").size());
+    CHECK(model.pieces("The dog").front().starts_with("\xE2\x96\x81"));
+  }
+}
+
+TEST_CASE("miniflow's specials keep their ids, and decode skips pad, sos and eos") {
+  const SubwordModel model = small_model();
+  for (int64_t id = 0; id < kSpecialTokenCount; ++id) CHECK(model.piece(id) == kSpecialTokenTexts[id]);
+  std::vector<int64_t> ids = model.encode("A man plays on the street.");
+  std::vector<int64_t> wrapped = {kSosId};
+  wrapped.insert(wrapped.end(), ids.begin(), ids.end());
+  wrapped.insert(wrapped.end(), {kEosId, kPadId, kPadId});
+  CHECK(model.decode(wrapped) == "A man plays on the street.");
+  CHECK(model.encode("").empty());
+  CHECK(model.decode(std::vector<int64_t>{}).empty());
+  CHECK_THROWS_WITH_AS(model.decode(std::vector<int64_t>{model.size()}), doctest::Contains("outside its 340 pieces"),
+                       Error);
+  CHECK_THROWS_WITH_AS(model.piece(-1), doctest::Contains("id -1 is outside"), Error);
+}
+
+TEST_CASE("byte fallback spells unseen characters as bytes; without it they are <unk>") {
+  const std::string unseen = "Жук 🙂 ß";  // Cyrillic, an emoji and ß: none is in the corpus
+  const SubwordModel with_bytes = small_model();
+  const std::vector<int64_t> ids = with_bytes.encode(unseen);
+  CHECK(std::find(ids.begin(), ids.end(), kUnkId) == ids.end());
+  CHECK(with_bytes.decode(ids) == unseen);
+  const std::vector<std::string> pieces = with_bytes.pieces("🙂");
+  CHECK(std::any_of(pieces.begin(), pieces.end(), [](const std::string& p) { return p == "<0xF0>"; }));
+
+  const SubwordModel without = small_model(SubwordAlgorithm::Unigram, false);
+  const std::vector<int64_t> unk_ids = without.encode("Жук");
+  CHECK(std::find(unk_ids.begin(), unk_ids.end(), kUnkId) != unk_ids.end());
+  CHECK(without.decode(unk_ids).find("\xE2\x81\x87") != std::string::npos);  // SentencePiece's " ⁇ "
+}
+
+TEST_CASE("a model's bytes load back into the same model, from memory and from a file") {
+  const SubwordModel model = small_model();
+  const SubwordModel again = SubwordModel::from_bytes(model.bytes(), "a copy");
+  CHECK(again == model);
+  const std::string sentence = "Zoë sitzt neben einem Baum?";
+  CHECK(again.encode(sentence) == model.encode(sentence));
+  const std::filesystem::path path = temp_path("roundtrip.model");
+  std::ofstream(path, std::ios::binary) << model.bytes();
+  CHECK(SubwordModel::load(path).encode(sentence) == model.encode(sentence));
+  std::filesystem::remove(path);
+  // The same sentences and options learn the same model, byte for byte.
+  CHECK(small_model() == model);
+}
+
+TEST_CASE("a model trained with SentencePiece's own defaults has its specials mapped onto miniflow's ids") {
+  // spm_train's defaults: <unk> 0, <s> 1, </s> 2, no <pad>.
+  std::string bytes;
+  struct Feed : sentencepiece::SentenceIterator {
+    size_t next = 0;
+    bool done() const override { return next == corpus().size(); }
+    void Next() override { ++next; }
+    const std::string& value() const override { return corpus()[next]; }
+    sentencepiece::util::Status status() const override { return {}; }
+  } feed;
+  const sentencepiece::util::Status status = sentencepiece::SentencePieceTrainer::Train(
+      std::unordered_map<std::string, std::string>{{"vocab_size", "100"}, {"minloglevel", "2"}}, &feed, &bytes);
+  REQUIRE_MESSAGE(status.ok(), status.ToString());
+  const SubwordModel model = SubwordModel::from_bytes(bytes, "spm defaults");
+  CHECK(model.size() == 101);  // its 100 pieces and miniflow's <pad>
+  for (int64_t id = 0; id < kSpecialTokenCount; ++id) CHECK(model.piece(id) == kSpecialTokenTexts[id]);
+  const std::string sentence = "Der Hund läuft über die Straße.";
+  const std::vector<int64_t> ids = model.encode(sentence);
+  CHECK(std::none_of(ids.begin(), ids.end(), [](int64_t id) { return id < kSpecialTokenCount; }));
+  CHECK(model.decode(ids) == sentence);
+}
+
+TEST_CASE("corrupt model bytes and impossible options are refused, naming what was wrong") {
+  CHECK_THROWS_WITH_AS(SubwordModel::from_bytes("not a model", "checkpoint 'x.safetensors'"),
+                       doctest::Contains("checkpoint 'x.safetensors' is not a SentencePiece model"), Error);
+  const SubwordModel model = small_model();
+  CHECK_THROWS_WITH_AS(SubwordModel::from_bytes(model.bytes().substr(0, model.bytes().size() / 2), "half a model"),
+                       doctest::Contains("half a model is not a SentencePiece model"), Error);
+  CHECK_THROWS_WITH_AS(SubwordModel::load(temp_path("missing.model")), doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(SubwordModel::train(corpus(), {.vocab_size = 100000}),
+                       doctest::Contains("could not learn a 100000-piece unigram model"), Error);
+  CHECK_THROWS_WITH_AS(SubwordModel::train(corpus(), {.vocab_size = 4}), doctest::Contains("leaves no room"), Error);
+  CHECK_THROWS_WITH_AS(SubwordModel::train({"", ""}, {}), doctest::Contains("no sentences"), Error);
+}

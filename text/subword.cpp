@@ -1,0 +1,146 @@
+#include "text/subword.h"
+
+#include "core/error.h"
+#include "text/files.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <iterator>
+#include <unordered_map>
+
+namespace mf::text {
+
+class SubwordModel::Processor : public sentencepiece::SentencePieceProcessor {};
+
+namespace {
+
+/// Feeds SentencePiece's trainer from memory instead of a file, skipping empty sentences (it counts
+/// each as a sentence of no characters).
+class SentenceFeed : public sentencepiece::SentenceIterator {
+ public:
+  explicit SentenceFeed(const std::vector<std::string>& sentences) : sentences_(sentences) { skip_empty(); }
+  bool done() const override { return next_ == sentences_.size(); }
+  void Next() override {
+    ++next_;
+    skip_empty();
+  }
+  const std::string& value() const override { return sentences_[next_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  void skip_empty() {
+    while (next_ < sentences_.size() && sentences_[next_].empty()) ++next_;
+  }
+  const std::vector<std::string>& sentences_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+SubwordModel SubwordModel::train(const std::vector<std::string>& sentences, const SubwordOptions& options) {
+  MF_CHECK(options.vocab_size > kSpecialTokenCount, "subword model: vocab_size {} leaves no room beside the {} specials",
+           options.vocab_size, kSpecialTokenCount);
+  MF_CHECK(options.character_coverage > 0 && options.character_coverage <= 1,
+           "subword model: character_coverage {} is not in (0, 1]", options.character_coverage);
+  MF_CHECK(options.max_sentences > 0, "subword model: max_sentences must be positive, got {}", options.max_sentences);
+  // The specials at miniflow's ids and spellings, so that the model file reads the same elsewhere.
+  const std::unordered_map<std::string, std::string> arguments = {
+      {"model_type", options.algorithm == SubwordAlgorithm::Bpe ? "bpe" : "unigram"},
+      {"vocab_size", std::to_string(options.vocab_size)},
+      {"byte_fallback", options.byte_fallback ? "true" : "false"},
+      {"character_coverage", std::to_string(options.character_coverage)},
+      {"input_sentence_size", std::to_string(options.max_sentences)},
+      {"shuffle_input_sentence", "true"},
+      {"pad_id", std::to_string(kPadId)},
+      {"bos_id", std::to_string(kSosId)},
+      {"eos_id", std::to_string(kEosId)},
+      {"unk_id", std::to_string(kUnkId)},
+      {"pad_piece", std::string(kSpecialTokenTexts[kPadId])},
+      {"bos_piece", std::string(kSpecialTokenTexts[kSosId])},
+      {"eos_piece", std::string(kSpecialTokenTexts[kEosId])},
+      {"unk_piece", std::string(kSpecialTokenTexts[kUnkId])},
+      {"minloglevel", "2"},  // SentencePiece logs each training stage to stderr otherwise
+  };
+  SentenceFeed feed(sentences);
+  MF_CHECK(!feed.done(), "subword model: no sentences to learn from");
+  std::string bytes;
+  // SentencePiece samples and shuffles with one process-wide generator, seeded from the system's
+  // entropy unless told: without this, the same sentences would learn different models.
+  sentencepiece::SetRandomGeneratorSeed(options.seed);
+  const sentencepiece::util::Status status = sentencepiece::SentencePieceTrainer::Train(arguments, &feed, &bytes);
+  MF_CHECK(status.ok(), "subword model: SentencePiece could not learn a {}-piece {} model: {}", options.vocab_size,
+           arguments.at("model_type"), status.ToString());
+  return SubwordModel(std::move(bytes), "the model just learned");
+}
+
+SubwordModel SubwordModel::from_bytes(std::string bytes, std::string_view origin) {
+  return SubwordModel(std::move(bytes), origin);
+}
+
+SubwordModel SubwordModel::load(const std::filesystem::path& path) {
+  std::ifstream in = detail::open_input(path, "subword model");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  MF_CHECK(!in.bad(), "subword model '{}' cannot be read", path.string());
+  return SubwordModel(std::move(bytes), path.string());
+}
+
+SubwordModel::SubwordModel(std::string bytes, std::string_view origin) : bytes_(std::move(bytes)) {
+  auto processor = std::make_shared<Processor>();
+  const sentencepiece::util::Status status = processor->LoadFromSerializedProto(bytes_);
+  MF_CHECK(status.ok(), "{} is not a SentencePiece model ({} bytes): {}", origin, bytes_.size(), status.ToString());
+  const int sentencepiece_size = processor->GetPieceSize();
+  // SentencePiece's own ids of miniflow's specials, by miniflow id; -1 where the model has none (a
+  // model trained with SentencePiece's defaults has no <pad>).
+  to_sentencepiece_ = {processor->pad_id(), processor->bos_id(), processor->eos_id(), processor->unk_id()};
+  from_sentencepiece_.assign(static_cast<size_t>(sentencepiece_size), -1);
+  pieces_.assign(kSpecialTokenTexts.begin(), kSpecialTokenTexts.end());
+  for (int64_t special = 0; special < kSpecialTokenCount; ++special) {
+    const int id = to_sentencepiece_[static_cast<size_t>(special)];
+    if (id >= 0) from_sentencepiece_[static_cast<size_t>(id)] = special;
+  }
+  for (int id = 0; id < sentencepiece_size; ++id) {
+    if (from_sentencepiece_[static_cast<size_t>(id)] >= 0) continue;
+    from_sentencepiece_[static_cast<size_t>(id)] = static_cast<int64_t>(pieces_.size());
+    to_sentencepiece_.push_back(id);
+    pieces_.push_back(processor->IdToPiece(id));
+  }
+  processor_ = std::move(processor);
+}
+
+const std::string& SubwordModel::piece(int64_t id) const {
+  MF_CHECK(id >= 0 && id < size(), "subword model: id {} is outside its {} pieces", id, size());
+  return pieces_[static_cast<size_t>(id)];
+}
+
+std::vector<int64_t> SubwordModel::encode(std::string_view text) const {
+  std::vector<int> ids;
+  const sentencepiece::util::Status status = processor_->Encode(text, &ids);
+  MF_CHECK(status.ok(), "subword model: cannot encode '{}': {}", text, status.ToString());
+  std::vector<int64_t> out;
+  out.reserve(ids.size());
+  for (int id : ids) out.push_back(from_sentencepiece_[static_cast<size_t>(id)]);
+  return out;
+}
+
+std::vector<std::string> SubwordModel::pieces(std::string_view text) const {
+  std::vector<std::string> out;
+  for (int64_t id : encode(text)) out.push_back(pieces_[static_cast<size_t>(id)]);
+  return out;
+}
+
+std::string SubwordModel::decode(std::span<const int64_t> ids) const {
+  std::vector<int> kept;
+  kept.reserve(ids.size());
+  for (int64_t id : ids) {
+    MF_CHECK(id >= 0 && id < size(), "subword model: cannot decode id {}, outside its {} pieces", id, size());
+    if (id == kPadId || id == kSosId || id == kEosId) continue;
+    kept.push_back(to_sentencepiece_[static_cast<size_t>(id)]);
+  }
+  std::string text;
+  const sentencepiece::util::Status status = processor_->Decode(kept, &text);
+  MF_CHECK(status.ok(), "subword model: cannot decode {} ids: {}", kept.size(), status.ToString());
+  return text;
+}
+
+}  // namespace mf::text

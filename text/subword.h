@@ -1,0 +1,79 @@
+// Subword vocabularies: a SentencePiece model (unigram or BPE) learned from raw sentences or read
+// from a `.model` file, with miniflow's four special tokens at their fixed ids. SentencePiece treats
+// text as a sequence of Unicode characters with spaces as "▁", so decode(encode(s)) gives s back
+// (after its NFKC normalization), cased and untokenized; with byte fallback, characters the model
+// never saw become UTF-8 byte pieces instead of <unk>.
+#pragma once
+
+#include "text/special_tokens.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mf::text {
+
+enum class SubwordAlgorithm : uint8_t { Unigram, Bpe };
+
+struct SubwordOptions {
+  SubwordAlgorithm algorithm = SubwordAlgorithm::Unigram;
+  /// Pieces in the model, the four specials included: the embedding's row count.
+  int64_t vocab_size = 8000;
+  /// Characters outside the learned pieces become their UTF-8 bytes (256 pieces of the vocabulary)
+  /// rather than <unk>, so no input encodes to <unk>.
+  bool byte_fallback = true;
+  /// Share of the training text's characters the model must cover; the rarest rest are left to byte
+  /// fallback or <unk>. 1.0 suits alphabetic scripts; SentencePiece suggests 0.9995 for CJK.
+  double character_coverage = 1.0;
+  /// Sentences SentencePiece samples from the training text (it loads them all into memory).
+  int64_t max_sentences = 1'000'000;
+  /// Seeds the sampling of the sentences, so the same text and options give the same model.
+  uint32_t seed = 1;
+};
+
+class SubwordModel {
+ public:
+  /// Learns a model from `sentences` (raw text, one sentence each; empty ones are skipped). Throws
+  /// mf::Error naming the problem when SentencePiece refuses (too few distinct characters for the
+  /// vocabulary size, say).
+  static SubwordModel train(const std::vector<std::string>& sentences, const SubwordOptions& options);
+  /// A model from the bytes of a SentencePiece `.model` file (a serialized ModelProto); `origin`
+  /// names them in errors. Its special pieces may sit at any ids: they are mapped onto miniflow's.
+  static SubwordModel from_bytes(std::string bytes, std::string_view origin);
+  /// from_bytes on the contents of a `.model` file.
+  static SubwordModel load(const std::filesystem::path& path);
+
+  /// The model's bytes, as a `.model` file holds them (from_bytes takes them back).
+  const std::string& bytes() const { return bytes_; }
+  /// Number of ids, the four specials included.
+  int64_t size() const { return static_cast<int64_t>(pieces_.size()); }
+  /// The piece of `id` ("▁the", "<0xC3>", "<eos>"); throws mf::Error when it is out of range.
+  const std::string& piece(int64_t id) const;
+
+  /// Ids of the pieces of `text`, without <sos>/<eos>. Invalid UTF-8 never throws: SentencePiece
+  /// replaces each bad byte with U+FFFD first.
+  std::vector<int64_t> encode(std::string_view text) const;
+  /// The pieces themselves (for display).
+  std::vector<std::string> pieces(std::string_view text) const;
+  /// Text of `ids`, skipping <pad>/<sos>/<eos>; <unk> (only possible without byte fallback) reads " ⁇ ".
+  std::string decode(std::span<const int64_t> ids) const;
+
+  bool operator==(const SubwordModel& other) const { return bytes_ == other.bytes_; }
+
+ private:
+  class Processor;
+  SubwordModel(std::string bytes, std::string_view origin);
+
+  std::string bytes_;
+  std::shared_ptr<const Processor> processor_;
+  // miniflow's ids are the four specials, then SentencePiece's other pieces in its order.
+  std::vector<int> to_sentencepiece_;  // by miniflow id; -1 for a special SentencePiece lacks
+  std::vector<int64_t> from_sentencepiece_;  // by SentencePiece id
+  std::vector<std::string> pieces_;          // by miniflow id
+};
+
+}  // namespace mf::text
