@@ -159,4 +159,29 @@ Translator Translator::load(const std::filesystem::path& path) {
   }
 }
 
+Translator Translator::average(const std::vector<std::filesystem::path>& paths) {
+  MF_CHECK(!paths.empty(), "averaging checkpoints: no checkpoint given");
+  Translator mean = load(paths.front());
+  NoGradGuard no_grad;
+  nn::StateDict state = mean.model_->state_dict();
+  std::vector<Tensor> sums;
+  for (const nn::NamedTensor& t : state) sums.push_back(t.tensor.to(DType::Float64));
+  for (size_t i = 1; i < paths.size(); ++i) {
+    const Translator other = load(paths[i]);
+    auto check_same = [&](bool same, std::string_view what) {
+      MF_CHECK(same, "averaging checkpoints: '{}' has another {} than '{}'", paths[i].string(), what,
+               paths.front().string());
+    };
+    check_same(other.model_->config().to_json() == mean.model_->config().to_json(), "model config");
+    check_same(other.src_vocab_ == mean.src_vocab_ && other.tgt_vocab_ == mean.tgt_vocab_, "vocabulary");
+    check_same(tokenizer_json(other.tokenizer_.options()) == tokenizer_json(mean.tokenizer_.options()),
+               "tokenizer");
+    const nn::StateDict others = other.model_->state_dict();  // the same names in the same order: same config
+    for (size_t j = 0; j < sums.size(); ++j) sums[j] = sums[j] + others[j].tensor.to(DType::Float64);
+  }
+  for (size_t j = 0; j < sums.size(); ++j)
+    state[j].tensor.copy_((sums[j] / static_cast<double>(paths.size())).to(state[j].tensor.dtype()));
+  return mean;
+}
+
 }  // namespace mf::models

@@ -59,6 +59,11 @@ class Translator {
   /// a config that does not match the tensors). A config describing a model more than twice the size
   /// of the file's tensors is refused before the model is built.
   static Translator load(const std::filesystem::path& path);
+  /// The element-wise mean of the models saved in `paths` (say the last epochs' checkpoints of a run,
+  /// as fairseq's average_checkpoints.py does), summed in float64: one model that usually translates
+  /// better than any of them. They must share config, vocabularies and tokenizer; an error names the
+  /// first checkpoint that differs from the first one given. The result holds no optimizer state.
+  static Translator average(const std::vector<std::filesystem::path>& paths);
 
   Transformer& model() { return *model_; }
   const std::shared_ptr<Transformer>& model_ptr() const { return model_; }

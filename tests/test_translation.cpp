@@ -104,3 +104,40 @@ TEST_CASE("a checkpoint whose config asks for a far bigger model is refused befo
                        doctest::Contains("max_len 100000000 is over the limit of 65536 positions"), Error);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("averaging checkpoints: N copies give the model back, two give their element-wise mean") {
+  models::Translator first = toy_translator();
+  manual_seed(4);  // a second initialisation of the same model: other weights
+  models::Translator second(first.model().config(), first.src_vocab(), first.tgt_vocab(), {});
+  const std::filesystem::path a = temp_file("miniflow_test_average_a.safetensors"),
+                              b = temp_file("miniflow_test_average_b.safetensors");
+  first.save(a);
+  second.save(b);
+  const nn::StateDict first_state = first.model().state_dict(), second_state = second.model().state_dict();
+
+  // x + x + x = 3x exactly in float64 for a float32 x, and 3x / 3 = x: the copies' mean is x bit for bit.
+  const nn::StateDict same = models::Translator::average({a, a, a}).model().state_dict();
+  REQUIRE(same.size() == first_state.size());
+  for (size_t i = 0; i < same.size(); ++i) {
+    CAPTURE(same[i].name);
+    CHECK(same[i].tensor.to_vector<float>() == first_state[i].tensor.to_vector<float>());
+  }
+  // The mean, worked out here in double from the two models' own weights.
+  const nn::StateDict mean = models::Translator::average({a, b}).model().state_dict();
+  for (size_t i = 0; i < mean.size(); ++i) {
+    CAPTURE(mean[i].name);
+    const std::vector<float> x = first_state[i].tensor.to_vector<float>(), y = second_state[i].tensor.to_vector<float>(),
+                             got = mean[i].tensor.to_vector<float>();
+    for (size_t k = 0; k < got.size(); ++k)
+      CHECK(got[k] == static_cast<float>((static_cast<double>(x[k]) + static_cast<double>(y[k])) / 2));
+  }
+
+  models::TransformerConfig wider = first.model().config();
+  wider.d_ff = 64;
+  const std::filesystem::path c = temp_file("miniflow_test_average_c.safetensors");
+  models::Translator(wider, first.src_vocab(), first.tgt_vocab(), {}).save(c);
+  const std::string expected = "'" + c.string() + "' has another model config than '" + a.string() + "'";
+  CHECK_THROWS_WITH_AS(models::Translator::average({a, c}), doctest::Contains(expected.c_str()), Error);
+  CHECK_THROWS_WITH_AS(models::Translator::average({}), doctest::Contains("no checkpoint given"), Error);
+  for (const auto& path : {a, b, c}) std::filesystem::remove(path);
+}

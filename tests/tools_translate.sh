@@ -2,10 +2,12 @@
 # tools/translate end to end: a toy model memorises eight pairs (tests/make_toy_checkpoint.cpp), then
 # its translations (greedy, beam, n-best), BLEU, the attention heatmap, stdin/--input/--output and
 # every bad-input case are checked against the documented output and exit statuses.
-# Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT
+# tools/average_checkpoints is checked here too, on the same toy checkpoint.
+# Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT AVERAGE_CHECKPOINTS
 set -u
 translate="$1"
 maker="$2"
+average="$3"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 passed=0
@@ -192,6 +194,21 @@ expect "--attention-sentence past the input" 1 "--attention-sentence 9: the inpu
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --attention-svg "$svg.2" --attention-sentence 9
 expect "--output in a missing directory" 1 "$dir/no/such/dir/out.txt" \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --output "$dir/no/such/dir/out.txt"
+
+# average_checkpoints: three copies average back to the same weights (x + x + x = 3x exactly), so to
+# the same translations; its bad usage and bad checkpoints.
+expect "average_checkpoints of three copies" 0 "" "$average" --output "$dir/avg.safetensors" "$ckpt" "$ckpt" "$ckpt"
+grep -qF "averaged 3 checkpoints of" "$dir/stdout" && pass "... says what it wrote" || fail "no summary line"
+"$translate" --checkpoint "$dir/avg.safetensors" --input "$dir/src.txt" >"$dir/avg.txt"
+same_file "the average of copies translates as the checkpoint does" "$dir/greedy.txt" "$dir/avg.txt"
+expect "average_checkpoints without checkpoints" 2 "give the checkpoints to average" \
+  "$average" --output "$dir/avg2.safetensors"
+expect "average_checkpoints without --output" 2 "--output is required" "$average" "$ckpt"
+expect "average_checkpoints of a missing checkpoint" 1 "$dir/none.safetensors" \
+  "$average" --output "$dir/avg2.safetensors" "$ckpt" "$dir/none.safetensors"
+expect "average_checkpoints of a checkpoint of another model" 1 "$dir/other_vocab.safetensors" \
+  "$average" --output "$dir/avg2.safetensors" "$ckpt" "$dir/other_vocab.safetensors"
+[ ! -e "$dir/avg2.safetensors" ] && pass "... and writes nothing" || fail "a failed average wrote its output"
 
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -68,6 +68,13 @@ void ArgParser::add_switch(const std::string& name, bool* target, const std::str
   add_option({name, help, "", false, [=](const std::string&) { *target = true; }});
 }
 
+void ArgParser::add_positional(const std::string& name, std::vector<std::filesystem::path>* target,
+                               const std::string& help) {
+  positional_name_ = name;
+  positional_help_ = help;
+  positional_ = target;
+}
+
 bool ArgParser::parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -79,7 +86,11 @@ bool ArgParser::parse(int argc, char** argv) {
       std::fputs(version().c_str(), stdout);
       return false;
     }
-    if (!arg.starts_with("--")) throw UsageError(fmt::format("unexpected argument '{}'", arg));
+    if (!arg.starts_with("--")) {
+      if (positional_ == nullptr) throw UsageError(fmt::format("unexpected argument '{}'", arg));
+      positional_->push_back(arg);
+      continue;
+    }
     std::string name = arg.substr(2), value;
     bool inline_value = false;
     if (size_t eq = name.find('='); eq != std::string::npos) {
@@ -101,7 +112,10 @@ bool ArgParser::parse(int argc, char** argv) {
 }
 
 std::string ArgParser::help() const {
-  std::string text = fmt::format("usage: {} [options]\n\n{}\n\noptions:\n", program_, summary_);
+  std::string text = fmt::format("usage: {} [options]{}\n\n{}\n\n", program_,
+                                 positional_ ? fmt::format(" {}...", positional_name_) : "", summary_);
+  if (positional_) text += fmt::format("  {:<24} {}\n\n", positional_name_ + "...", positional_help_);
+  text += "options:\n";
   for (const Option& o : options_) {
     std::string left = o.takes_value ? fmt::format("--{} VALUE", o.name) : fmt::format("--{}", o.name);
     std::string right = o.help;

@@ -33,6 +33,8 @@ class ArgParser {
   void add(const std::string& name, Device* target, const std::string& help);
   /// A switch without a value.
   void add_switch(const std::string& name, bool* target, const std::string& help);
+  /// The arguments that are not flags, in order (FILE...). Without it, such an argument is bad usage.
+  void add_positional(const std::string& name, std::vector<std::filesystem::path>* target, const std::string& help);
 
   /// Parses argv; returns false when --help or --version was printed (the tool should exit 0).
   /// Throws UsageError.
@@ -52,6 +54,8 @@ class ArgParser {
 
   std::string program_, summary_;
   std::vector<Option> options_;
+  std::string positional_name_, positional_help_;
+  std::vector<std::filesystem::path>* positional_ = nullptr;
 };
 
 /// Throws mf::Error (exit status 1) when `device`, given by the flag `flag` ("--device"), cannot be
