@@ -43,6 +43,7 @@
 
 #include "text/batching.h"
 #include "text/bleu.h"
+#include "text/codec.h"
 #include "text/corpus.h"
 #include "text/special_tokens.h"
 #include "text/subword.h"

@@ -13,6 +13,10 @@ constexpr const char* kFormatKey = "translation.format";
 constexpr const char* kFormat = "miniflow-translator-1";
 // How much bigger than the tensors in a checkpoint the model its config describes may be.
 constexpr int64_t kMaxGrowth = 2;
+// Each side's text codec (text::TextCodec::to_json); the target's is kSameAsSource when both share one.
+constexpr const char* kSourceKey = "translation.source";
+constexpr const char* kTargetKey = "translation.target";
+constexpr const char* kSameAsSource = R"({"kind":"same as source"})";
 
 /// Rows padded to the longest with <pad>: [rows, longest] int64.
 Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows, Device device) {
@@ -21,10 +25,6 @@ Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows, Device device) {
   std::vector<int64_t> flat(rows.size() * longest, text::kPadId);
   for (size_t r = 0; r < rows.size(); ++r) std::copy(rows[r].begin(), rows[r].end(), flat.begin() + r * longest);
   return from_vector(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(longest)}, device);
-}
-
-std::string tokenizer_json(const text::TokenizerOptions& options) {
-  return nlohmann::json{{"lowercase", options.lowercase}, {"split_punctuation", options.split_punctuation}}.dump();
 }
 
 text::TokenizerOptions tokenizer_from_json(const std::string& text, const std::filesystem::path& path) {
@@ -39,6 +39,27 @@ const std::string& entry(const SafetensorsMetadata& metadata, const char* key, c
   auto it = metadata.find(key);
   MF_CHECK(it != metadata.end(), "checkpoint '{}' has no '{}' entry", path.string(), key);
   return it->second;
+}
+
+/// The source and target codecs a checkpoint holds; checkpoints written before subword models (word
+/// vocabularies per side and one tokenizer, under their own keys) load as word codecs.
+std::pair<text::TextCodec, text::TextCodec> codecs(const SafetensorsMetadata& metadata,
+                                                   const std::filesystem::path& path) {
+  const std::string origin = fmt::format("checkpoint '{}'", path.string());
+  if (metadata.contains(kSourceKey)) {
+    text::TextCodec source = text::TextCodec::from_json(entry(metadata, kSourceKey, path), origin + " (source)");
+    const std::string& target = entry(metadata, kTargetKey, path);
+    if (target == kSameAsSource) return {source, source};
+    return {std::move(source), text::TextCodec::from_json(target, origin + " (target)")};
+  }
+  const text::TokenizerOptions tokenizer =
+      tokenizer_from_json(entry(metadata, "translation.tokenizer", path), path);
+  auto words = [&](const char* key, const char* side) {
+    return text::TextCodec(
+        text::Vocab::from_json(entry(metadata, key, path), fmt::format("{} ({} vocabulary)", path.string(), side)),
+        tokenizer);
+  };
+  return {words("translation.src_vocab", "source"), words("translation.tgt_vocab", "target")};
 }
 
 }  // namespace
@@ -62,21 +83,26 @@ TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>&
   return {pad_rows(src, device), pad_rows(tgt_in, device), pad_rows(tgt_out, device), target_tokens};
 }
 
-Translator::Translator(const TransformerConfig& config, text::Vocab src_vocab, text::Vocab tgt_vocab, text::TokenizerOptions tokenizer)
-    : src_vocab_(std::move(src_vocab)), tgt_vocab_(std::move(tgt_vocab)), tokenizer_(tokenizer) {
-  MF_CHECK(config.src_vocab == src_vocab_.size() && config.tgt_vocab == tgt_vocab_.size(),
-           "Translator: config vocabularies {} / {} do not match the vocabularies' sizes {} / {}", config.src_vocab,
-           config.tgt_vocab, src_vocab_.size(), tgt_vocab_.size());
-  MF_CHECK(!config.shared_embeddings || src_vocab_ == tgt_vocab_,
+Translator::Translator(const TransformerConfig& config, text::TextCodec source, text::TextCodec target)
+    : source_(std::move(source)), target_(std::move(target)) {
+  MF_CHECK(config.src_vocab == source_.size() && config.tgt_vocab == target_.size(),
+           "Translator: config vocabularies {} / {} do not match the codecs' sizes {} / {}", config.src_vocab,
+           config.tgt_vocab, source_.size(), target_.size());
+  MF_CHECK(!config.shared_embeddings || source_ == target_,
            "Translator: shared embeddings need the source and target vocabularies to be the same");
   model_ = std::make_shared<Transformer>(config);
 }
+
+Translator::Translator(const TransformerConfig& config, text::Vocab src_vocab, text::Vocab tgt_vocab,
+                       text::TokenizerOptions tokenizer)
+    : Translator(config, text::TextCodec(std::move(src_vocab), tokenizer),
+                 text::TextCodec(std::move(tgt_vocab), tokenizer)) {}
 
 Tensor Translator::encode_sources(const std::vector<std::string>& sentences) const {
   std::vector<std::vector<int64_t>> rows;
   int64_t limit = model_->config().max_len - 1;  // room for <eos>
   for (const std::string& sentence : sentences) {
-    std::vector<int64_t> ids = src_vocab_.encode(tokenizer_.tokenize(sentence));
+    std::vector<int64_t> ids = source_.encode(sentence);
     if (static_cast<int64_t>(ids.size()) > limit) ids.resize(static_cast<size_t>(limit));
     ids.push_back(text::kEosId);
     rows.push_back(std::move(ids));
@@ -84,9 +110,6 @@ Tensor Translator::encode_sources(const std::vector<std::string>& sentences) con
   return pad_rows(rows, model_->device());
 }
 
-std::string Translator::decode_target(std::span<const int64_t> ids) const {
-  return text::Tokenizer::detokenize(tgt_vocab_.decode(ids));
-}
 
 std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
                                                       int64_t max_new_tokens) {
@@ -119,9 +142,9 @@ void Translator::save(const std::filesystem::path& path, const optim::TrainingSt
   SafetensorsMetadata metadata = extra;
   metadata[kFormatKey] = kFormat;
   metadata["translation.config"] = model_->config().to_json();
-  metadata["translation.src_vocab"] = src_vocab_.to_json();
-  metadata["translation.tgt_vocab"] = tgt_vocab_.to_json();
-  metadata["translation.tokenizer"] = tokenizer_json(tokenizer_.options());
+  metadata[kSourceKey] = source_.to_json();
+  // A vocabulary shared by both sides (one subword model's bytes, say) is stored once.
+  metadata[kTargetKey] = target_ == source_ ? kSameAsSource : target_.to_json();
   optim::TrainingState state = training;
   state.model = model_.get();
   optim::save_training_state(path, state, metadata);
@@ -133,10 +156,7 @@ Translator Translator::load(const std::filesystem::path& path) {
   MF_CHECK(format != file.metadata.end() && format->second == kFormat,
            "'{}' is not a miniflow translation checkpoint (metadata '{}' is missing or not '{}')", path.string(),
            kFormatKey, kFormat);
-  std::string origin = path.string();
-  text::Vocab src = text::Vocab::from_json(entry(file.metadata, "translation.src_vocab", path), origin + " (source vocabulary)");
-  text::Vocab tgt = text::Vocab::from_json(entry(file.metadata, "translation.tgt_vocab", path), origin + " (target vocabulary)");
-  text::TokenizerOptions tokenizer = tokenizer_from_json(entry(file.metadata, "translation.tokenizer", path), path);
+  auto [source, target] = codecs(file.metadata, path);
   nn::StateDict weights;
   for (nn::NamedTensor& t : file.tensors)
     if (t.name.starts_with("model.")) weights.push_back({t.name.substr(6), t.tensor});
@@ -150,7 +170,7 @@ Translator Translator::load(const std::filesystem::path& path) {
     MF_CHECK(config.parameter_count() / kMaxGrowth <= held,
              "its config describes a model of {} parameters, over {} times the {} its tensors hold",
              config.parameter_count(), kMaxGrowth, held);
-    Translator translator(config, std::move(src), std::move(tgt), tokenizer);
+    Translator translator(config, std::move(source), std::move(target));
     translator.model_->load_state_dict(weights);
     translator.model_->eval();
     return translator;
@@ -173,9 +193,7 @@ Translator Translator::average(const std::vector<std::filesystem::path>& paths) 
                paths.front().string());
     };
     check_same(other.model_->config().to_json() == mean.model_->config().to_json(), "model config");
-    check_same(other.src_vocab_ == mean.src_vocab_ && other.tgt_vocab_ == mean.tgt_vocab_, "vocabulary");
-    check_same(tokenizer_json(other.tokenizer_.options()) == tokenizer_json(mean.tokenizer_.options()),
-               "tokenizer");
+    check_same(other.source_ == mean.source_ && other.target_ == mean.target_, "vocabulary or tokenizer");
     const nn::StateDict others = other.model_->state_dict();  // the same names in the same order: same config
     for (size_t j = 0; j < sums.size(); ++j) sums[j] = sums[j] + others[j].tensor.to(DType::Float64);
   }

@@ -1,15 +1,15 @@
-// A translation model with everything needed to use it — the Transformer, both vocabularies and the
-// tokenizer settings — and the checkpoint format that train_transformer writes and translate reads.
+// A translation model with everything needed to use it — the Transformer and each side's text codec
+// (words or SentencePiece subwords) — and the checkpoint format that train_transformer writes and
+// translate reads: one self-contained file, a subword model's bytes included.
 //
 // Sequences: source = tokens + <eos>; decoder input = <sos> + tokens; decoder target = tokens + <eos>;
 // batches are padded with <pad> (text::kPadId), which every mask and the loss ignore.
 #pragma once
 
 #include "models/generation.h"
-#include "text/tokenizer.h"
 #include "models/transformer.h"
-#include "text/vocab.h"
 #include "optim/training_state.h"
+#include "text/codec.h"
 
 #include <filesystem>
 #include <memory>
@@ -34,15 +34,18 @@ TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>&
 
 class Translator {
  public:
-  /// A fresh (untrained) model for the given vocabularies; shared embeddings need src and tgt to be
-  /// the same vocabulary.
-  Translator(const TransformerConfig& config, text::Vocab src_vocab, text::Vocab tgt_vocab, text::TokenizerOptions tokenizer);
+  /// A fresh (untrained) model for the given codecs, whose sizes must be the config's vocabularies;
+  /// shared embeddings need one codec for both sides.
+  Translator(const TransformerConfig& config, text::TextCodec source, text::TextCodec target);
+  /// Word codecs for both sides with one tokenizer.
+  Translator(const TransformerConfig& config, text::Vocab src_vocab, text::Vocab tgt_vocab,
+             text::TokenizerOptions tokenizer);
 
-  /// Tokenizes and encodes sentences into a padded source batch [B, S] (+ <eos>), truncated to the
-  /// model's max_len, on the model's device.
+  /// Encodes sentences into a padded source batch [B, S] (+ <eos>), truncated to the model's max_len,
+  /// on the model's device.
   Tensor encode_sources(const std::vector<std::string>& sentences) const;
   /// Target ids back to text (up to <eos>).
-  std::string decode_target(std::span<const int64_t> ids) const;
+  std::string decode_target(std::span<const int64_t> ids) const { return target_.decode(ids); }
 
   /// Greedy translations of `sentences` (batched, key/value cache).
   std::vector<std::string> translate_greedy(const std::vector<std::string>& sentences, int64_t max_new_tokens);
@@ -67,14 +70,12 @@ class Translator {
 
   Transformer& model() { return *model_; }
   const std::shared_ptr<Transformer>& model_ptr() const { return model_; }
-  const text::Vocab& src_vocab() const { return src_vocab_; }
-  const text::Vocab& tgt_vocab() const { return tgt_vocab_; }
-  const text::Tokenizer& tokenizer() const { return tokenizer_; }
+  const text::TextCodec& source() const { return source_; }
+  const text::TextCodec& target() const { return target_; }
 
  private:
   std::shared_ptr<Transformer> model_;
-  text::Vocab src_vocab_, tgt_vocab_;
-  text::Tokenizer tokenizer_;
+  text::TextCodec source_, target_;
 };
 
 }  // namespace mf::models

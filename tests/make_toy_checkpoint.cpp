@@ -49,8 +49,8 @@ int train(const std::string& path) {
   mf::manual_seed(7);
   mf::text::Corpus corpus = mf::text::make_corpus(kPairs);
   mf::models::Translator translator = toy_translator(corpus);
-  const mf::text::Vocab& src = translator.src_vocab();
-  const mf::text::Vocab& tgt = translator.tgt_vocab();
+  const mf::text::Vocab& src = *translator.source().words();
+  const mf::text::Vocab& tgt = *translator.target().words();
   std::vector<std::vector<int64_t>> src_ids, tgt_ids;
   std::vector<int64_t> all;
   std::vector<std::string> sources, targets;
@@ -94,7 +94,7 @@ void write_mismatched(const std::string& path, bool other_vocab) {
     corpus.sources.push_back({"zusätzlich"});
     mf::text::Vocab bigger = build_vocab(corpus.sources);
     config.src_vocab = bigger.size();
-    file.metadata["translation.src_vocab"] = bigger.to_json();
+    file.metadata["translation.source"] = mf::text::TextCodec(bigger, {}).to_json();
   } else {
     config.d_ff *= 2;
   }

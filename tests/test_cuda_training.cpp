@@ -47,7 +47,7 @@ ToyRun train_toy(Device device, int64_t max_steps, double dropout = train::toy_o
   run.translator = std::make_shared<models::Translator>(train::build_translator(corpus, options));
   models::Translator& translator = *run.translator;
   translator.model().to(device);
-  train::ParallelData data = train::encode_corpus(translator, corpus.sources, corpus.targets);
+  train::ParallelData data = train::encode_corpus(translator, corpus, 0);
   REQUIRE(train::train_translator(translator, data, {}, options) == 0);
   run.translations = train::translate_toy(translator);
   return run;

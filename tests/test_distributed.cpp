@@ -364,7 +364,7 @@ LoopRun run_loop(std::shared_ptr<dist::ProcessGroup> group, int64_t accumulate, 
     std::filesystem::copy_file(resume_from, save_to, std::filesystem::copy_options::overwrite_existing);
     options.resume = true;
   }
-  train::ParallelData data = train::encode_corpus(translator, corpus.sources, corpus.targets);
+  train::ParallelData data = train::encode_corpus(translator, corpus, 0);
   CHECK(train::train_translator(translator, data, {}, options) == 0);
   for (const Tensor& p : translator.model().parameters()) run.parameters.push_back(p.clone());
   return run;
@@ -434,7 +434,7 @@ TEST_CASE("training loop: only rank 0 writes the checkpoint and the chart") {
   options.plot = base / "toy.svg";
   text::Corpus corpus = train::make_toy_corpus(20, {.tokenizer = options.tokenizer, .max_length = 15});
   models::Translator translator = train::build_translator(corpus, options);
-  train::ParallelData data = train::encode_corpus(translator, corpus.sources, corpus.targets);
+  train::ParallelData data = train::encode_corpus(translator, corpus, 0);
   CHECK(train::train_translator(translator, data, {}, options) == 0);
   CHECK(std::filesystem::exists(dir / "toy.safetensors"));  // every rank sees it: the loop waits for it
   CHECK(std::filesystem::exists(dir / "toy.svg"));

@@ -3,6 +3,9 @@
 
 #include "helpers.h"
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <filesystem>
 
 using namespace mf;
@@ -51,7 +54,8 @@ TEST_CASE("a saved translator translates exactly as before after loading") {
   auto beams_after = loaded.translate_beam(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
   REQUIRE(beams_after.size() == beams_before.size());
   for (size_t s = 0; s < beams_after.size(); ++s) CHECK(beams_after[s] == beams_before[s]);
-  CHECK(loaded.src_vocab() == translator.src_vocab());
+  CHECK(loaded.source() == translator.source());
+  CHECK(loaded.target() == translator.target());
   CHECK(loaded.model().config().to_json() == translator.model().config().to_json());
 }
 
@@ -108,7 +112,7 @@ TEST_CASE("a checkpoint whose config asks for a far bigger model is refused befo
 TEST_CASE("averaging checkpoints: N copies give the model back, two give their element-wise mean") {
   models::Translator first = toy_translator();
   manual_seed(4);  // a second initialisation of the same model: other weights
-  models::Translator second(first.model().config(), first.src_vocab(), first.tgt_vocab(), {});
+  models::Translator second(first.model().config(), first.source(), first.target());
   const std::filesystem::path a = temp_file("miniflow_test_average_a.safetensors"),
                               b = temp_file("miniflow_test_average_b.safetensors");
   first.save(a);
@@ -135,9 +139,77 @@ TEST_CASE("averaging checkpoints: N copies give the model back, two give their e
   models::TransformerConfig wider = first.model().config();
   wider.d_ff = 64;
   const std::filesystem::path c = temp_file("miniflow_test_average_c.safetensors");
-  models::Translator(wider, first.src_vocab(), first.tgt_vocab(), {}).save(c);
+  models::Translator(wider, first.source(), first.target()).save(c);
   const std::string expected = "'" + c.string() + "' has another model config than '" + a.string() + "'";
   CHECK_THROWS_WITH_AS(models::Translator::average({a, c}), doctest::Contains(expected.c_str()), Error);
   CHECK_THROWS_WITH_AS(models::Translator::average({}), doctest::Contains("no checkpoint given"), Error);
   for (const auto& path : {a, b, c}) std::filesystem::remove(path);
+}
+
+TEST_CASE("checkpoints written before text codecs (word vocabularies under their own keys) still load") {
+  models::Translator translator = toy_translator();
+  translator.model().eval();
+  const std::filesystem::path path = temp_file("miniflow_test_translator_old.safetensors");
+  translator.save(path);
+  nn::TensorFile file = nn::load_tensors(path);
+  // The keys as save() wrote them until the subword models came.
+  file.metadata.erase("translation.source");
+  file.metadata.erase("translation.target");
+  file.metadata["translation.src_vocab"] = translator.source().words()->to_json();
+  file.metadata["translation.tgt_vocab"] = translator.target().words()->to_json();
+  file.metadata["translation.tokenizer"] = R"({"lowercase": true, "split_punctuation": true})";
+  nn::save_tensors(path, file.tensors, file.metadata);
+  models::Translator loaded = models::Translator::load(path);
+  std::filesystem::remove(path);
+  CHECK(loaded.source() == translator.source());
+  CHECK(loaded.target() == translator.target());
+  const std::vector<std::string> sentences{"ich mochte ein bier", "unbekannt"};
+  CHECK(loaded.translate_greedy(sentences, 6) == translator.translate_greedy(sentences, 6));
+}
+
+TEST_CASE("a subword translator: one shared vocabulary and embedding, stored in and loaded from its checkpoint") {
+  std::vector<std::string> text;
+  for (const char* s : {"Ein Mann läuft.", "A man runs.", "Eine Frau schläft.", "A woman sleeps.", "Zwei Hunde.",
+                        "Two dogs."})
+    for (int i = 0; i < 20; ++i) text.emplace_back(s);
+  const text::TextCodec both(text::SubwordModel::train(text, {.vocab_size = 290}));
+  manual_seed(5);
+  const models::TransformerConfig config{.src_vocab = both.size(), .tgt_vocab = both.size(), .d_model = 16,
+                                         .heads = 2, .encoder_layers = 1, .decoder_layers = 1, .d_ff = 32,
+                                         .dropout = 0.0, .max_len = 24, .shared_embeddings = true};
+  models::Translator translator(config, both, both);
+  translator.model().eval();
+  // Untrained, it translates into some pieces; what matters is that the loaded copy gives the same text.
+  const std::vector<std::string> sentences{"Ein Mann läuft.", "Жук 🙂"};
+  const std::vector<std::string> before = translator.translate_greedy(sentences, 8);
+  const std::filesystem::path path = temp_file("miniflow_test_translator_subword.safetensors");
+  translator.save(path);
+  nn::TensorFile file = nn::load_tensors(path);
+  CHECK(file.metadata.at("translation.target") == R"({"kind":"same as source"})");  // the model's bytes once
+  models::Translator loaded = models::Translator::load(path);
+  CHECK(loaded.source() == both);
+  CHECK(loaded.target() == both);
+  CHECK(loaded.model().config().shared_embeddings);
+  CHECK(loaded.translate_greedy(sentences, 8) == before);
+  // The source side never meets <unk>: byte fallback spells the unseen characters.
+  const std::vector<int64_t> ids = loaded.source().encode("Жук 🙂");
+  CHECK(std::find(ids.begin(), ids.end(), text::kUnkId) == ids.end());
+
+  // A subword model whose bytes were damaged is refused, naming the checkpoint and the side.
+  nlohmann::json source = nlohmann::json::parse(file.metadata.at("translation.source"));
+  std::string model = source["model"];
+  source["model"] = model.substr(0, model.size() / 8 * 4);  // whole base64 groups: valid base64, half a model
+  file.metadata["translation.source"] = source.dump();
+  nn::save_tensors(path, file.tensors, file.metadata);
+  const std::string expected = "checkpoint '" + path.string() + "' (source) (subword model) is not a SentencePiece model";
+  CHECK_THROWS_WITH_AS(models::Translator::load(path), doctest::Contains(expected.c_str()), Error);
+  source["model"] = "not base64!";
+  file.metadata["translation.source"] = source.dump();
+  nn::save_tensors(path, file.tensors, file.metadata);
+  CHECK_THROWS_WITH_AS(models::Translator::load(path), doctest::Contains("is not base64"), Error);
+  source["kind"] = "wordpiece";
+  file.metadata["translation.source"] = source.dump();
+  nn::save_tensors(path, file.tensors, file.metadata);
+  CHECK_THROWS_WITH_AS(models::Translator::load(path), doctest::Contains("unknown text codec kind 'wordpiece'"), Error);
+  std::filesystem::remove(path);
 }

@@ -10,6 +10,10 @@ namespace {
 
 enum class Side : uint8_t { None, Source, Target };
 
+std::string_view without_carriage_return(std::string_view line) {
+  return line.ends_with('\r') ? line.substr(0, line.size() - 1) : line;
+}
+
 // Shared by the file and in-memory readers, which differ only in how errors name a pair.
 class CorpusBuilder {
  public:
@@ -29,6 +33,8 @@ class CorpusBuilder {
     if (truncate(target)) ++corpus_.stats.truncated_targets;
     corpus_.sources.push_back(std::move(source));
     corpus_.targets.push_back(std::move(target));
+    corpus_.source_text.emplace_back(without_carriage_return(source_text));
+    corpus_.target_text.emplace_back(without_carriage_return(target_text));
     ++corpus_.stats.pairs;
     return Side::None;
   }

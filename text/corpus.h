@@ -29,10 +29,12 @@ struct CorpusStats {
   int64_t truncated_targets = 0;  // target sentences cut to max_length
 };
 
-/// Tokenized sentence pairs: sources[i] translates to targets[i].
+/// Tokenized sentence pairs: sources[i] translates to targets[i]; source_text[i] and target_text[i] are
+/// the lines as read (a trailing '\r' dropped, not truncated), for subword models, which split raw text.
 struct Corpus {
   std::vector<std::vector<std::string>> sources;
   std::vector<std::vector<std::string>> targets;
+  std::vector<std::string> source_text, target_text;
   CorpusStats stats;
 };
 

@@ -134,7 +134,8 @@ std::string SubwordModel::decode(std::span<const int64_t> ids) const {
   kept.reserve(ids.size());
   for (int64_t id : ids) {
     MF_CHECK(id >= 0 && id < size(), "subword model: cannot decode id {}, outside its {} pieces", id, size());
-    if (id == kPadId || id == kSosId || id == kEosId) continue;
+    if (id == kEosId) break;
+    if (id == kPadId || id == kSosId) continue;
     kept.push_back(to_sentencepiece_[static_cast<size_t>(id)]);
   }
   std::string text;

@@ -59,7 +59,8 @@ class SubwordModel {
   std::vector<int64_t> encode(std::string_view text) const;
   /// The pieces themselves (for display).
   std::vector<std::string> pieces(std::string_view text) const;
-  /// Text of `ids`, skipping <pad>/<sos>/<eos>; <unk> (only possible without byte fallback) reads " ⁇ ".
+  /// Text of `ids` up to the first <eos>, skipping <pad> and <sos>; <unk> (only possible without byte
+  /// fallback) reads " ⁇ ".
   std::string decode(std::span<const int64_t> ids) const;
 
   bool operator==(const SubwordModel& other) const { return bytes_ == other.bytes_; }

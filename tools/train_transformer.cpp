@@ -23,6 +23,8 @@ struct Flags {
   /// Both stacks' depth, unless --encoder-layers / --decoder-layers (0: this) say otherwise.
   int64_t layers = options.model.encoder_layers, encoder_layers = 0, decoder_layers = 0;
   bool no_lowercase = false, detect_anomaly = false, distributed = false, dist_deterministic = false;
+  bool separate_subwords = false, no_byte_fallback = false;
+  std::string subword = "none";  // --subword: unigram, bpe or none
   int threads = mf::get_num_threads();
   double dist_timeout = 600;  // seconds
   double bucket_mb = static_cast<double>(options.data_parallel.bucket_bytes) / (1 << 20);
@@ -68,6 +70,10 @@ void check_flags(const Flags& f) {
     throw UsageError("--label-smoothing must be in [0, 1)");
   if (!(o.optim.lr_factor > 0) || !(o.optim.clip >= 0)) throw UsageError("--lr-factor must be positive, --clip >= 0");
   if (f.threads < 1) throw UsageError("--threads must be positive");
+  if (f.subword != "none" && f.subword != "unigram" && f.subword != "bpe")
+    throw UsageError(fmt::format("--subword must be unigram, bpe or none, not '{}'", f.subword));
+  if (o.subword.vocab_size <= mf::text::kSpecialTokenCount)
+    throw UsageError(fmt::format("--subword-size must exceed the {} specials", mf::text::kSpecialTokenCount));
   if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint");
   if (o.accumulate < 1) throw UsageError("--accumulate must be positive");
   if (!(f.dist_timeout > 0) || !(f.bucket_mb > 0)) throw UsageError("--dist-timeout and --bucket-mb must be positive");
@@ -98,14 +104,17 @@ void check_checkpoint_fits(const mf::models::Translator& saved, const mf::models
     MF_CHECK(a.contains(key) && a[key] == value,
              "checkpoint '{}' has {} = {}, but the flags and data give {}; resume with the flags of the run that "
              "wrote it", path, key, a.contains(key) ? a[key].dump() : "nothing", value.dump());
-  MF_CHECK(saved.src_vocab() == wanted.src_vocab() && saved.tgt_vocab() == wanted.tgt_vocab(),
-           "checkpoint '{}' has other vocabularies (source {} / target {} tokens) than the training data gives with "
-           "these flags ({} / {}); resume with the same data, --min-freq and --max-vocab",
-           path, saved.src_vocab().size(), saved.tgt_vocab().size(), wanted.src_vocab().size(),
-           wanted.tgt_vocab().size());
-  MF_CHECK(saved.tokenizer().options().lowercase == wanted.tokenizer().options().lowercase,
-           "checkpoint '{}' was trained {} lowercasing; --no-lowercase must match", path,
-           saved.tokenizer().options().lowercase ? "with" : "without");
+  const mf::text::TokenizerOptions *saved_words = saved.source().tokenizer(),
+                                    *wanted_words = wanted.source().tokenizer();
+  if (saved_words != nullptr && wanted_words != nullptr)
+    MF_CHECK(saved_words->lowercase == wanted_words->lowercase,
+             "checkpoint '{}' was trained {} lowercasing; --no-lowercase must match", path,
+             saved_words->lowercase ? "with" : "without");
+  MF_CHECK(saved.source() == wanted.source() && saved.target() == wanted.target(),
+           "checkpoint '{}' has other vocabularies (source {} / target {}) than the training data gives with these "
+           "flags ({} / {}); resume with the same data and vocabulary flags (--subword..., --min-freq, --max-vocab)",
+           path, saved.source().describe(), saved.target().describe(), wanted.source().describe(),
+           wanted.target().describe());
 }
 
 /// Translates the toy sources greedily and with beam 4, prints them, and counts the right ones.
@@ -164,6 +173,16 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("min-freq", &o.vocab.min_freq, "vocabulary: least count of a kept token");
   args.add("max-vocab", &o.vocab.max_size, "vocabulary: most tokens per side, specials included; 0: no limit");
   args.add_switch("no-lowercase", &f.no_lowercase, "keep the case of the text (lowercased by default)");
+  args.add("subword", &f.subword,
+           "vocabulary units: unigram or bpe (a SentencePiece model learned from the training text and stored in "
+           "the checkpoint: cased, untokenized output), or none (words)");
+  args.add("subword-size", &o.subword.vocab_size, "subword vocabulary size, the 4 specials included");
+  args.add("subword-model", &o.subword_model,
+           "an existing SentencePiece .model for both sides instead of learning one (implies --subword)");
+  args.add_switch("separate-subwords", &f.separate_subwords,
+                  "one subword model per language instead of one shared model (and shared embeddings)");
+  args.add_switch("no-byte-fallback", &f.no_byte_fallback,
+                  "unseen characters become <unk> instead of UTF-8 byte pieces");
   args.add("seed", &o.optim.seed, "random seed (initialisation, dropout, batch order)");
   args.add("threads", &f.threads, "intra-op threads");
   args.add("device", &f.device, "where the model trains: cpu, cuda or cuda:N");
@@ -202,6 +221,12 @@ int train_with_flags(Flags& f, bool toy) {
   o.model.encoder_layers = f.encoder_layers > 0 ? f.encoder_layers : f.layers;
   o.model.decoder_layers = f.decoder_layers > 0 ? f.decoder_layers : f.layers;
   o.tokenizer.lowercase = !f.no_lowercase;
+  if (f.subword == "unigram" || f.subword == "bpe" || !o.subword_model.empty()) {
+    o.units = mf::train::TrainingOptions::Units::Subwords;
+    o.subword.algorithm = f.subword == "bpe" ? mf::text::SubwordAlgorithm::Bpe : mf::text::SubwordAlgorithm::Unigram;
+  }
+  o.joint_subwords = !f.separate_subwords;
+  o.subword.byte_fallback = !f.no_byte_fallback;
   o.names = {.field = flag_of, .detect_anomaly = "rerun with --detect-anomaly"};
 
   mf::text::CorpusOptions corpus_options{.tokenizer = o.tokenizer, .max_length = o.model.max_len - 1,
@@ -221,13 +246,18 @@ int train_with_flags(Flags& f, bool toy) {
 
   // Initialised on the CPU from --seed, then moved: the same starting weights on every device.
   translator.model().to(f.device);
-  fmt::print("model: {}+{} layers, d_model {}, {} heads, d_ff {}, dropout {}, {} parameters; vocabularies {} / {}; "
-             "on {}\n", config.encoder_layers, config.decoder_layers, config.d_model, config.heads, config.d_ff,
-             config.dropout, translator.model().parameter_count(), translator.src_vocab().size(),
-             translator.tgt_vocab().size(), f.device.str());
+  const std::string vocabularies =
+      config.shared_embeddings ? fmt::format("vocabulary {} shared by both sides", translator.source().describe())
+                               : fmt::format("vocabularies {} / {}", translator.source().describe(),
+                                             translator.target().describe());
+  fmt::print("model: {}+{} layers, d_model {}, {} heads, d_ff {}, dropout {}, {} parameters; {}; on {}\n",
+             config.encoder_layers, config.decoder_layers, config.d_model, config.heads, config.d_ff, config.dropout,
+             translator.model().parameter_count(), vocabularies, f.device.str());
 
-  mf::train::ParallelData train = mf::train::encode_corpus(translator, train_corpus.sources, train_corpus.targets);
-  mf::train::ParallelData valid = mf::train::encode_corpus(translator, valid_corpus.sources, valid_corpus.targets);
+  int64_t truncated = 0;
+  mf::train::ParallelData train = mf::train::encode_corpus(translator, train_corpus, config.max_len - 1, &truncated);
+  mf::train::ParallelData valid = mf::train::encode_corpus(translator, valid_corpus, config.max_len - 1, &truncated);
+  if (truncated > 0) fmt::print("{} sentences truncated to {} subwords\n", truncated, config.max_len - 1);
   int status = mf::train::train_translator(translator, train, valid, o);
   if (status != 0) return status;
   if (!o.checkpoint.empty()) fmt::print("checkpoint: '{}'\n", o.checkpoint.string());

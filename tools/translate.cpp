@@ -207,13 +207,14 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   std::vector<double> flat = mean.contiguous().to_vector<double>();
 
   std::vector<std::string> column_labels;
-  for (const std::string& word : translator.tokenizer().tokenize(sentence)) {
-    if (static_cast<int64_t>(column_labels.size()) == columns - 1) break;  // truncated like the source
-    column_labels.push_back(translator.src_vocab().contains(word) ? word : word + " (unk)");
-  }
+  // The source's words or pieces, one per id (unknown words marked), truncated like the source.
+  const std::vector<std::string> units = translator.source().units(sentence);
+  const std::vector<int64_t> unit_ids = translator.source().encode(sentence);
+  for (size_t i = 0; i < units.size() && static_cast<int64_t>(column_labels.size()) < columns - 1; ++i)
+    column_labels.push_back(unit_ids[i] == mf::text::kUnkId ? units[i] + " (unk)" : units[i]);
   column_labels.emplace_back("<eos>");
   std::vector<std::string> row_labels;
-  for (int64_t id : ids) row_labels.push_back(translator.tgt_vocab().token(id));
+  for (int64_t id : ids) row_labels.push_back(translator.target().unit(id));
   std::vector<std::vector<double>> values;
   for (int64_t r = 0; r < rows; ++r) values.emplace_back(flat.begin() + r * columns, flat.begin() + (r + 1) * columns);
   std::string title = fmt::format("cross-attention, decoder layer {} (mean of {} heads): {}", model.config().decoder_layers,
@@ -240,7 +241,7 @@ int run(int argc, char** argv) {
   }
   std::vector<int64_t> token_counts;
   for (const std::string& line : lines)
-    token_counts.push_back(static_cast<int64_t>(translator.tokenizer().tokenize(line).size()));
+    token_counts.push_back(static_cast<int64_t>(translator.source().units(line).size()));
   if (!o.attention_svg.empty()) {
     if (o.attention_sentence > static_cast<int64_t>(lines.size()))
       mf::fail("--attention-sentence {}: the input ({}) has only {} lines", o.attention_sentence, input_name,

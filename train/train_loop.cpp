@@ -237,28 +237,74 @@ class ProgressLine {
 
 }  // namespace
 
-models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options) {
-  auto vocab_of = [&](const std::vector<std::vector<std::string>>& sentences) {
-    text::TokenCounts counts;
-    text::count_tokens(sentences, counts);
-    return text::Vocab::build(counts, options.vocab);
-  };
-  text::Vocab src_vocab = vocab_of(train.sources), tgt_vocab = vocab_of(train.targets);
-  models::TransformerConfig config = options.model;
-  config.src_vocab = src_vocab.size();
-  config.tgt_vocab = tgt_vocab.size();
-  config.shared_embeddings = false;  // one embedding cannot serve two vocabularies
-  return models::Translator(config, src_vocab, tgt_vocab, options.tokenizer);
+namespace {
+
+/// The codecs of a fresh run: word vocabularies, or SentencePiece models learned from the training text.
+std::pair<text::TextCodec, text::TextCodec> learn_codecs(const text::Corpus& train, const TrainingOptions& options) {
+  if (options.units == TrainingOptions::Units::Words) {
+    auto vocab_of = [&](const std::vector<std::vector<std::string>>& sentences) {
+      text::TokenCounts counts;
+      text::count_tokens(sentences, counts);
+      return text::Vocab::build(counts, options.vocab);
+    };
+    return {text::TextCodec(vocab_of(train.sources), options.tokenizer),
+            text::TextCodec(vocab_of(train.targets), options.tokenizer)};
+  }
+  if (!options.subword_model.empty()) {
+    text::TextCodec both(text::SubwordModel::load(options.subword_model));
+    return {both, both};
+  }
+  if (options.joint_subwords) {
+    std::vector<std::string> text = train.source_text;
+    text.insert(text.end(), train.target_text.begin(), train.target_text.end());
+    text::TextCodec both(text::SubwordModel::train(text, options.subword));
+    return {both, both};
+  }
+  return {text::TextCodec(text::SubwordModel::train(train.source_text, options.subword)),
+          text::TextCodec(text::SubwordModel::train(train.target_text, options.subword))};
 }
 
-ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,
-                           const std::vector<std::vector<std::string>>& targets) {
+/// The words BLEU compares: a subword codec's detokenized text split as the word tokenizer does, lowercased,
+/// so that both kinds of model are scored alike (tokenized, lowercased BLEU).
+std::vector<std::string> scoring_words(std::string_view text) {
+  static const text::Tokenizer tokenizer({.lowercase = true, .split_punctuation = true});
+  return tokenizer.tokenize(text);
+}
+
+}  // namespace
+
+models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options) {
+  auto [source, target] = learn_codecs(train, options);
+  models::TransformerConfig config = options.model;
+  config.src_vocab = source.size();
+  config.tgt_vocab = target.size();
+  config.shared_embeddings = source == target;
+  return models::Translator(config, std::move(source), std::move(target));
+}
+
+ParallelData encode_corpus(const models::Translator& translator, const text::Corpus& corpus, int64_t max_length,
+                           int64_t* truncated) {
   ParallelData data;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    data.sources.push_back(translator.src_vocab().encode(sources[i]));
-    data.targets.push_back(translator.tgt_vocab().encode(targets[i]));
+  const bool words = translator.source().words() != nullptr;
+  auto encode = [&](const text::TextCodec& codec, const std::string& text) {
+    std::vector<int64_t> ids = codec.encode(text);
+    if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length) {
+      ids.resize(static_cast<size_t>(max_length));
+      if (truncated != nullptr) ++*truncated;
+    }
+    return ids;
+  };
+  for (size_t i = 0; i < corpus.sources.size(); ++i) {
+    if (words) {
+      data.sources.push_back(translator.source().words()->encode(corpus.sources[i]));
+      data.targets.push_back(translator.target().words()->encode(corpus.targets[i]));
+      data.references.push_back(corpus.targets[i]);
+    } else {
+      data.sources.push_back(encode(translator.source(), corpus.source_text[i]));
+      data.targets.push_back(encode(translator.target(), corpus.target_text[i]));
+      data.references.push_back(scoring_words(corpus.target_text[i]));
+    }
   }
-  data.references = targets;
   return data;
 }
 
@@ -282,9 +328,11 @@ double greedy_bleu(models::Translator& translator, const ParallelData& data, int
     generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = max_new});
     int64_t width = result.tokens.size(1);
     std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
-    for (size_t r = 0; r < rows.size(); ++r)
-      hypotheses.push_back(translator.tgt_vocab().decode(
-          std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width))));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const auto row = std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width));
+      const text::Vocab* words = translator.target().words();
+      hypotheses.push_back(words ? words->decode(row) : scoring_words(translator.target().decode(row)));
+    }
   }
   text::BleuScore counts = text::corpus_bleu(hypotheses, references);
   if (group != nullptr) {  // the counts are integers far below 2^53: exact as doubles

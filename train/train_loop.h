@@ -63,9 +63,17 @@ struct TrainingOptions {
   /// suits a corpus of Multi30k's size.
   models::TransformerConfig model{.d_model = 256, .encoder_layers = 3, .decoder_layers = 3, .d_ff = 512,
                                   .max_len = 100};
-  /// Vocabularies built from the training corpus, one per side.
+  /// How text becomes ids. Words: a vocabulary per side built from the training corpus (`vocab`)
+  /// over `tokenizer`'s words. Subwords: SentencePiece (`subword`) learned from the training text, one
+  /// model for both sides when `joint_subwords` (and then one embedding for source, target and output),
+  /// or `subword_model`, an existing .model file, for both sides.
+  enum class Units : uint8_t { Words, Subwords };
+  Units units = Units::Words;
   text::VocabOptions vocab{.min_freq = 2};
   text::TokenizerOptions tokenizer;
+  text::SubwordOptions subword;
+  bool joint_subwords = true;
+  std::filesystem::path subword_model;
   OptimSettings optim;
   int64_t epochs = 10;          // in all, counting the epochs of the run resumed from
   int64_t log_every = 50;       // steps between progress lines when stdout is not a terminal
@@ -97,13 +105,18 @@ struct TrainingOptions {
   std::function<void(int64_t step, double loss)> on_step;
 };
 
-/// Vocabularies from `train`'s two sides (options.vocab), and a Transformer of options.model with
-/// separate source and target embeddings (the vocabularies differ), initialised on the CPU.
+/// The text codecs options.units asks for, learned from `train` (word vocabularies from its two sides,
+/// or a SentencePiece model from its text), and a Transformer of options.model initialised on the
+/// CPU: one embedding shared by source, target and output when one subword model serves both sides,
+/// else separate ones.
 models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options);
 
-/// Encodes a tokenized corpus with the translator's vocabularies.
-ParallelData encode_corpus(const models::Translator& translator, const std::vector<std::vector<std::string>>& sources,
-                           const std::vector<std::vector<std::string>>& targets);
+/// Encodes a corpus with the translator's codecs: the tokenized sentences for word codecs, the raw text
+/// for subword codecs (truncated to max_length ids, counted in `truncated` when given). The references
+/// BLEU compares with are the targets' words (tokenized, lowercased for subwords; as the word codec
+/// tokenized them otherwise).
+ParallelData encode_corpus(const models::Translator& translator, const text::Corpus& corpus, int64_t max_length,
+                           int64_t* truncated = nullptr);
 
 /// Trains `translator` on `train` (validating on `valid` when it holds pairs) for the epochs of
 /// `options`, resuming from options.checkpoint when options.resume is set. Returns the exit status:
