@@ -44,6 +44,7 @@
 #include "text/batching.h"
 #include "text/bleu.h"
 #include "text/corpus.h"
+#include "text/sacrebleu.h"
 #include "text/special_tokens.h"
 #include "models/generation.h"
 #include "text/tokenizer.h"

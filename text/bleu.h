@@ -24,7 +24,13 @@ enum class BleuSmoothing : uint8_t {
   /// score; unigram precision stays unsmoothed. An order the hypothesis is too short to have then
   /// counts 1/1.
   AddOne,
+  /// sacrebleu's default, smooth_method="exp" (mteval-v13a's NIST smoothing): the k-th order without
+  /// a match, counting from the lowest, gets precision 1 / (2^k * n-gram total) instead of 0.
+  Exp,
 };
+
+/// sacrebleu's name of a smoothing in its signature: "none", "add-k[1.00]", "exp".
+std::string smoothing_name(BleuSmoothing smoothing);
 
 struct BleuScore {
   double score = 0;                    // 0..100
@@ -34,9 +40,13 @@ struct BleuScore {
   double brevity_penalty = 0;          // 0 when c = 0 < r, as in sacrebleu
   int64_t hypothesis_length = 0;       // c
   int64_t reference_length = 0;        // r
+  /// sacrebleu's signature of how the text was scored ("nrefs:1|case:mixed|eff:no|tok:13a|..."), set by
+  /// the scorers of text/sacrebleu.h; empty for corpus_bleu on tokens this library split itself.
+  std::string signature;
 
   /// sacrebleu's summary line: "BLEU = 76.73 100.0/85.7/83.3/80.0 (BP = 0.882 ratio = 0.889 hyp_len = 8
-  /// ref_len = 9)".
+  /// ref_len = 9)", with the signature after the name when there is one ("BLEU|nrefs:1|...|version:... = 76.73
+  /// ...", as sacrebleu's text output prints it).
   std::string str() const;
 };
 
