@@ -42,9 +42,10 @@ std::string smoothing_name(BleuSmoothing smoothing) {
 
 std::string BleuScore::str() const {
   const double ratio = reference_length > 0 ? static_cast<double>(hypothesis_length) / reference_length : 0.0;
-  return fmt::format("BLEU{}{} = {:.2f} {:.1f}/{:.1f}/{:.1f}/{:.1f} (BP = {:.3f} ratio = {:.3f} hyp_len = {} ref_len = {})",
-                     signature.empty() ? "" : "|", signature, score, precisions[0], precisions[1], precisions[2], precisions[3], brevity_penalty, ratio,
-                     hypothesis_length, reference_length);
+  return fmt::format("BLEU{}{} = {:.2f} {:.1f}/{:.1f}/{:.1f}/{:.1f} (BP = {:.3f} ratio = {:.3f} hyp_len = {} "
+                     "ref_len = {})",
+                     signature.empty() ? "" : "|", signature, score, precisions[0], precisions[1], precisions[2],
+                     precisions[3], brevity_penalty, ratio, hypothesis_length, reference_length);
 }
 
 BleuScore corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,

@@ -1,6 +1,7 @@
 // Corpus-level BLEU-4 (Papineni et al., 2002) with one reference per sentence, computed the way
 // sacrebleu computes it: on already-tokenized text it equals sacrebleu's
-// corpus_bleu(hyps, [refs], tokenize="none") on the space-joined tokens.
+// corpus_bleu(hyps, [refs], tokenize="none") on the space-joined tokens. text/sacrebleu.h scores
+// detokenized text as sacrebleu's defaults do (13a tokenization, exp smoothing) through these counts.
 //
 //   p_n  = (clipped n-gram matches summed over all sentences) / (hypothesis n-grams summed), n = 1..4
 //   BP   = exp(1 - r/c) if c < r, else 1   (c, r: total hypothesis and reference lengths)
