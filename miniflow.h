@@ -45,6 +45,7 @@
 #include "text/bleu.h"
 #include "text/codec.h"
 #include "text/corpus.h"
+#include "text/sacrebleu.h"
 #include "text/special_tokens.h"
 #include "text/subword.h"
 #include "models/generation.h"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/translate end to end: a toy model memorises eight pairs (tests/make_toy_checkpoint.cpp), then
-# its translations (greedy, beam, n-best), BLEU, the attention heatmap, stdin/--input/--output and
+# its translations (greedy, beam, n-best), BLEU and chrF, the attention heatmap, stdin/--input/--output and
 # every bad-input case are checked against the documented output and exit statuses.
 # tools/average_checkpoints is checked here too, on the same toy checkpoint.
 # Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT AVERAGE_CHECKPOINTS
@@ -100,14 +100,33 @@ else
   fail "a sentence's n-best list repeats a hypothesis"
 fi
 
-# ---- BLEU --------------------------------------------------------------------------------------
-expect "--reference prints BLEU = 100 for memorised pairs" 0 "BLEU = 100.00 100.0/100.0/100.0/100.0 (BP = 1.000" \
+# ---- BLEU and chrF ------------------------------------------------------------------------------
+bleu_signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3-miniflow"
+chrf_signature="nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.3-miniflow"
+expect "--reference prints sacreBLEU = 100 for memorised pairs" 0 \
+  "BLEU|$bleu_signature = 100.00 100.0/100.0/100.0/100.0 (BP = 1.000" \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/ref.txt"
+if grep -qxF "chrF2|$chrf_signature = 100.00" "$dir/stderr"; then
+  pass "--reference prints chrF = 100 for memorised pairs"
+else
+  fail "--reference printed no chrF line of 100"; cat "$dir/stderr"
+fi
 # Swapping two references: "i want a coke" vs "i want a beer" and back keeps 6 of 8 unigrams per pair.
 sed -e '1s/beer/coke/' -e '2s/coke/beer/' "$dir/ref.txt" >"$dir/ref_swapped.txt"
-expect "--reference with two wrong words gives BLEU below 100" 0 "BLEU = " \
+expect "--reference with two wrong words gives BLEU below 100" 0 "BLEU|$bleu_signature = " \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/ref_swapped.txt"
-if grep -q "BLEU = 100" "$dir/stderr"; then fail "BLEU ignored the wrong words"; else pass "BLEU saw the wrong words"; fi
+if grep -q " = 100\.00" "$dir/stderr"; then fail "BLEU or chrF ignored the wrong words"; cat "$dir/stderr"
+else pass "BLEU and chrF saw the wrong words"; fi
+# The translations are lowercase: a capitalised reference costs cased BLEU, not lowercased BLEU.
+sed -e '1s/^i/I/' "$dir/ref.txt" >"$dir/ref_cased.txt"
+expect "--reference is cased" 0 "BLEU|$bleu_signature = " \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/ref_cased.txt"
+if grep -q "^BLEU.* = 100\.00" "$dir/stderr"; then fail "cased BLEU ignored the capital"; cat "$dir/stderr"
+else pass "cased BLEU saw the capital"; fi
+expect "--lowercase-bleu ignores case" 0 "BLEU|${bleu_signature/case:mixed/case:lc} = 100.00 " \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --reference "$dir/ref_cased.txt" --lowercase-bleu
+expect "--lowercase-bleu without --reference" 2 "--lowercase-bleu needs --reference" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --lowercase-bleu
 
 # ---- attention heatmap -------------------------------------------------------------------------
 svg="$dir/attention.svg"

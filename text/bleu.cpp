@@ -31,11 +31,21 @@ NGramCounts count_ngrams(const std::vector<std::string>& tokens, size_t n) {
 
 }  // namespace
 
+std::string smoothing_name(BleuSmoothing smoothing) {
+  switch (smoothing) {
+    case BleuSmoothing::None: return "none";
+    case BleuSmoothing::AddOne: return "add-k[1.00]";
+    case BleuSmoothing::Exp: return "exp";
+  }
+  fail("smoothing_name: unknown BleuSmoothing {}", static_cast<int>(smoothing));
+}
+
 std::string BleuScore::str() const {
   const double ratio = reference_length > 0 ? static_cast<double>(hypothesis_length) / reference_length : 0.0;
-  return fmt::format("BLEU = {:.2f} {:.1f}/{:.1f}/{:.1f}/{:.1f} (BP = {:.3f} ratio = {:.3f} hyp_len = {} ref_len = {})",
-                     score, precisions[0], precisions[1], precisions[2], precisions[3], brevity_penalty, ratio,
-                     hypothesis_length, reference_length);
+  return fmt::format("BLEU{}{} = {:.2f} {:.1f}/{:.1f}/{:.1f}/{:.1f} (BP = {:.3f} ratio = {:.3f} hyp_len = {} "
+                     "ref_len = {})",
+                     signature.empty() ? "" : "|", signature, score, precisions[0], precisions[1], precisions[2],
+                     precisions[3], brevity_penalty, ratio, hypothesis_length, reference_length);
 }
 
 BleuScore corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
@@ -76,12 +86,19 @@ BleuScore bleu_from_counts(const BleuScore& counts, BleuSmoothing smoothing) {
   if (std::all_of(result.matches.begin(), result.matches.end(), [](int64_t m) { return m == 0; })) return result;
 
   double log_sum = 0;
+  double exp_smoothing_divisor = 1;
   for (int n = 1; n <= kMaxOrder; ++n) {
     double matches = static_cast<double>(result.matches[n - 1]);
     double total = static_cast<double>(result.totals[n - 1]);
     if (smoothing == BleuSmoothing::AddOne && n > 1) {
       matches += 1;
       total += 1;
+    }
+    if (smoothing == BleuSmoothing::Exp && total > 0 && matches == 0) {
+      exp_smoothing_divisor *= 2;
+      result.precisions[n - 1] = 100.0 / (exp_smoothing_divisor * total);
+      log_sum += std::log(result.precisions[n - 1]);
+      continue;
     }
     // A zero precision makes the geometric mean, and so BLEU, zero.
     if (total == 0 || matches == 0) {

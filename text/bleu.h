@@ -1,6 +1,7 @@
 // Corpus-level BLEU-4 (Papineni et al., 2002) with one reference per sentence, computed the way
 // sacrebleu computes it: on already-tokenized text it equals sacrebleu's
-// corpus_bleu(hyps, [refs], tokenize="none") on the space-joined tokens.
+// corpus_bleu(hyps, [refs], tokenize="none") on the space-joined tokens. text/sacrebleu.h scores
+// detokenized text as sacrebleu's defaults do (13a tokenization, exp smoothing) through these counts.
 //
 //   p_n  = (clipped n-gram matches summed over all sentences) / (hypothesis n-grams summed), n = 1..4
 //   BP   = exp(1 - r/c) if c < r, else 1   (c, r: total hypothesis and reference lengths)
@@ -24,7 +25,13 @@ enum class BleuSmoothing : uint8_t {
   /// score; unigram precision stays unsmoothed. An order the hypothesis is too short to have then
   /// counts 1/1.
   AddOne,
+  /// sacrebleu's default, smooth_method="exp" (mteval-v13a's NIST smoothing): the k-th order without
+  /// a match, counting from the lowest, gets precision 1 / (2^k * n-gram total) instead of 0.
+  Exp,
 };
+
+/// sacrebleu's name of a smoothing in its signature: "none", "add-k[1.00]", "exp".
+std::string smoothing_name(BleuSmoothing smoothing);
 
 struct BleuScore {
   double score = 0;                    // 0..100
@@ -34,9 +41,13 @@ struct BleuScore {
   double brevity_penalty = 0;          // 0 when c = 0 < r, as in sacrebleu
   int64_t hypothesis_length = 0;       // c
   int64_t reference_length = 0;        // r
+  /// sacrebleu's signature of how the text was scored ("nrefs:1|case:mixed|eff:no|tok:13a|..."), set by
+  /// the scorers of text/sacrebleu.h; empty for corpus_bleu on tokens this library split itself.
+  std::string signature;
 
   /// sacrebleu's summary line: "BLEU = 76.73 100.0/85.7/83.3/80.0 (BP = 0.882 ratio = 0.889 hyp_len = 8
-  /// ref_len = 9)".
+  /// ref_len = 9)", with the signature after the name when there is one ("BLEU|nrefs:1|...|version:... = 76.73
+  /// ...", as sacrebleu's text output prints it).
   std::string str() const;
 };
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what miniflow needs on Debian 12 (only what is missing) and builds it into build/.
-#   --with-python-interop   also makes .venv-interop with numpy and safetensors from PyPI, so that the
-#                           safetensors_interop test runs against Python's safetensors instead of skipping
+#   --with-python-interop   also makes .venv-interop with numpy, safetensors and sacrebleu from PyPI, so
+#                           that the safetensors_interop and sacrebleu_interop tests run against Python's
+#                           packages instead of skipping
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,9 +30,12 @@ if ((with_python_interop)); then
     python3 -m venv "$venv"
     reconfigure=1
   fi
-  if ! "$venv/bin/python3" -c 'import numpy, safetensors' 2>/dev/null; then
-    echo "installing into $venv: numpy safetensors"
-    "$venv/bin/python3" -m pip install -q --disable-pip-version-check 'numpy>=1.24' 'safetensors>=0.4'
+  # sacrebleu is pinned to the version whose rules text/sacrebleu.h follows (kSacrebleuRulesVersion).
+  if ! "$venv/bin/python3" -c 'import numpy, safetensors, sacrebleu; assert sacrebleu.__version__ == "2.4.3"' \
+       2>/dev/null; then
+    echo "installing into $venv: numpy safetensors sacrebleu==2.4.3"
+    "$venv/bin/python3" -m pip install -q --disable-pip-version-check 'numpy>=1.24' 'safetensors>=0.4' \
+      'sacrebleu==2.4.3'
   fi
 fi
 

@@ -15,9 +15,12 @@
 // lines "0.0000<TAB>"), so output and input stay line-aligned. Sentences longer than the model's
 // max_len - 1 tokens are truncated, and their count is reported on stderr.
 //
-// --reference FILE prints corpus BLEU-4 of the best translations against FILE's lines to stderr, both
-// tokenized and lowercased by miniflow's tokenizer, in sacrebleu's format:
-//   "BLEU = 34.56 67.1/42.0/28.3/19.5 (BP = 0.987 ratio = 0.987 hyp_len = 9876 ref_len = 10003)".
+// --reference FILE prints two corpus scores of the best translations, as printed, against FILE's lines to
+// stderr, computed and formatted as sacrebleu 2.4.3 does (text/sacrebleu.h): BLEU with its 13a tokenization,
+// cased (lowercased with --lowercase-bleu, sacrebleu's --lowercase), and chrF, each with its signature:
+//   "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3-miniflow = 34.56 67.1/42.0/28.3/19.5
+//    (BP = 0.987 ratio = 0.987 hyp_len = 9876 ref_len = 10003)" (one line)
+//   "chrF2|nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.3-miniflow = 58.42"
 // --attention-svg PATH draws the last decoder layer's cross-attention (mean over heads) for one input
 // line (--attention-sentence, 1-based), translated again on its own with the same search: rows are the
 // output tokens and <eos>, columns the source tokens (as tokenized, "(unk)" marking words outside the
@@ -55,6 +58,7 @@ struct Options {
   int64_t beam = 1, nbest = 1, max_len = 100, batch_size = 64, attention_sentence = 1;
   double length_penalty = 0.6;
   int threads = mf::get_num_threads();
+  bool lowercase_bleu = false;
 };
 
 /// One translation of a sentence and its score (NaN for greedy decoding, which prints no scores).
@@ -67,8 +71,9 @@ bool parse_options(int argc, char** argv, Options& o) {
       "Translates UTF-8 text line by line (stdin or --input) with a translation checkpoint, writing one\n"
       "translation per input line (stdout or --output), tokenized as the model produces it. Empty lines\n"
       "give empty lines. With --nbest K > 1 each input line gives K lines \"score<TAB>translation\", best\n"
-      "first (score: length-penalized log-probability). --reference prints corpus BLEU (tokenized,\n"
-      "lowercased) to stderr. Exit status: 0 ok, 2 bad usage, 1 any other error.");
+      "first (score: length-penalized log-probability). --reference prints sacreBLEU's corpus BLEU (13a\n"
+      "tokenization, cased unless --lowercase-bleu) and chrF, with their signatures, to stderr.\n"
+      "Exit status: 0 ok, 2 bad usage, 1 any other error.");
   args.add("checkpoint", &o.checkpoint, "translation checkpoint (.safetensors), required");
   args.add("input", &o.input, "file to translate, one sentence per line (default: stdin)");
   args.add("output", &o.output, "file to write, atomically (default: stdout)");
@@ -77,7 +82,11 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("length-penalty", &o.length_penalty, "beam search's length penalty alpha (GNMT)");
   args.add("max-len", &o.max_len, "most tokens generated per sentence (capped by the model's max length)");
   args.add("batch-size", &o.batch_size, "sentences translated together");
-  args.add("reference", &o.reference, "reference translations, one per input line: print corpus BLEU to stderr");
+  args.add("reference", &o.reference,
+           "reference translations, one per input line: print corpus BLEU and chrF to stderr");
+  // Not sacrebleu's bare --lowercase: here that would read as lowercasing the translations.
+  args.add_switch("lowercase-bleu", &o.lowercase_bleu,
+                  "lowercase before BLEU (sacrebleu's --lowercase); chrF stays cased");
   args.add("attention-svg", &o.attention_svg, "write the cross-attention heatmap of one sentence to this SVG file");
   args.add("attention-sentence", &o.attention_sentence, "the input line (1-based) --attention-svg draws");
   args.add("threads", &o.threads, "intra-op threads");
@@ -92,6 +101,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
   if (o.batch_size < 1) throw UsageError(fmt::format("--batch-size must be at least 1, not {}", o.batch_size));
   if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
+  if (o.lowercase_bleu && o.reference.empty()) throw UsageError("--lowercase-bleu needs --reference");
   if (o.attention_sentence < 1)
     throw UsageError(fmt::format("--attention-sentence is a 1-based line number, not {}", o.attention_sentence));
   return true;
@@ -158,15 +168,13 @@ std::string format_output(const std::vector<Hypotheses>& results, int64_t nbest)
   return text;
 }
 
-/// Corpus BLEU of the best translations against the reference lines, both tokenized and lowercased.
-mf::text::BleuScore score_bleu(const std::vector<Hypotheses>& results, const std::vector<std::string>& references) {
-  mf::text::Tokenizer tokenizer({.lowercase = true, .split_punctuation = true});
-  std::vector<std::vector<std::string>> hyp_tokens, ref_tokens;
-  for (size_t i = 0; i < results.size(); ++i) {
-    hyp_tokens.push_back(tokenizer.tokenize(results[i].front().first));
-    ref_tokens.push_back(tokenizer.tokenize(references[i]));
-  }
-  return mf::text::corpus_bleu(hyp_tokens, ref_tokens);
+/// sacreBLEU's corpus BLEU and chrF lines for the best translations, as printed, against the reference lines.
+std::string score_lines(const std::vector<Hypotheses>& results, const std::vector<std::string>& references,
+                        const Options& o) {
+  std::vector<std::string> best;
+  for (const Hypotheses& hypotheses : results) best.push_back(hypotheses.front().first);
+  return fmt::format("{}\n{}\n", mf::text::corpus_sacrebleu(best, references, {.lowercase = o.lowercase_bleu}).str(),
+                     mf::text::corpus_chrf(best, references).str());
 }
 
 /// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
@@ -263,7 +271,7 @@ int run(int argc, char** argv) {
   } else {
     mf::write_file_atomic(o.output, text, "translations");
   }
-  if (!o.reference.empty()) fmt::print(stderr, "{}\n", score_bleu(results, references).str());
+  if (!o.reference.empty()) fmt::print(stderr, "{}", score_lines(results, references, o));
   if (!o.attention_svg.empty())
     mf::write_file_atomic(o.attention_svg, attention_svg(translator, lines[o.attention_sentence - 1], o),
                           "attention chart");
