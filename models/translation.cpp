@@ -111,11 +111,16 @@ Tensor Translator::encode_sources(const std::vector<std::string>& sentences) con
 }
 
 
+int64_t output_budget(int64_t longest_source, int64_t max_len) {
+  return std::min(max_len - 1, longest_source * 3 / 2 + 10);
+}
+
 std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
                                                       int64_t max_new_tokens) {
   if (sentences.empty()) return {};
-  int64_t budget = std::min(max_new_tokens, model_->config().max_len - 1);
-  generation::GreedyResult result = greedy_decode(*model_, encode_sources(sentences), {.max_new_tokens = budget});
+  const Tensor src = encode_sources(sentences);
+  const int64_t budget = std::min(max_new_tokens, output_budget(src.size(1), model_->config().max_len));
+  generation::GreedyResult result = greedy_decode(*model_, src, {.max_new_tokens = budget});
   std::vector<std::string> out;
   for (int64_t b = 0; b < result.tokens.size(0); ++b) {
     std::vector<int64_t> ids = result.tokens.select(0, b).to_vector<int64_t>();
@@ -127,10 +132,11 @@ std::vector<std::string> Translator::translate_greedy(const std::vector<std::str
 std::vector<std::vector<std::pair<std::string, double>>> Translator::translate_beam(
     const std::vector<std::string>& sentences, const generation::BeamOptions& options) {
   if (sentences.empty()) return {};
+  const Tensor src = encode_sources(sentences);
   generation::BeamOptions bounded = options;
-  bounded.max_new_tokens = std::min(options.max_new_tokens, model_->config().max_len - 1);
+  bounded.max_new_tokens = std::min(options.max_new_tokens, output_budget(src.size(1), model_->config().max_len));
   std::vector<std::vector<std::pair<std::string, double>>> out;
-  for (const auto& hypotheses : beam_search(*model_, encode_sources(sentences), bounded)) {
+  for (const auto& hypotheses : beam_search(*model_, src, bounded)) {
     out.emplace_back();
     for (const generation::Hypothesis& h : hypotheses) out.back().emplace_back(decode_target(h.tokens), h.score);
   }

@@ -32,6 +32,12 @@ TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>&
                                         const std::vector<std::vector<int64_t>>& targets,
                                         std::span<const int64_t> indices, Device device = Device::cpu());
 
+/// Most tokens decoding generates for a batch whose longest source has `longest_source` ids (<eos>
+/// included): 1.5 times that plus 10, as fairseq's default max_len_a/b (a translation rarely runs longer,
+/// and a model that has not learned to stop would otherwise run to max_len), within the model's
+/// max_len - 1. translate and the training loop's validation share it.
+int64_t output_budget(int64_t longest_source, int64_t max_len);
+
 class Translator {
  public:
   /// A fresh (untrained) model for the given codecs, whose sizes must be the config's vocabularies;

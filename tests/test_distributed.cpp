@@ -493,3 +493,21 @@ TEST_CASE("nccl: collectives and data-parallel gradients on CUDA tensors (a worl
   ddp.finish_gradient_sync();
   check_close(model->first->weight.grad().to(Device::cpu()), reference->first->weight.grad(), 1e-4, 1e-5);
 }
+
+TEST_CASE("validation scores: the ranks' shards, their counts summed, score as one process scoring them all") {
+  train::TrainingOptions options = train::toy_options();
+  text::Corpus corpus = train::make_toy_corpus(3, {.tokenizer = options.tokenizer, .max_length = 15});
+  manual_seed(11);
+  models::Translator translator = train::build_translator(corpus, options);  // untrained: imperfect translations
+  translator.model().eval();
+  const train::ParallelData data = train::encode_corpus(translator, corpus, 0);
+  const train::ValidationScores alone = train::validation_scores(translator, data, 0);
+  const train::ValidationScores shared = train::validation_scores(translator, data, 0, shared_world().get());
+  CHECK(shared.bleu == alone.bleu);
+  CHECK(shared.chrf == alone.chrf);
+  // The same scores as sacreBLEU's corpus scores of those translations (text/sacrebleu.h, tested against
+  // Python's sacrebleu): validation scores what translate would print.
+  const std::vector<std::string> hypotheses = translator.translate_greedy(corpus.source_text, 100);
+  CHECK(alone.bleu == doctest::Approx(text::corpus_sacrebleu(hypotheses, corpus.target_text).score).epsilon(1e-12));
+  CHECK(alone.chrf == doctest::Approx(text::corpus_chrf(hypotheses, corpus.target_text).score).epsilon(1e-12));
+}

@@ -5,6 +5,7 @@
 #include "core/json_brief.h"
 #include "text/batching.h"
 #include "text/bleu.h"
+#include "text/sacrebleu.h"
 #include "ops/functional.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
@@ -58,7 +59,7 @@ class StopSignalScope {
 
 /// One finished epoch's numbers (NaN where there was no validation set).
 struct EpochRecord {
-  double train_loss = NAN, valid_loss = NAN, bleu = NAN;
+  double train_loss = NAN, valid_loss = NAN, bleu = NAN, chrf = NAN;  // bleu, chrf: sacreBLEU's, cased
 };
 
 /// Where a run stands: the next batch to train and what the curves hold so far. Saved as JSON in
@@ -87,7 +88,8 @@ double null_as_nan(const json& v) { return v.is_null() ? NAN : v.get<double>(); 
 std::string progress_json(const Progress& p, const OptimSettings& settings) {
   json epochs = json::array();
   for (const EpochRecord& e : p.epochs)
-    epochs.push_back({number_or_null(e.train_loss), number_or_null(e.valid_loss), number_or_null(e.bleu)});
+    epochs.push_back({number_or_null(e.train_loss), number_or_null(e.valid_loss), number_or_null(e.bleu),
+                      number_or_null(e.chrf)});
   return json{{"epoch", p.epoch}, {"batch", p.batch}, {"loss_sum", p.loss_sum}, {"loss_tokens", p.loss_tokens},
               {"curve_sum", p.curve_sum}, {"curve_tokens", p.curve_tokens},
               {"train_curve", p.train_curve}, {"epochs", epochs}, {"settings", settings_json(settings)}}
@@ -121,7 +123,8 @@ Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesyst
     p.curve_tokens = j.at("curve_tokens").get<int64_t>();
     p.train_curve = j.at("train_curve").get<std::vector<std::pair<double, double>>>();
     for (const json& e : j.at("epochs"))
-      p.epochs.push_back({null_as_nan(e.at(0)), null_as_nan(e.at(1)), null_as_nan(e.at(2))});
+      p.epochs.push_back({null_as_nan(e.at(0)), null_as_nan(e.at(1)), null_as_nan(e.at(2)),
+                          e.size() > 3 ? null_as_nan(e.at(3)) : NAN});  // chrF since 2026-11-26
     return p;
   } catch (const json::exception& error) {
     fail("checkpoint '{}' has corrupt training progress: {}", path.string(), error.what());
@@ -183,10 +186,10 @@ uint64_t share_seed(int64_t seed, int64_t step, int64_t share) {
   return x ^ (x >> 31);
 }
 
-/// The loss chart above the BLEU chart, in one SVG.
+/// The loss chart above the BLEU and chrF chart, in one SVG.
 std::string training_chart(const Progress& p) {
   Series train{"train loss", {}, {}}, valid{"valid loss", {}, {}}, epoch_train{"train loss (epoch)", {}, {}};
-  Series bleu{"valid BLEU", {}, {}};
+  Series bleu{"valid BLEU", {}, {}}, chrf{"valid chrF", {}, {}};
   for (auto [x, y] : p.train_curve) {
     train.x.push_back(x);
     train.y.push_back(y);
@@ -199,9 +202,11 @@ std::string training_chart(const Progress& p) {
     valid.y.push_back(p.epochs[e].valid_loss);
     bleu.x.push_back(x);
     bleu.y.push_back(p.epochs[e].bleu);
+    chrf.x.push_back(x);
+    chrf.y.push_back(p.epochs[e].chrf);
   }
   std::string top = line_chart_svg("Loss", "epoch", {train, epoch_train, valid});
-  std::string bottom = line_chart_svg("Validation BLEU (greedy)", "epoch", {bleu});
+  std::string bottom = line_chart_svg("Validation sacreBLEU and chrF (greedy, cased)", "epoch", {bleu, chrf});
   bottom.replace(bottom.find("<svg "), 5, "<svg y=\"420\" ");
   return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"840\">\n" + top + bottom + "</svg>\n";
 }
@@ -264,13 +269,6 @@ std::pair<text::TextCodec, text::TextCodec> learn_codecs(const text::Corpus& tra
           text::TextCodec(text::SubwordModel::train(train.target_text, options.subword))};
 }
 
-/// The words BLEU compares: a subword codec's detokenized text split as the word tokenizer does, lowercased,
-/// so that both kinds of model are scored alike (tokenized, lowercased BLEU).
-std::vector<std::string> scoring_words(std::string_view text) {
-  static const text::Tokenizer tokenizer({.lowercase = true, .split_punctuation = true});
-  return tokenizer.tokenize(text);
-}
-
 }  // namespace
 
 models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options) {
@@ -298,59 +296,65 @@ ParallelData encode_corpus(const models::Translator& translator, const text::Cor
     if (words) {
       data.sources.push_back(translator.source().words()->encode(corpus.sources[i]));
       data.targets.push_back(translator.target().words()->encode(corpus.targets[i]));
-      data.references.push_back(corpus.targets[i]);
     } else {
       data.sources.push_back(encode(translator.source(), corpus.source_text[i]));
       data.targets.push_back(encode(translator.target(), corpus.target_text[i]));
-      data.references.push_back(scoring_words(corpus.target_text[i]));
     }
   }
+  data.references = corpus.target_text;
   return data;
 }
 
-double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit,
-                   distributed::ProcessGroup* group) {
+/// Greedy translations of the first `limit` validation sentences (all for 0), scored as sacreBLEU and
+/// chrF (cased, 13a) against their reference lines. With a group, each rank translates its shard and the
+/// scores come from the counts summed over the ranks.
+ValidationScores validation_scores(models::Translator& translator, const ParallelData& data, int64_t limit,
+                                   distributed::ProcessGroup* group) {
   constexpr size_t kChunk = 64;
   size_t count = limit > 0 ? std::min(static_cast<size_t>(limit), data.sources.size()) : data.sources.size();
   auto [begin, end] = distributed::shard_range(count, group ? group->rank() : 0, group ? group->world_size() : 1);
   models::Transformer& model = translator.model();
-  std::vector<std::vector<std::string>> hypotheses, references(data.references.begin() + static_cast<ptrdiff_t>(begin),
-                                                               data.references.begin() + static_cast<ptrdiff_t>(end));
+  std::vector<std::string> hypotheses, references(data.references.begin() + static_cast<ptrdiff_t>(begin),
+                                                  data.references.begin() + static_cast<ptrdiff_t>(end));
   for (size_t first = begin; first < end; first += kChunk) {
     std::vector<int64_t> rows;
-    size_t longest = 0;
-    for (size_t i = first; i < std::min(end, first + kChunk); ++i) {
-      rows.push_back(static_cast<int64_t>(i));
-      longest = std::max(longest, data.sources[i].size());
-    }
+    for (size_t i = first; i < std::min(end, first + kChunk); ++i) rows.push_back(static_cast<int64_t>(i));
     models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows, model.device());
-    int64_t max_new = std::min<int64_t>(model.config().max_len, static_cast<int64_t>(longest * 3 / 2 + 10));
-    generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = max_new});
+    const int64_t budget = models::output_budget(batch.src.size(1), model.config().max_len);
+    generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = budget});
     int64_t width = result.tokens.size(1);
     std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const auto row = std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width));
-      const text::Vocab* words = translator.target().words();
-      hypotheses.push_back(words ? words->decode(row) : scoring_words(translator.target().decode(row)));
-    }
+    for (size_t r = 0; r < rows.size(); ++r)
+      hypotheses.push_back(translator.decode_target(
+          std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width))));
   }
-  text::BleuScore counts = text::corpus_bleu(hypotheses, references);
+  text::BleuScore bleu = text::corpus_sacrebleu(hypotheses, references);
+  text::ChrfScore chrf = text::corpus_chrf(hypotheses, references);
   if (group != nullptr) {  // the counts are integers far below 2^53: exact as doubles
-    std::vector<double> summed = {static_cast<double>(counts.hypothesis_length),
-                                  static_cast<double>(counts.reference_length)};
-    for (size_t n = 0; n < counts.matches.size(); ++n) {
-      summed.push_back(static_cast<double>(counts.matches[n]));
-      summed.push_back(static_cast<double>(counts.totals[n]));
+    std::vector<double> summed = {static_cast<double>(bleu.hypothesis_length),
+                                  static_cast<double>(bleu.reference_length)};
+    for (size_t n = 0; n < bleu.matches.size(); ++n) {
+      summed.push_back(static_cast<double>(bleu.matches[n]));
+      summed.push_back(static_cast<double>(bleu.totals[n]));
     }
+    for (const text::ChrfOrderCounts& order : chrf.counts)
+      summed.insert(summed.end(), {static_cast<double>(order.hypothesis), static_cast<double>(order.reference),
+                                   static_cast<double>(order.matches)});
     summed = sum_over_ranks(summed, group);
-    counts.hypothesis_length = static_cast<int64_t>(summed[0]);
-    counts.reference_length = static_cast<int64_t>(summed[1]);
-    for (size_t n = 0; n < counts.matches.size(); ++n) {
-      counts.matches[n] = static_cast<int64_t>(summed[2 + 2 * n]);
-      counts.totals[n] = static_cast<int64_t>(summed[3 + 2 * n]);
+    auto next = summed.begin();
+    auto take = [&] { return static_cast<int64_t>(*next++); };
+    bleu.hypothesis_length = take();
+    bleu.reference_length = take();
+    for (size_t n = 0; n < bleu.matches.size(); ++n) {
+      bleu.matches[n] = take();
+      bleu.totals[n] = take();
     }
+    for (text::ChrfOrderCounts& order : chrf.counts) order = {.hypothesis = take(), .reference = take(),
+                                                             .matches = take()};
+    bleu = text::sacrebleu_from_counts(bleu);
+    chrf = text::chrf_from_counts(chrf);
   }
-  return text::bleu_from_counts(counts).score;
+  return {bleu.score, chrf.score};
 }
 
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
@@ -524,12 +528,15 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     }
     if (stopped) break;
 
-    EpochRecord record{progress.loss_sum / static_cast<double>(std::max<int64_t>(1, progress.loss_tokens)), NAN, NAN};
+    EpochRecord record{progress.loss_sum / static_cast<double>(std::max<int64_t>(1, progress.loss_tokens)), NAN, NAN,
+                       NAN};
     line.finish();
     if (validate) {
       model.eval();
       record.valid_loss = validation_loss(translator, valid, settings.max_tokens, group);
-      record.bleu = greedy_bleu(translator, valid, options.bleu_sentences, group);
+      const ValidationScores scores = validation_scores(translator, valid, options.bleu_sentences, group);
+      record.bleu = scores.bleu;
+      record.chrf = scores.chrf;
     }
     progress.epochs.push_back(record);
     progress.loss_sum = 0;
@@ -537,8 +544,8 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     if (leader && !options.quiet_epochs) {
       std::string summary = format_message("epoch {}: train loss {:.3f}", progress.epoch + 1, record.train_loss);
       if (validate)
-        summary += format_message(", valid loss {:.3f}, perplexity {:.2f}, BLEU {:.2f}", record.valid_loss,
-                               std::exp(record.valid_loss), record.bleu);
+        summary += format_message(", valid loss {:.3f}, perplexity {:.2f}, BLEU {:.2f}, chrF {:.2f}", record.valid_loss,
+                                  std::exp(record.valid_loss), record.bleu, record.chrf);
       fmt::print("{}\n", summary);
     }
     ++progress.epoch;

@@ -23,10 +23,11 @@
 
 namespace mf::train {
 
-/// Encoded sentence pairs (ids without specials) and the tokenized references BLEU compares with.
+/// Encoded sentence pairs (ids without specials) and the reference lines, as read, that validation
+/// scores the translations against (sacreBLEU and chrF).
 struct ParallelData {
   std::vector<std::vector<int64_t>> sources, targets;
-  std::vector<std::vector<std::string>> references;
+  std::vector<std::string> references;
 };
 
 /// The settings that shape the optimisation; a resumed run must use the same ones (the checkpoint
@@ -112,9 +113,7 @@ struct TrainingOptions {
 models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options);
 
 /// Encodes a corpus with the translator's codecs: the tokenized sentences for word codecs, the raw text
-/// for subword codecs (truncated to max_length ids, counted in `truncated` when given). The references
-/// BLEU compares with are the targets' words (tokenized, lowercased for subwords; as the word codec
-/// tokenized them otherwise).
+/// for subword codecs (truncated to max_length ids, counted in `truncated` when given).
 ParallelData encode_corpus(const models::Translator& translator, const text::Corpus& corpus, int64_t max_length,
                            int64_t* truncated = nullptr);
 
@@ -128,10 +127,16 @@ ParallelData encode_corpus(const models::Translator& translator, const text::Cor
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
                      const TrainingOptions& options);
 
-/// Greedy corpus BLEU-4 of the first `limit` pairs of `data` (all for 0), batched. With a group,
-/// each rank translates its share of the pairs and the score comes from their summed counts (the
-/// same score); every rank of the group must call it.
-double greedy_bleu(models::Translator& translator, const ParallelData& data, int64_t limit,
-                   distributed::ProcessGroup* group = nullptr);
+/// sacreBLEU's corpus BLEU and chrF (13a, cased: text/sacrebleu.h) of greedy translations, 0..100.
+struct ValidationScores {
+  double bleu = 0, chrf = 0;
+};
+
+/// The scores of the greedy translations of the first `limit` pairs of `data` (all for 0), as printed,
+/// against the reference lines; batched, with decoding bounded by models::output_budget. With a group,
+/// each rank translates its share of the pairs and the scores come from their summed counts (the same
+/// scores); every rank of the group must call it.
+ValidationScores validation_scores(models::Translator& translator, const ParallelData& data, int64_t limit,
+                                   distributed::ProcessGroup* group = nullptr);
 
 }  // namespace mf::train
