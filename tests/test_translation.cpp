@@ -130,8 +130,8 @@ TEST_CASE("averaging checkpoints: N copies give the model back, two give their e
   const nn::StateDict mean = models::Translator::average({a, b}).model().state_dict();
   for (size_t i = 0; i < mean.size(); ++i) {
     CAPTURE(mean[i].name);
-    const std::vector<float> x = first_state[i].tensor.to_vector<float>(), y = second_state[i].tensor.to_vector<float>(),
-                             got = mean[i].tensor.to_vector<float>();
+    const std::vector<float> x = first_state[i].tensor.to_vector<float>(),
+                             y = second_state[i].tensor.to_vector<float>(), got = mean[i].tensor.to_vector<float>();
     for (size_t k = 0; k < got.size(); ++k)
       CHECK(got[k] == static_cast<float>((static_cast<double>(x[k]) + static_cast<double>(y[k])) / 2));
   }
@@ -201,7 +201,8 @@ TEST_CASE("a subword translator: one shared vocabulary and embedding, stored in 
   source["model"] = model.substr(0, model.size() / 8 * 4);  // whole base64 groups: valid base64, half a model
   file.metadata["translation.source"] = source.dump();
   nn::save_tensors(path, file.tensors, file.metadata);
-  const std::string expected = "checkpoint '" + path.string() + "' (source) (subword model) is not a SentencePiece model";
+  const std::string expected =
+      "checkpoint '" + path.string() + "' (source) (subword model) is not a SentencePiece model";
   CHECK_THROWS_WITH_AS(models::Translator::load(path), doctest::Contains(expected.c_str()), Error);
   source["model"] = "not base64!";
   file.metadata["translation.source"] = source.dump();

@@ -58,6 +58,24 @@ grep -q "1 sources and 1 targets truncated to 9 tokens" "$work/out" && ok "overl
 [ -s "$work/ckpt.safetensors" ] && ok "checkpoint written" || fail "no checkpoint"
 grep -q "<svg" "$work/ckpt.svg" 2>/dev/null && ok "SVG chart written" || fail "no SVG chart at $work/ckpt.svg"
 
+# The models kept beside the checkpoint: the last epochs' and their average, validated with beam search;
+# a model too slow to learn (--lr-factor 1e-6) never improves its BLEU, so --patience 1 stops after epoch 2.
+mkdir -p "$work/kept"
+kept=("${tiny[@]}" --checkpoint "$work/kept/run.safetensors")
+expect 0 "--average-last 2 --valid-beam 2" \
+  "averaged the last 2 epochs' models into '.*run.averaged.safetensors': BLEU [0-9.]+, chrF [0-9.]+" \
+  "$tool" "${kept[@]}" --epochs 3 --average-last 2 --valid-beam 2
+[ -s "$work/kept/run.epoch2.safetensors" ] && [ -s "$work/kept/run.epoch3.safetensors" ] &&
+  [ ! -e "$work/kept/run.epoch1.safetensors" ] && ok "... the last 2 epochs' models kept, older ones removed" ||
+  fail "epoch models: $(ls "$work/kept")"
+expect 0 "--patience 1 stops when BLEU stops improving" "has not improved for 1 epochs \(--patience\): stopped early" \
+  "$tool" "${kept[@]}" --checkpoint "$work/kept/slow.safetensors" --epochs 5 --patience 1 --lr-factor 1e-6
+grep -q "^epoch 3:" "$work/out" && fail "... trained past epoch 2" || ok "... after epoch 2"
+[ -s "$work/kept/slow.best.safetensors" ] && ok "... the best epoch's model kept" || fail "no best model"
+expect 2 "--valid-beam 0" "--valid-beam must be at least 1" "$tool" --valid-beam 0
+expect 2 "--average-last without a checkpoint" "--average-last keeps models beside --checkpoint" \
+  "$tool" --average-last 2
+
 expect 0 "--resume to epoch 2" 'resuming from .*epoch 2, 0 batches done' "$tool" "${tiny[@]}" --epochs 2 --resume
 grep -q "^epoch 2: train loss" "$work/out" && ok "resumed run trains epoch 2" || fail "no epoch 2 after resume"
 expect 1 "--resume with another model" "d_model = 16, but the flags and data give 32" \

@@ -97,7 +97,8 @@ std::string TextCodec::describe() const {
 bool TextCodec::operator==(const TextCodec& other) const {
   const Words *mine = std::get_if<Words>(&codec_), *theirs = std::get_if<Words>(&other.codec_);
   if (mine && theirs)
-    return mine->vocab == theirs->vocab && mine->tokenizer.options().lowercase == theirs->tokenizer.options().lowercase &&
+    return mine->vocab == theirs->vocab &&
+           mine->tokenizer.options().lowercase == theirs->tokenizer.options().lowercase &&
            mine->tokenizer.options().split_punctuation == theirs->tokenizer.options().split_punctuation;
   return subwords() && other.subwords() && *subwords() == *other.subwords();
 }

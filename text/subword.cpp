@@ -39,8 +39,9 @@ class SentenceFeed : public sentencepiece::SentenceIterator {
 }  // namespace
 
 SubwordModel SubwordModel::train(const std::vector<std::string>& sentences, const SubwordOptions& options) {
-  MF_CHECK(options.vocab_size > kSpecialTokenCount, "subword model: vocab_size {} leaves no room beside the {} specials",
-           options.vocab_size, kSpecialTokenCount);
+  MF_CHECK(options.vocab_size > kSpecialTokenCount,
+           "subword model: vocab_size {} leaves no room beside the {} specials", options.vocab_size,
+           kSpecialTokenCount);
   MF_CHECK(options.character_coverage > 0 && options.character_coverage <= 1,
            "subword model: character_coverage {} is not in (0, 1]", options.character_coverage);
   MF_CHECK(options.max_sentences > 0, "subword model: max_sentences must be positive, got {}", options.max_sentences);

@@ -57,9 +57,12 @@ void check_flags(const Flags& f) {
     throw UsageError("--epochs, --d-model, --heads, --layers, --d-ff, --min-freq, --log-every, --max-tokens and "
                      "--warmup must be positive, --max-len at least 2");
   if (f.encoder_layers < 0 || f.decoder_layers < 0 || o.vocab.max_size < 0 || o.bleu_sentences < 0 ||
-      o.max_steps < 0 || o.optim.batch_pool < 0)
-    throw UsageError("--encoder-layers, --decoder-layers, --max-vocab, --bleu-sentences, --max-steps and --batch-pool "
-                     "cannot be negative");
+      o.max_steps < 0 || o.optim.batch_pool < 0 || o.patience < 0 || o.average_last < 0)
+    throw UsageError("--encoder-layers, --decoder-layers, --max-vocab, --bleu-sentences, --max-steps, --batch-pool, "
+                     "--patience and --average-last cannot be negative");
+  if (o.valid_beam < 1) throw UsageError("--valid-beam must be at least 1");
+  if (o.average_last > 0 && o.checkpoint.empty())
+    throw UsageError("--average-last keeps models beside --checkpoint: give one");
   if (o.optim.max_tokens < o.model.max_len)
     throw UsageError(fmt::format("--max-tokens {} is below --max-len {}: the longest pair would not fit a batch",
                                  o.optim.max_tokens, o.model.max_len));
@@ -188,6 +191,13 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("device", &f.device, "where the model trains: cpu, cuda or cuda:N");
   args.add("log-every", &o.log_every, "steps between progress lines when stdout is not a terminal");
   args.add("bleu-sentences", &o.bleu_sentences, "validation sentences translated for BLEU; 0: all");
+  args.add("valid-beam", &o.valid_beam, "beam size of the validation translations (BLEU, chrF); 1: greedy");
+  args.add("patience", &o.patience,
+           "stop when validation BLEU has not improved for this many epochs, keeping the best model beside the "
+           "checkpoint (NAME.best.safetensors); 0: never");
+  args.add("average-last", &o.average_last,
+           "keep the last N epochs' models (NAME.epochK.safetensors) and write their mean at the end "
+           "(NAME.averaged.safetensors); 0: off");
   args.add("max-steps", &o.max_steps, "stop after this many steps of this run, saving a checkpoint; 0: no limit");
   args.add("checkpoint", &o.checkpoint, "checkpoint written each epoch and on Ctrl-C");
   args.add("plot", &o.plot, "SVG chart of the loss and BLEU curves (default: the checkpoint's path with .svg)");

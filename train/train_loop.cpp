@@ -309,7 +309,7 @@ ParallelData encode_corpus(const models::Translator& translator, const text::Cor
 /// chrF (cased, 13a) against their reference lines. With a group, each rank translates its shard and the
 /// scores come from the counts summed over the ranks.
 ValidationScores validation_scores(models::Translator& translator, const ParallelData& data, int64_t limit,
-                                   distributed::ProcessGroup* group) {
+                                   distributed::ProcessGroup* group, int64_t beam) {
   constexpr size_t kChunk = 64;
   size_t count = limit > 0 ? std::min(static_cast<size_t>(limit), data.sources.size()) : data.sources.size();
   auto [begin, end] = distributed::shard_range(count, group ? group->rank() : 0, group ? group->world_size() : 1);
@@ -321,6 +321,11 @@ ValidationScores validation_scores(models::Translator& translator, const Paralle
     for (size_t i = first; i < std::min(end, first + kChunk); ++i) rows.push_back(static_cast<int64_t>(i));
     models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows, model.device());
     const int64_t budget = models::output_budget(batch.src.size(1), model.config().max_len);
+    if (beam > 1) {
+      for (const auto& best : models::beam_search(model, batch.src, {.beam_size = beam, .max_new_tokens = budget}))
+        hypotheses.push_back(translator.decode_target(best.front().tokens));
+      continue;
+    }
     generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = budget});
     int64_t width = result.tokens.size(1);
     std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
@@ -356,6 +361,24 @@ ValidationScores validation_scores(models::Translator& translator, const Paralle
   }
   return {bleu.score, chrf.score};
 }
+
+std::filesystem::path beside(const std::filesystem::path& checkpoint, std::string_view suffix) {
+  return checkpoint.parent_path() /
+         (checkpoint.stem().string() + std::string(suffix) + checkpoint.extension().string());
+}
+
+namespace {
+
+/// Epochs since the best validation BLEU of `epochs` (0 when the last is the best, or none is scored).
+int64_t epochs_since_best(const std::vector<EpochRecord>& epochs) {
+  int64_t best = -1;
+  for (size_t e = 0; e < epochs.size(); ++e)
+    if (std::isfinite(epochs[e].bleu) && (best < 0 || epochs[e].bleu > epochs[static_cast<size_t>(best)].bleu))
+      best = static_cast<int64_t>(e);
+  return best < 0 ? 0 : static_cast<int64_t>(epochs.size()) - 1 - best;
+}
+
+}  // namespace
 
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
                      const TrainingOptions& options) {
@@ -403,6 +426,31 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     saved_step = schedule.last_epoch();
   };
   bool stop_requested = false;  // Ctrl-C on any rank (the ranks agree at each step)
+  const bool validate = !valid.sources.empty();
+  // Every rank reads the same scores (summed over the ranks), so all stop together.
+  auto patience_exhausted = [&] {
+    return validate && options.patience > 0 && epochs_since_best(progress.epochs) >= options.patience;
+  };
+  // The mean of the last average_last epochs' models (those on disk), saved and validated by rank 0.
+  auto average_last_epochs = [&] {
+    std::vector<std::filesystem::path> epochs;
+    for (int64_t e = std::max<int64_t>(1, progress.epoch - options.average_last + 1); e <= progress.epoch; ++e)
+      if (std::filesystem::exists(beside(options.checkpoint, format_message(".epoch{}", e))))
+        epochs.push_back(beside(options.checkpoint, format_message(".epoch{}", e)));
+    if (epochs.empty()) return;
+    const std::filesystem::path averaged = beside(options.checkpoint, ".averaged");
+    models::Translator mean = models::Translator::average(epochs);
+    mean.save(averaged);
+    std::string summary = format_message("averaged the last {} epochs' models into '{}'", epochs.size(),
+                                         averaged.string());
+    if (validate) {
+      mean.model().to(model.device());
+      const ValidationScores scores = validation_scores(mean, valid, options.bleu_sentences, nullptr,
+                                                        options.valid_beam);
+      summary += format_message(": BLEU {:.2f}, chrF {:.2f}", scores.bleu, scores.chrf);
+    }
+    fmt::print("{}\n", summary);
+  };
 
   // This rank's shares of `batch`, forward and backward (the gradients of all but the last stay local):
   // returns the sum of their mean losses weighted by their target tokens.
@@ -432,7 +480,6 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
 
   StopSignalScope stop_signals;
   ProgressLine line(options.log_every);
-  const bool validate = !valid.sources.empty();
   const auto start = std::chrono::steady_clock::now();
   int64_t steps_this_run = 0, tokens_this_run = 0;
   bool stopped = false;  // by Ctrl-C or max_steps, with the checkpoint saved
@@ -440,9 +487,10 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     return stop_requested || (options.max_steps > 0 && steps_this_run >= options.max_steps);
   };
 
-  while (progress.epoch < options.epochs && !stopped) {
+  while (progress.epoch < options.epochs && !stopped && !patience_exhausted()) {
     std::vector<text::Batch> batches = text::make_batches(train.sources, train.targets,
-                                                          {.max_tokens = settings.max_tokens, .pool_size = settings.batch_pool},
+                                                          {.max_tokens = settings.max_tokens,
+                                                           .pool_size = settings.batch_pool},
                                                           static_cast<uint64_t>(settings.seed + progress.epoch));
     const auto n_batches = static_cast<int64_t>(batches.size());
     model.train();
@@ -534,7 +582,8 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     if (validate) {
       model.eval();
       record.valid_loss = validation_loss(translator, valid, settings.max_tokens, group);
-      const ValidationScores scores = validation_scores(translator, valid, options.bleu_sentences, group);
+      const ValidationScores scores =
+          validation_scores(translator, valid, options.bleu_sentences, group, options.valid_beam);
       record.bleu = scores.bleu;
       record.chrf = scores.chrf;
     }
@@ -551,8 +600,26 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     ++progress.epoch;
     progress.batch = 0;
     save();
+    if (leader && !options.checkpoint.empty()) {  // the model alone: translatable, not resumable
+      if (validate && options.patience > 0 && epochs_since_best(progress.epochs) == 0)
+        translator.save(beside(options.checkpoint, ".best"));
+      if (options.average_last > 0) {
+        translator.save(beside(options.checkpoint, format_message(".epoch{}", progress.epoch)));
+        if (progress.epoch > options.average_last)
+          std::filesystem::remove(beside(options.checkpoint, format_message(".epoch{}", progress.epoch -
+                                                                                           options.average_last)));
+      }
+    }
     stopped = should_stop() && progress.epoch < options.epochs;
   }
+  if (leader && patience_exhausted() && progress.epoch < options.epochs) {
+    fmt::print("validation BLEU has not improved for {} epochs ({}): stopped early", options.patience,
+               options.names("patience"));
+    if (!options.checkpoint.empty())
+      fmt::print("; the best model is '{}'", beside(options.checkpoint, ".best").string());
+    fmt::print("\n");
+  }
+  if (leader && !stopped && options.average_last > 0 && !options.checkpoint.empty()) average_last_epochs();
   line.finish();
   if (stopped) {
     if (progress.batch > 0) save();  // mid-epoch; an epoch end was saved above

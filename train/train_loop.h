@@ -79,6 +79,14 @@ struct TrainingOptions {
   int64_t epochs = 10;          // in all, counting the epochs of the run resumed from
   int64_t log_every = 50;       // steps between progress lines when stdout is not a terminal
   int64_t bleu_sentences = 0;   // validation sentences translated for BLEU; 0: all
+  int64_t valid_beam = 1;       // beam size of the validation translations; 1: greedy
+  /// Early stopping: end training when validation BLEU has not improved for this many epochs; 0: never.
+  /// With a checkpoint, each new best epoch's model is also saved beside it as <name>.best.safetensors.
+  int64_t patience = 0;
+  /// With a checkpoint: keep the models of the last this many epochs (<name>.epoch<K>.safetensors) and
+  /// at the end write their mean, <name>.averaged.safetensors (validated when there is validation
+  /// data); 0: off.
+  int64_t average_last = 0;
   int64_t max_steps = 0;        // stop (saving a checkpoint) after this many steps of this run; 0: no limit
   std::filesystem::path checkpoint;  // empty: no checkpoints
   std::filesystem::path plot;        // empty: no chart
@@ -132,11 +140,16 @@ struct ValidationScores {
   double bleu = 0, chrf = 0;
 };
 
-/// The scores of the greedy translations of the first `limit` pairs of `data` (all for 0), as printed,
-/// against the reference lines; batched, with decoding bounded by models::output_budget. With a group,
+/// The scores of the translations (greedy, or beam search of `beam` > 1 with the default length
+/// penalty) of the first `limit` pairs of `data` (all for 0), as printed, against the reference lines;
+/// batched, with decoding bounded by models::output_budget. With a group,
 /// each rank translates its share of the pairs and the scores come from their summed counts (the same
 /// scores); every rank of the group must call it.
 ValidationScores validation_scores(models::Translator& translator, const ParallelData& data, int64_t limit,
-                                   distributed::ProcessGroup* group = nullptr);
+                                   distributed::ProcessGroup* group = nullptr, int64_t beam = 1);
+
+/// Where the training loop keeps its other models beside `checkpoint`: `checkpoint`'s name with
+/// `suffix` before the extension (multi30k.safetensors, ".best" -> multi30k.best.safetensors).
+std::filesystem::path beside(const std::filesystem::path& checkpoint, std::string_view suffix);
 
 }  // namespace mf::train
