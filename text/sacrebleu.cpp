@@ -11,8 +11,8 @@ namespace mf::text {
 namespace {
 
 using detail::append_utf8;
-using detail::decode_utf8_at;
 using detail::lowercase_code_point;
+using detail::next_code_point;
 
 constexpr int kChrfBeta = 2;
 
@@ -30,12 +30,7 @@ std::u32string decode(std::string_view text, bool lowercase) {
   std::u32string code_points;
   code_points.reserve(text.size());
   for (size_t pos = 0; pos < text.size();) {
-    auto [cp, length] = decode_utf8_at(text, pos);
-    if (length == 0) {
-      cp = 0xFFFD;
-      length = 1;
-    }
-    pos += length;
+    const char32_t cp = next_code_point(text, pos);
     code_points.push_back(lowercase ? lowercase_code_point(cp) : cp);
   }
   return code_points;

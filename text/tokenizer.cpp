@@ -9,6 +9,7 @@ namespace {
 
 using detail::append_utf8;
 using detail::decode_utf8_at;
+using detail::next_code_point;
 using detail::lowercase_code_point;
 
 struct Range {
@@ -49,12 +50,7 @@ std::vector<std::string> Tokenizer::tokenize(std::string_view text) const {
     word.clear();
   };
   for (size_t pos = 0; pos < text.size();) {
-    auto [cp, length] = decode_utf8_at(text, pos);
-    if (length == 0) {
-      cp = 0xFFFD;
-      length = 1;
-    }
-    pos += length;
+    char32_t cp = next_code_point(text, pos);
     if (in_ranges(kSpaces, cp)) {
       end_word();
       continue;

@@ -39,6 +39,16 @@ DecodedCodePoint decode_utf8_at(std::string_view text, size_t pos) {
   return {code_point, length};
 }
 
+char32_t next_code_point(std::string_view text, size_t& pos) {
+  const auto [code_point, length] = decode_utf8_at(text, pos);
+  if (length == 0) {
+    ++pos;
+    return 0xFFFD;
+  }
+  pos += length;
+  return code_point;
+}
+
 void append_utf8(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);

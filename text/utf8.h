@@ -16,6 +16,9 @@ struct DecodedCodePoint {
 /// sequences of Unicode Table 3-7 (no overlongs, surrogates or code points past U+10FFFF).
 DecodedCodePoint decode_utf8_at(std::string_view text, size_t pos);
 
+/// The code point at byte `pos` of `text`, advancing `pos` past it; a byte that starts no well-formed
+/// sequence reads as U+FFFD and advances by one (the tokenizers never throw on bad input).
+char32_t next_code_point(std::string_view text, size_t& pos);
 /// Appends the UTF-8 encoding of `code_point` to `out`.
 void append_utf8(std::string& out, char32_t code_point);
 
