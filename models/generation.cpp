@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 
 namespace mf::generation {
@@ -36,9 +37,9 @@ Tensor int64_vector(const std::vector<int64_t>& values) {
 
 /// Runs one decoder step on `tokens`, checks its result ([rows, V], V the same every step and larger
 /// than every special token, no NaN among the winners) and returns each row's k best tokens
-/// (ties go to the lower id, as topk and torch.argmax do).
+/// (ties go to the lower id, as topk and torch.argmax do), never `banned` (-1: none).
 TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
-                   int64_t& vocab, std::initializer_list<int64_t> specials) {
+                   int64_t& vocab, std::initializer_list<int64_t> specials, int64_t banned) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor log_probs = decoder.step(int64_vector(tokens));  // [N, V]
   MF_CHECK(log_probs.defined() && log_probs.dim() == 2 && log_probs.size(0) == rows && is_floating(log_probs.dtype()),
@@ -54,6 +55,12 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
   MF_CHECK(log_probs.size(1) == vocab,
            "{}: decoder.step returned {} log-probabilities per row, but {} on the first step", op, log_probs.size(1),
            vocab);
+  if (banned >= 0) {
+    MF_CHECK(banned < vocab, "{}: banned token id {} is outside the decoder's vocabulary of {} tokens", op, banned,
+             vocab);
+    log_probs = log_probs.clone();  // the decoder's tensor stays as it gave it
+    log_probs.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
+  }
   TopTokens top{.k = std::min(k, vocab)};
   auto [values, ids] = topk(log_probs, top.k, 1);  // [N, k] each
   top.values = values.to_vector<double>();
@@ -129,7 +136,7 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   for (int64_t step = 1; !sentence_of_row.empty(); ++step) {
     std::vector<int64_t> tokens;
     for (int64_t s : sentence_of_row) tokens.push_back(generated[s].empty() ? options.sos_id : generated[s].back());
-    TopTokens top = step_top(op, decoder, tokens, 1, vocab, specials);
+    TopTokens top = step_top(op, decoder, tokens, 1, vocab, specials, options.banned_id);
     std::vector<int64_t> keep;  // rows whose sentence goes on
     for (size_t row = 0; row < sentence_of_row.size(); ++row) {
       int64_t s = sentence_of_row[row];
@@ -175,7 +182,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   for (int64_t step = 1; !live.empty(); ++step) {
     std::vector<int64_t> tokens;
     for (const Live& h : live) tokens.push_back(h.tokens.empty() ? options.sos_id : h.tokens.back());
-    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials);
+    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_id);
     const bool last_step = step == options.max_new_tokens;
 
     std::vector<Live> next;

@@ -42,6 +42,9 @@ struct GreedyOptions {
   int64_t sos_id = text::kSosId;
   int64_t eos_id = text::kEosId;
   int64_t pad_id = text::kPadId;
+  /// A token never generated, or -1: <unk> for a subword model that spells every input (CTranslate2's
+  /// disable_unk), so that an undertrained model cannot print it either.
+  int64_t banned_id = -1;
 };
 
 struct GreedyResult {
@@ -75,6 +78,8 @@ struct BeamOptions {
   /// The special tokens' ids; the defaults are those of every text::Vocab.
   int64_t sos_id = text::kSosId;
   int64_t eos_id = text::kEosId;
+  /// A token never generated, or -1 (GreedyOptions::banned_id).
+  int64_t banned_id = -1;
 };
 
 /// One finished hypothesis of beam search.

@@ -120,7 +120,8 @@ std::vector<std::string> Translator::translate_greedy(const std::vector<std::str
   if (sentences.empty()) return {};
   const Tensor src = encode_sources(sentences);
   const int64_t budget = std::min(max_new_tokens, output_budget(src.size(1), model_->config().max_len));
-  generation::GreedyResult result = greedy_decode(*model_, src, {.max_new_tokens = budget});
+  generation::GreedyResult result =
+      greedy_decode(*model_, src, {.max_new_tokens = budget, .banned_id = banned_token()});
   std::vector<std::string> out;
   for (int64_t b = 0; b < result.tokens.size(0); ++b) {
     std::vector<int64_t> ids = result.tokens.select(0, b).to_vector<int64_t>();
@@ -135,6 +136,7 @@ std::vector<std::vector<std::pair<std::string, double>>> Translator::translate_b
   const Tensor src = encode_sources(sentences);
   generation::BeamOptions bounded = options;
   bounded.max_new_tokens = std::min(options.max_new_tokens, output_budget(src.size(1), model_->config().max_len));
+  bounded.banned_id = banned_token();
   std::vector<std::vector<std::pair<std::string, double>>> out;
   for (const auto& hypotheses : beam_search(*model_, src, bounded)) {
     out.emplace_back();

@@ -50,6 +50,9 @@ class Translator {
   /// Encodes sentences into a padded source batch [B, S] (+ <eos>), truncated to the model's max_len,
   /// on the model's device.
   Tensor encode_sources(const std::vector<std::string>& sentences) const;
+  /// The token decoding must never produce (GreedyOptions::banned_id): <unk> when the target side
+  /// spells every text, else -1.
+  int64_t banned_token() const { return target_.spells_everything() ? text::kUnkId : -1; }
   /// Target ids back to text (up to <eos>).
   std::string decode_target(std::span<const int64_t> ids) const { return target_.decode(ids); }
 

@@ -516,3 +516,24 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
                          Error);
   }
 }
+
+TEST_CASE("a banned token is never generated: greedy and beam search take the best of the others") {
+  // Token 3 is the model's first choice at the start; with it banned, "4 EOS" is the best sentence.
+  const Model model = table_model(
+      {{{}, {0.02, 0.02, 0.06, 0.6, 0.25, 0.05}}, {{4}, {0.02, 0.02, 0.8, 0.1, 0.03, 0.03}}},
+      {0.02, 0.02, 0.9, 0.02, 0.02, 0.02});
+  FakeDecoder free(model, iota(1));
+  check_close(greedy_decode(free, 1, {.max_new_tokens = 4}).tokens, from_vector<int64_t>({kBos, 3, kEos}, {1, 3}), 0,
+              0);
+  FakeDecoder greedy(model, iota(1));
+  check_close(greedy_decode(greedy, 1, {.max_new_tokens = 4, .banned_id = 3}).tokens,
+              from_vector<int64_t>({kBos, 4, kEos}, {1, 3}), 0, 0);
+  FakeDecoder beam(model, iota(1));
+  const auto found = beam_search(beam, 1, {.beam_size = 3, .max_new_tokens = 4, .nbest = 3, .banned_id = 3});
+  REQUIRE(!found[0].empty());
+  CHECK(found[0][0].tokens == std::vector<int64_t>{4, kEos});
+  for (const Hypothesis& h : found[0]) CHECK(std::find(h.tokens.begin(), h.tokens.end(), 3) == h.tokens.end());
+  FakeDecoder outside(model, iota(1));
+  CHECK_THROWS_WITH_AS(greedy_decode(outside, 1, {.banned_id = 6}), doctest::Contains("banned token id 6 is outside"),
+                       Error);
+}

@@ -73,6 +73,19 @@ expect 0 "--patience 1 stops when BLEU stops improving" "has not improved for 1 
 grep -q "^epoch 3:" "$work/out" && fail "... trained past epoch 2" || ok "... after epoch 2"
 [ -s "$work/kept/slow.best.safetensors" ] && ok "... the best epoch's model kept" || fail "no best model"
 expect 2 "--valid-beam 0" "--valid-beam must be at least 1" "$tool" --valid-beam 0
+
+# Subwords: one SentencePiece model learned from both sides, stored in the checkpoint; a resume that
+# would learn another (another size) is refused.
+expect 0 "--subword unigram" "vocabulary subwords \\(SentencePiece, 300\\) shared by both sides" \
+  "$tool" "${kept[@]}" --checkpoint "$work/kept/sub.safetensors" --epochs 1 --subword unigram --subword-size 300 \
+  --max-len 24
+expect 0 "--resume with subwords (the same model learned again)" "resuming from .*epoch 2, 0 batches done" \
+  "$tool" "${kept[@]}" --checkpoint "$work/kept/sub.safetensors" --epochs 2 --subword unigram --subword-size 300 \
+  --max-len 24 --resume
+expect 1 "--resume with another --subword-size" "has src_vocab = 300, but the flags and data give 290" \
+  "$tool" "${kept[@]}" --checkpoint "$work/kept/sub.safetensors" --epochs 3 --subword unigram --subword-size 290 \
+  --max-len 24 --resume
+expect 2 "--subword wordpiece" "--subword must be unigram, bpe or none, not 'wordpiece'" "$tool" --subword wordpiece
 expect 2 "--average-last without a checkpoint" "--average-last keeps models beside --checkpoint" \
   "$tool" --average-last 2
 

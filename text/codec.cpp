@@ -75,6 +75,8 @@ int64_t TextCodec::size() const {
   return std::get<SubwordModel>(codec_).size();
 }
 
+bool TextCodec::spells_everything() const { return subwords() != nullptr && subwords()->byte_fallback(); }
+
 const Vocab* TextCodec::words() const {
   const Words* words = std::get_if<Words>(&codec_);
   return words ? &words->vocab : nullptr;

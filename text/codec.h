@@ -34,6 +34,8 @@ class TextCodec {
   const std::string& unit(int64_t id) const;
   /// Number of ids, the four specials included: the embedding's row count.
   int64_t size() const;
+  /// True when no text encodes to <unk> (a subword model with byte fallback), so no output needs it.
+  bool spells_everything() const;
 
   /// The word vocabulary and tokenizer, or null for a subword codec.
   const Vocab* words() const;

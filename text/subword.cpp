@@ -105,6 +105,7 @@ SubwordModel::SubwordModel(std::string bytes, std::string_view origin) : bytes_(
     from_sentencepiece_[static_cast<size_t>(id)] = static_cast<int64_t>(pieces_.size());
     to_sentencepiece_.push_back(id);
     pieces_.push_back(processor->IdToPiece(id));
+    byte_fallback_ = byte_fallback_ || processor->IsByte(id);
   }
   processor_ = std::move(processor);
 }

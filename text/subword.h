@@ -51,6 +51,8 @@ class SubwordModel {
   const std::string& bytes() const { return bytes_; }
   /// Number of ids, the four specials included.
   int64_t size() const { return static_cast<int64_t>(pieces_.size()); }
+  /// Whether the model spells unseen characters as byte pieces, so that no text encodes to <unk>.
+  bool byte_fallback() const { return byte_fallback_; }
   /// The piece of `id` ("▁the", "<0xC3>", "<eos>"); throws mf::Error when it is out of range.
   const std::string& piece(int64_t id) const;
 
@@ -75,6 +77,7 @@ class SubwordModel {
   std::vector<int> to_sentencepiece_;  // by miniflow id; -1 for a special SentencePiece lacks
   std::vector<int64_t> from_sentencepiece_;  // by SentencePiece id
   std::vector<std::string> pieces_;          // by miniflow id
+  bool byte_fallback_ = false;
 };
 
 }  // namespace mf::text

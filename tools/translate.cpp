@@ -180,13 +180,15 @@ std::string score_lines(const std::vector<Hypotheses>& results, const std::vecto
 /// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
 /// tool decodes: greedy, or the best beam.
 std::vector<int64_t> decode_ids(models::Translator& translator, const mf::Tensor& src, const Options& o) {
-  int64_t budget = std::min(o.max_len, translator.model().config().max_len - 1);
+  const int64_t budget = std::min(o.max_len, models::output_budget(src.size(1), translator.model().config().max_len));
   if (o.beam > 1) {
     auto beams = models::beam_search(translator.model(), src,
-                                     {.beam_size = o.beam, .max_new_tokens = budget, .length_penalty = o.length_penalty});
+                                     {.beam_size = o.beam, .max_new_tokens = budget, .length_penalty = o.length_penalty,
+                                      .banned_id = translator.banned_token()});
     return beams.at(0).at(0).tokens;
   }
-  std::vector<int64_t> row = models::greedy_decode(translator.model(), src, {.max_new_tokens = budget})
+  std::vector<int64_t> row = models::greedy_decode(translator.model(), src,
+                                                   {.max_new_tokens = budget, .banned_id = translator.banned_token()})
                                  .tokens.select(0, 0)
                                  .to_vector<int64_t>();
   std::vector<int64_t> ids(row.begin() + 1, row.end());  // drop <sos>

@@ -322,11 +322,14 @@ ValidationScores validation_scores(models::Translator& translator, const Paralle
     models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows, model.device());
     const int64_t budget = models::output_budget(batch.src.size(1), model.config().max_len);
     if (beam > 1) {
-      for (const auto& best : models::beam_search(model, batch.src, {.beam_size = beam, .max_new_tokens = budget}))
+      for (const auto& best : models::beam_search(
+               model, batch.src,
+               {.beam_size = beam, .max_new_tokens = budget, .banned_id = translator.banned_token()}))
         hypotheses.push_back(translator.decode_target(best.front().tokens));
       continue;
     }
-    generation::GreedyResult result = models::greedy_decode(model, batch.src, {.max_new_tokens = budget});
+    generation::GreedyResult result =
+        models::greedy_decode(model, batch.src, {.max_new_tokens = budget, .banned_id = translator.banned_token()});
     int64_t width = result.tokens.size(1);
     std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
     for (size_t r = 0; r < rows.size(); ++r)
