@@ -40,7 +40,7 @@ for i in $(seq 0 39); do
 done
 ckpt="$work/tiny.safetensors"
 tiny=(--train-src "$work/train.src" --train-tgt "$work/train.tgt" --d-model 16 --heads 2 --layers 1 --d-ff 32
-      --max-len 8 --min-freq 1 --max-tokens 64 --warmup 10 --epochs 3 --threads 1 --checkpoint "$ckpt")
+      --max-len 8 --subword none --min-freq 1 --max-tokens 64 --warmup 10 --epochs 3 --threads 1 --checkpoint "$ckpt")
 expect 0 "--max-steps stops both ranks with one checkpoint" "stopped after --max-steps: checkpoint saved" \
   "${ranks2[@]}" "$tool" --distributed "${tiny[@]}" --max-steps 4
 expect 0 "it resumes alone with --accumulate 2" "resuming from .* step 4" \

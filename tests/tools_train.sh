@@ -47,7 +47,7 @@ echo "eins zwei drei vier fuenf sechs sieben acht neun eins zwei drei vier" >>"$
 echo "one two three four five six seven eight nine one two three four" >>"$work/train.tgt"
 head -n 8 "$work/train.src" >"$work/valid.src"; head -n 8 "$work/train.tgt" >"$work/valid.tgt"
 tiny=(--train-src "$work/train.src" --train-tgt "$work/train.tgt" --valid-src "$work/valid.src"
-      --valid-tgt "$work/valid.tgt" --d-model 16 --heads 2 --layers 1 --d-ff 32 --max-len 10 --min-freq 1
+      --valid-tgt "$work/valid.tgt" --d-model 16 --heads 2 --layers 1 --d-ff 32 --max-len 10 --subword none --min-freq 1
       --max-tokens 64 --warmup 10 --log-every 2 --threads 2 --checkpoint "$work/ckpt.safetensors")
 
 expect 0 "tiny corpus, 1 epoch" 'epoch 1: train loss [0-9.]+, valid loss [0-9.]+, perplexity [0-9.]+, BLEU' \
@@ -85,6 +85,9 @@ expect 0 "--resume with subwords (the same model learned again)" "resuming from 
 expect 1 "--resume with another --subword-size" "has src_vocab = 300, but the flags and data give 290" \
   "$tool" "${kept[@]}" --checkpoint "$work/kept/sub.safetensors" --epochs 3 --subword unigram --subword-size 290 \
   --max-len 24 --resume
+expect 1 "subwords by default: 8,000 pieces are too many for 40 sentences" \
+  "could not learn a 8000-piece unigram model: .*Please set it to a value <= [0-9]+" \
+  "$tool" --train-src "$work/train.src" --train-tgt "$work/train.tgt" --epochs 1 --checkpoint "$work/kept/d.safetensors"
 expect 2 "--subword wordpiece" "--subword must be unigram, bpe or none, not 'wordpiece'" "$tool" --subword wordpiece
 expect 2 "--average-last without a checkpoint" "--average-last keeps models beside --checkpoint" \
   "$tool" --average-last 2
@@ -131,7 +134,7 @@ cmp -s "$work/int.safetensors" "$work/ref.safetensors" && ok "interrupted + resu
 # overflows; with one batch per epoch (--max-tokens 500 holds all 41 pairs) epoch 1 ends, and saves,
 # first. No validation set: its loss and BLEU would be computed from the diverged weights.
 diverge=(--train-src "$work/train.src" --train-tgt "$work/train.tgt" --d-model 16 --heads 2 --layers 1 --d-ff 32
-         --max-len 10 --min-freq 1 --max-tokens 500 --warmup 10 --lr-factor 1e30 --threads 2
+         --subword none --max-len 10 --min-freq 1 --max-tokens 500 --warmup 10 --lr-factor 1e30 --threads 2
          --checkpoint "$work/diverge.safetensors")
 expect 0 "--lr-factor 1e30: epoch 1 (one step) is saved" 'epoch 1: train loss' "$tool" "${diverge[@]}" --epochs 1
 cp "$work/diverge.safetensors" "$work/diverge.before"; cp "$work/diverge.svg" "$work/diverge.svg.before"

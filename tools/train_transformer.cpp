@@ -24,7 +24,7 @@ struct Flags {
   int64_t layers = options.model.encoder_layers, encoder_layers = 0, decoder_layers = 0;
   bool no_lowercase = false, detect_anomaly = false, distributed = false, dist_deterministic = false;
   bool separate_subwords = false, no_byte_fallback = false;
-  std::string subword = "none";  // --subword: unigram, bpe or none
+  std::string subword;  // --subword: unigram, bpe or none (words)
   int threads = mf::get_num_threads();
   double dist_timeout = 600;  // seconds
   double bucket_mb = static_cast<double>(options.data_parallel.bucket_bytes) / (1 << 20);
@@ -34,6 +34,7 @@ struct Flags {
   static Flags defaults(bool toy) {
     Flags f;
     f.options = toy ? mf::train::toy_options() : mf::train::TrainingOptions{};
+    f.subword = f.options.units == mf::train::TrainingOptions::Units::Words ? "none" : "unigram";
     if (!toy) f.options.checkpoint = "transformer.safetensors";
     f.layers = f.options.model.encoder_layers;  // both stacks are equally deep in either default
     return f;
@@ -231,10 +232,9 @@ int train_with_flags(Flags& f, bool toy) {
   o.model.encoder_layers = f.encoder_layers > 0 ? f.encoder_layers : f.layers;
   o.model.decoder_layers = f.decoder_layers > 0 ? f.decoder_layers : f.layers;
   o.tokenizer.lowercase = !f.no_lowercase;
-  if (f.subword == "unigram" || f.subword == "bpe" || !o.subword_model.empty()) {
-    o.units = mf::train::TrainingOptions::Units::Subwords;
-    o.subword.algorithm = f.subword == "bpe" ? mf::text::SubwordAlgorithm::Bpe : mf::text::SubwordAlgorithm::Unigram;
-  }
+  o.units = f.subword == "none" && o.subword_model.empty() ? mf::train::TrainingOptions::Units::Words
+                                                           : mf::train::TrainingOptions::Units::Subwords;
+  o.subword.algorithm = f.subword == "bpe" ? mf::text::SubwordAlgorithm::Bpe : mf::text::SubwordAlgorithm::Unigram;
   o.joint_subwords = !f.separate_subwords;
   o.subword.byte_fallback = !f.no_byte_fallback;
   o.names = {.field = flag_of, .detect_anomaly = "rerun with --detect-anomaly"};

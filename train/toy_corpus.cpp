@@ -16,6 +16,7 @@ TrainingOptions toy_options() {
   TrainingOptions options;
   options.model = {.d_model = 64, .heads = 4, .encoder_layers = 1, .decoder_layers = 1, .d_ff = 128, .dropout = 0.0,
                    .max_len = 16};
+  options.units = TrainingOptions::Units::Words;  // 8 pairs of 26 words: too few to learn subwords from
   options.vocab.min_freq = 1;
   options.optim.max_tokens = 48;
   // Sorted by length over the whole epoch, the 8 pairs fall into batches of one or two pairs each, and
@@ -24,6 +25,7 @@ TrainingOptions toy_options() {
   options.optim.warmup = 100;
   options.optim.lr_factor = 0.5;
   options.epochs = 1;
+  options.average_last = 0;  // one epoch, and no checkpoint unless asked
   options.log_every = 100;
   options.quiet_epochs = true;
   return options;

@@ -69,7 +69,7 @@ struct TrainingOptions {
   /// model for both sides when `joint_subwords` (and then one embedding for source, target and output),
   /// or `subword_model`, an existing .model file, for both sides.
   enum class Units : uint8_t { Words, Subwords };
-  Units units = Units::Words;
+  Units units = Units::Subwords;
   text::VocabOptions vocab{.min_freq = 2};
   text::TokenizerOptions tokenizer;
   text::SubwordOptions subword;
@@ -79,14 +79,14 @@ struct TrainingOptions {
   int64_t epochs = 10;          // in all, counting the epochs of the run resumed from
   int64_t log_every = 50;       // steps between progress lines when stdout is not a terminal
   int64_t bleu_sentences = 0;   // validation sentences translated for BLEU; 0: all
-  int64_t valid_beam = 1;       // beam size of the validation translations; 1: greedy
+  int64_t valid_beam = 4;       // beam size of the validation translations; 1: greedy
   /// Early stopping: end training when validation BLEU has not improved for this many epochs; 0: never.
   /// With a checkpoint, each new best epoch's model is also saved beside it as <name>.best.safetensors.
   int64_t patience = 0;
   /// With a checkpoint: keep the models of the last this many epochs (<name>.epoch<K>.safetensors) and
   /// at the end write their mean, <name>.averaged.safetensors (validated when there is validation
   /// data); 0: off.
-  int64_t average_last = 0;
+  int64_t average_last = 3;
   int64_t max_steps = 0;        // stop (saving a checkpoint) after this many steps of this run; 0: no limit
   std::filesystem::path checkpoint;  // empty: no checkpoints
   std::filesystem::path plot;        // empty: no chart
