@@ -58,7 +58,6 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
   if (banned >= 0) {
     MF_CHECK(banned < vocab, "{}: banned token id {} is outside the decoder's vocabulary of {} tokens", op, banned,
              vocab);
-    log_probs = log_probs.clone();  // the decoder's tensor stays as it gave it
     log_probs.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
   }
   TopTokens top{.k = std::min(k, vocab)};

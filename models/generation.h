@@ -25,7 +25,8 @@ class IncrementalDecoder {
 
   /// Feeds one new token per row (`tokens`: [N] int64 on the CPU, N = the rows held now; the first
   /// call feeds SOS) and returns the log-probabilities of the next token, [N, V] float32 or float64 on
-  /// any device, extending each row's key/value cache by one position.
+  /// any device, extending each row's key/value cache by one position. The result is the search's to
+  /// change (a banned token's column is overwritten in place): return a tensor the decoder keeps no use for.
   virtual Tensor step(const Tensor& tokens) = 0;
 
   /// Keeps and reorders the cached rows: row i of the new cache is row index[i] of the old (`index`:

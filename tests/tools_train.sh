@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # train_transformer's command-line contract: the toy run learns all 8 pairs, a tiny real-corpus run
 # writes a checkpoint and a chart and resumes from it, and bad input exits non-zero with a message
-# that names the problem (never a crash).
+# that names the problem (never a crash). A subword checkpoint is translated by tools/translate in a
+# process of its own, with no other file.
+# Usage: tools_train.sh TRAIN_TRANSFORMER TRANSLATE
 set -u
 tool="$1"
+translate="$2"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -79,6 +82,16 @@ expect 2 "--valid-beam 0" "--valid-beam must be at least 1" "$tool" --valid-beam
 expect 0 "--subword unigram" "vocabulary subwords \\(SentencePiece, 300\\) shared by both sides" \
   "$tool" "${kept[@]}" --checkpoint "$work/kept/sub.safetensors" --epochs 1 --subword unigram --subword-size 300 \
   --max-len 24
+# The checkpoint alone translates: cased, untokenized text, an empty line for an empty line, and no
+# <unk> (byte fallback spells the unseen Cyrillic; decoding never picks <unk>).
+printf 'eins zwei und acht\n\nЖук\n' >"$work/kept/sub.src"
+if "$translate" --checkpoint "$work/kept/sub.safetensors" --input "$work/kept/sub.src" >"$work/kept/sub.out" 2>&1 &&
+   [ "$(wc -l <"$work/kept/sub.out")" -eq 3 ] && [ -z "$(sed -n 2p "$work/kept/sub.out")" ] &&
+   ! grep -qF -e '<unk>' -e '⁇' "$work/kept/sub.out"; then
+  ok "the subword checkpoint translates in a fresh process: 3 lines, the empty one empty, no <unk>"
+else
+  fail "translating with the subword checkpoint: $(cat "$work/kept/sub.out")"
+fi
 expect 0 "--resume with subwords (the same model learned again)" "resuming from .*epoch 2, 0 batches done" \
   "$tool" "${kept[@]}" --checkpoint "$work/kept/sub.safetensors" --epochs 2 --subword unigram --subword-size 300 \
   --max-len 24 --resume

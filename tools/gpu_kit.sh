@@ -203,7 +203,7 @@ part_test_cuda_training() {
 part_suites() {
   local failed=""
   for suite in test_tensor test_ops test_properties test_nn test_transformer; do bin/$suite || failed+=" $suite"; done
-  bash scripts/tools_train.sh bin/train_transformer || failed+=" tools_train"
+  bash scripts/tools_train.sh bin/train_transformer bin/translate || failed+=" tools_train"
   bash scripts/tools_translate.sh bin/translate bin/make_toy_checkpoint bin/average_checkpoints ||
     failed+=" tools_translate"
   [ -z "$failed" ] || { echo "failed:$failed"; return 1; }
