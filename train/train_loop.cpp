@@ -434,12 +434,13 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   auto patience_exhausted = [&] {
     return validate && options.patience > 0 && epochs_since_best(progress.epochs) >= options.patience;
   };
+  // Where epoch `e`'s model is kept for averaging (1-based, as the log counts epochs).
+  auto epoch_model = [&](int64_t e) { return beside(options.checkpoint, format_message(".epoch{}", e)); };
   // The mean of the last average_last epochs' models (those on disk), saved and validated by rank 0.
   auto average_last_epochs = [&] {
     std::vector<std::filesystem::path> epochs;
     for (int64_t e = std::max<int64_t>(1, progress.epoch - options.average_last + 1); e <= progress.epoch; ++e)
-      if (std::filesystem::exists(beside(options.checkpoint, format_message(".epoch{}", e))))
-        epochs.push_back(beside(options.checkpoint, format_message(".epoch{}", e)));
+      if (std::filesystem::exists(epoch_model(e))) epochs.push_back(epoch_model(e));
     if (epochs.empty()) return;
     const std::filesystem::path averaged = beside(options.checkpoint, ".averaged");
     models::Translator mean = models::Translator::average(epochs);
@@ -607,10 +608,9 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       if (validate && options.patience > 0 && epochs_since_best(progress.epochs) == 0)
         translator.save(beside(options.checkpoint, ".best"));
       if (options.average_last > 0) {
-        translator.save(beside(options.checkpoint, format_message(".epoch{}", progress.epoch)));
+        translator.save(epoch_model(progress.epoch));
         if (progress.epoch > options.average_last)
-          std::filesystem::remove(beside(options.checkpoint, format_message(".epoch{}", progress.epoch -
-                                                                                           options.average_last)));
+          std::filesystem::remove(epoch_model(progress.epoch - options.average_last));
       }
     }
     stopped = should_stop() && progress.epoch < options.epochs;
