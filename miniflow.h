@@ -48,6 +48,7 @@
 #include "text/sacrebleu.h"
 #include "text/special_tokens.h"
 #include "text/subword.h"
+#include "models/decoding.h"
 #include "models/generation.h"
 #include "text/tokenizer.h"
 #include "models/transformer.h"

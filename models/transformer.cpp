@@ -220,11 +220,17 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
       cross_attention = a.weights;
       return a.output;
     }
-    if (!cache->cross_k.defined()) std::tie(cache->cross_k, cache->cross_v) = cross_attn->project_key_value(memory, memory);
-    nn::AttentionOutput a =
-        cross_attn->attend(cross_attn->project_query(in), cache->cross_k, cache->cross_v, cross_mask, record_attention);
+    MF_CHECK(cache->cross_k.defined(), "DecoderLayer: a cache needs its cross-attention keys and values");
+    // The `group` rows of one sentence attend together over its keys: [N, t, C] -> [N / g, g * t, C].
+    const int64_t rows = in.size(0), t = in.size(1), g = cache->group;
+    Tensor q = cross_attn->project_query(in.reshape({rows / g, g * t, in.size(2)}));  // [N / g, H, g * t, D]
+    nn::AttentionOutput a = cross_attn->attend(q, cache->cross_k, cache->cross_v, cross_mask, record_attention);
+    if (a.weights.defined()) {  // [N / g, H, g * t, S] -> [N, H, t, S]
+      const int64_t H = a.weights.size(1), S = a.weights.size(3);
+      a.weights = a.weights.reshape({rows / g, H, g, t, S}).permute({0, 2, 1, 3, 4}).reshape({rows, H, t, S});
+    }
     cross_attention = a.weights;
-    return a.output;
+    return a.output.reshape(in.shape());  // [N, t, C]
   });
   return residual(h, *norm3, *dropout, pre_norm_, [&](const Tensor& in) { return ffn->forward(in); });
 }
@@ -371,51 +377,77 @@ std::vector<std::pair<std::string, Tensor>> Transformer::attention_weights() con
 TransformerDecoder::TransformerDecoder(Transformer& model, const Tensor& src) : model_(model) {
   NoGradGuard no_grad;
   Tensor tokens = src.to(model.device());
-  memory_ = model.encode(tokens);                                           // [B, S, C]
-  src_mask_ = padding_mask(tokens, model.config().pad_id, memory_.dtype());  // [B, 1, 1, S]
+  Tensor memory = model.encode(tokens);                                    // [B, S, C]
+  src_mask_ = padding_mask(tokens, model.config().pad_id, memory.dtype());  // [B, 1, 1, S]
   caches_.resize(model.decoder->layers.size());
+  for (size_t i = 0; i < caches_.size(); ++i)
+    std::tie(caches_[i].cross_k, caches_[i].cross_v) =
+        model.decoder->layers[i]->cross_attn->project_key_value(memory, memory);  // [B, H, S, D] each
   source_of_row_.resize(static_cast<size_t>(src.size(0)));
   std::iota(source_of_row_.begin(), source_of_row_.end(), int64_t{0});
 }
 
 Tensor TransformerDecoder::step(const Tensor& tokens) {
   NoGradGuard no_grad;
-  MF_CHECK(tokens.dim() == 1 && tokens.size(0) == memory_.size(0), "TransformerDecoder::step: expects {} tokens, got "
-           "shape {}", memory_.size(0), shape_str(tokens.shape()));
-  Tensor y = model_.embed_target(tokens.to(memory_.device()).view({-1, 1}), position_);  // [N, 1, C]
+  const auto rows = static_cast<int64_t>(source_of_row_.size());
+  MF_CHECK(tokens.dim() == 1 && tokens.size(0) == rows, "TransformerDecoder::step: expects {} tokens, got shape {}",
+           rows, shape_str(tokens.shape()));
+  Tensor y = model_.embed_target(tokens.to(src_mask_.device()).view({-1, 1}), position_);  // [N, 1, C]
   // No self-attention mask: the cache holds only past positions, all of them visible.
-  Tensor h = model_.decoder->forward(y, memory_, Tensor(), src_mask_, &caches_);       // [N, 1, C]
+  Tensor h = model_.decoder->forward(y, Tensor(), Tensor(), src_mask_, &caches_);        // [N, 1, C]
   ++position_;
-  return model_.project_output(h).squeeze(1).log_softmax(-1);                          // [N, V]
+  return model_.project_output(h).squeeze(1).log_softmax(-1);                            // [N, V]
 }
 
 void TransformerDecoder::select_rows(const Tensor& index) {
   NoGradGuard no_grad;
-  Tensor rows = index.to(memory_.device());
-  auto pick = [&](Tensor& t) {
-    if (t.defined()) t = index_select(t, 0, rows);
-  };
-  // Beam search reorders rows among the beams of one sentence; those rows share their source, so
-  // the encoder output and cross-attention keys/values stay as they are unless the sources change.
+  const std::vector<int64_t> rows = index.to_vector<int64_t>();
   std::vector<int64_t> sources;
-  for (int64_t row : index.to_vector<int64_t>()) {
+  for (int64_t row : rows) {
     MF_CHECK(row >= 0 && row < static_cast<int64_t>(source_of_row_.size()),
              "TransformerDecoder::select_rows: row {} is out of range for {} rows", row, source_of_row_.size());
     sources.push_back(source_of_row_[static_cast<size_t>(row)]);
   }
-  bool same_sources = sources == source_of_row_;
-  source_of_row_ = std::move(sources);
-  if (!same_sources) {
-    pick(memory_);
-    pick(src_mask_);
+  // The new rows in runs of one sentence: runs of equal length keep one copy of the sentence state
+  // per run (found through the run's first row); otherwise every row gets its own.
+  const int64_t old_group = caches_.front().group;
+  std::vector<int64_t> positions;  // of the current per-sentence entries, one per run
+  int64_t group = 0;
+  bool equal_runs = true;
+  for (size_t first = 0, last = 0; first < rows.size(); first = last) {
+    while (last < rows.size() && sources[last] == sources[first]) ++last;
+    positions.push_back(rows[first] / old_group);
+    const auto run = static_cast<int64_t>(last - first);
+    equal_runs = equal_runs && (group == 0 || run == group);
+    group = run;
   }
+  if (!equal_runs) {
+    positions.clear();
+    for (int64_t row : rows) positions.push_back(row / old_group);
+    group = 1;
+  }
+  select_sentences(positions, std::max<int64_t>(group, 1));
+
+  Tensor picked = index.to(src_mask_.device());
   for (LayerCache& cache : caches_) {
-    pick(cache.self_k);
-    pick(cache.self_v);
-    if (!same_sources) {
-      pick(cache.cross_k);
-      pick(cache.cross_v);
+    if (cache.self_k.defined()) {
+      cache.self_k = index_select(cache.self_k, 0, picked);
+      cache.self_v = index_select(cache.self_v, 0, picked);
     }
+  }
+  source_of_row_ = std::move(sources);
+}
+
+void TransformerDecoder::select_sentences(const std::vector<int64_t>& positions, int64_t group) {
+  for (LayerCache& cache : caches_) cache.group = group;
+  bool unchanged = static_cast<int64_t>(positions.size()) == src_mask_.size(0);
+  for (size_t i = 0; unchanged && i < positions.size(); ++i) unchanged = positions[i] == static_cast<int64_t>(i);
+  if (unchanged) return;
+  const Tensor picked = from_vector(positions, {static_cast<int64_t>(positions.size())}, src_mask_.device());
+  src_mask_ = index_select(src_mask_, 0, picked);
+  for (LayerCache& cache : caches_) {
+    cache.cross_k = index_select(cache.cross_k, 0, picked);
+    cache.cross_v = index_select(cache.cross_v, 0, picked);
   }
 }
 

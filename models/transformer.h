@@ -94,11 +94,14 @@ class EncoderLayer : public nn::Module {
 
 /// One decoder layer's key/value cache for incremental decoding. The self-attention keys and values
 /// live in buffers with room to spare (capacity doubles when full), so a step writes only its own
-/// positions instead of copying the whole prefix.
+/// positions instead of copying the whole prefix. The cross-attention keys and values are computed
+/// once per source sentence and shared by the `group` consecutive rows that decode it (a sentence's
+/// beams), so choosing among a sentence's beams never copies them.
 struct LayerCache {
   Tensor self_k, self_v;    // [N, H, capacity, D]; positions [0, length) are filled
   int64_t length = 0;
-  Tensor cross_k, cross_v;  // [N, H, S, D], computed once from the encoder output
+  Tensor cross_k, cross_v;  // [N / group, H, S, D], computed once from the encoder output
+  int64_t group = 1;        // rows per source: row r attends over cross_k[r / group]
 
   /// Appends k, v [N, H, t_new, D] at position `length`.
   void append(const Tensor& k, const Tensor& v);
@@ -112,7 +115,8 @@ class DecoderLayer : public nn::Module {
   explicit DecoderLayer(const TransformerConfig& config);
   /// y [B, T, C] over memory [B, S, C]; self_mask broadcastable to [B, H, T, T], cross_mask to
   /// [B, H, T, S]. With a cache, y holds only the new positions and their keys/values are appended
-  /// to the cache (self_mask may then be undefined: every cached position is in the past).
+  /// to the cache (self_mask may then be undefined: every cached position is in the past), memory is
+  /// not read (the cache holds its keys and values) and cross_mask is per source, [N / group, 1, 1, S].
   Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& self_mask, const Tensor& cross_mask,
                  LayerCache* cache = nullptr);
 
@@ -191,9 +195,12 @@ class Transformer : public nn::Module {
 };
 
 /// Incremental decoding of a Transformer (generation::IncrementalDecoder): the sources are encoded
-/// once, the cross-attention keys/values are computed once per layer, and each step appends one
-/// position to every layer's self-attention cache, so a new token costs O(prefix), not a full
-/// decoder run. Runs without recording autograd; put the model in eval() mode first for dropout.
+/// once, the cross-attention keys/values are computed once per layer and sentence, and each step
+/// appends one position to every layer's self-attention cache, so a new token costs O(prefix), not a
+/// full decoder run. While the rows come in equal runs per sentence (greedy search's one row each, beam
+/// search's beam_size), a run's queries attend together over its sentence's keys and values, which are
+/// copied only when sentences leave; any other selection falls back to one copy per row. Runs without
+/// recording autograd; put the model in eval() mode first for dropout.
 class TransformerDecoder : public generation::IncrementalDecoder {
  public:
   /// Starts one row per source sentence (src [B, S] int64, on any device: it is moved to the model's).
@@ -203,9 +210,12 @@ class TransformerDecoder : public generation::IncrementalDecoder {
   void select_rows(const Tensor& index) override;
 
  private:
+  /// Keeps the per-sentence state (cross-attention keys/values, source mask) of the sentences at
+  /// `positions` of the current ones, in that order, with `group` rows each.
+  void select_sentences(const std::vector<int64_t>& positions, int64_t group);
+
   Transformer& model_;
-  Tensor memory_;      // [N, S, C]
-  Tensor src_mask_;    // [N, 1, 1, S]
+  Tensor src_mask_;                     // [N / group, 1, 1, S]
   std::vector<LayerCache> caches_;
   std::vector<int64_t> source_of_row_;  // which source sentence each row decodes
   int64_t position_ = 0;

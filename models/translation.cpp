@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <numeric>
+
 namespace mf::models {
 namespace {
 
@@ -99,49 +101,37 @@ Translator::Translator(const TransformerConfig& config, text::Vocab src_vocab, t
                  text::TextCodec(std::move(tgt_vocab), tokenizer)) {}
 
 Tensor Translator::encode_sources(const std::vector<std::string>& sentences) const {
-  std::vector<std::vector<int64_t>> rows;
-  int64_t limit = model_->config().max_len - 1;  // room for <eos>
-  for (const std::string& sentence : sentences) {
-    std::vector<int64_t> ids = source_.encode(sentence);
-    if (static_cast<int64_t>(ids.size()) > limit) ids.resize(static_cast<size_t>(limit));
-    ids.push_back(text::kEosId);
-    rows.push_back(std::move(ids));
-  }
-  return pad_rows(rows, model_->device());
+  std::vector<std::vector<int64_t>> sources;
+  for (const std::string& sentence : sentences) sources.push_back(source_.encode(sentence));
+  std::vector<int64_t> rows(sources.size());
+  std::iota(rows.begin(), rows.end(), int64_t{0});
+  return pad_sources(sources, rows, model_->config().max_len, model_->device());
 }
 
-
-int64_t output_budget(int64_t longest_source, int64_t max_len) {
-  return std::min(max_len - 1, longest_source * 3 / 2 + 10);
-}
-
-std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
-                                                      int64_t max_new_tokens) {
-  if (sentences.empty()) return {};
-  const Tensor src = encode_sources(sentences);
-  const int64_t budget = std::min(max_new_tokens, output_budget(src.size(1), model_->config().max_len));
-  generation::GreedyResult result =
-      greedy_decode(*model_, src, {.max_new_tokens = budget, .banned_id = banned_token()});
-  std::vector<std::string> out;
-  for (int64_t b = 0; b < result.tokens.size(0); ++b) {
-    std::vector<int64_t> ids = result.tokens.select(0, b).to_vector<int64_t>();
-    out.push_back(decode_target(std::span(ids).subspan(1)));  // drop <sos>
+std::vector<std::vector<Translation>> Translator::translate(const std::vector<std::string>& sentences,
+                                                             const DecodingOptions& options) {
+  std::vector<std::vector<int64_t>> sources;
+  for (const std::string& sentence : sentences) sources.push_back(source_.encode(sentence));
+  DecodingOptions with_ban = options;
+  with_ban.banned_id = banned_token();
+  std::vector<std::vector<Translation>> out;
+  for (const auto& hypotheses : decode_sources(*model_, sources, with_ban)) {
+    out.emplace_back();
+    for (const generation::Hypothesis& h : hypotheses) {
+      const bool ended = !h.tokens.empty() && h.tokens.back() == text::kEosId;
+      out.back().push_back({.text = decode_target(h.tokens),
+                            .score = h.score,
+                            .tokens = static_cast<int64_t>(h.tokens.size()) - (ended ? 1 : 0)});
+    }
   }
   return out;
 }
 
-std::vector<std::vector<std::pair<std::string, double>>> Translator::translate_beam(
-    const std::vector<std::string>& sentences, const generation::BeamOptions& options) {
-  if (sentences.empty()) return {};
-  const Tensor src = encode_sources(sentences);
-  generation::BeamOptions bounded = options;
-  bounded.max_new_tokens = std::min(options.max_new_tokens, output_budget(src.size(1), model_->config().max_len));
-  bounded.banned_id = banned_token();
-  std::vector<std::vector<std::pair<std::string, double>>> out;
-  for (const auto& hypotheses : beam_search(*model_, src, bounded)) {
-    out.emplace_back();
-    for (const generation::Hypothesis& h : hypotheses) out.back().emplace_back(decode_target(h.tokens), h.score);
-  }
+std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
+                                                      int64_t max_new_tokens) {
+  std::vector<std::string> out;
+  for (auto& translations : translate(sentences, {.max_new_tokens = max_new_tokens}))
+    out.push_back(std::move(translations.front().text));
   return out;
 }
 

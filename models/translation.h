@@ -6,6 +6,7 @@
 // batches are padded with <pad> (text::kPadId), which every mask and the loss ignore.
 #pragma once
 
+#include "models/decoding.h"
 #include "models/generation.h"
 #include "models/transformer.h"
 #include "optim/training_state.h"
@@ -32,11 +33,16 @@ TranslationBatch make_translation_batch(const std::vector<std::vector<int64_t>>&
                                         const std::vector<std::vector<int64_t>>& targets,
                                         std::span<const int64_t> indices, Device device = Device::cpu());
 
-/// Most tokens decoding generates for a batch whose longest source has `longest_source` ids (<eos>
-/// included): 1.5 times that plus 10, as fairseq's default max_len_a/b (a translation rarely runs longer,
-/// and a model that has not learned to stop would otherwise run to max_len), within the model's
-/// max_len - 1. translate and the training loop's validation share it.
-int64_t output_budget(int64_t longest_source, int64_t max_len);
+/// One translation of a sentence.
+struct Translation {
+  std::string text;
+  /// What beam search ranks by, the length-penalized log-probability; greedy search: the log-probability.
+  double score = 0;
+  /// Tokens generated, <eos> excluded.
+  int64_t tokens = 0;
+
+  bool operator==(const Translation&) const = default;
+};
 
 class Translator {
  public:
@@ -56,11 +62,13 @@ class Translator {
   /// Target ids back to text (up to <eos>).
   std::string decode_target(std::span<const int64_t> ids) const { return target_.decode(ids); }
 
-  /// Greedy translations of `sentences` (batched, key/value cache).
+  /// Translates `sentences` (decode_sources: length-sorted batches, greedy or beam search, never the
+  /// banned_token()): per sentence its min(nbest, found) translations, best first, in input order. An
+  /// empty sentence is translated like any other (from <eos> alone).
+  std::vector<std::vector<Translation>> translate(const std::vector<std::string>& sentences,
+                                                  const DecodingOptions& options);
+  /// Greedy translations of `sentences`, one each (translate with beam_size 1).
   std::vector<std::string> translate_greedy(const std::vector<std::string>& sentences, int64_t max_new_tokens);
-  /// Beam search: per sentence the n-best translations with their scores, best first.
-  std::vector<std::vector<std::pair<std::string, double>>> translate_beam(const std::vector<std::string>& sentences,
-                                                                          const generation::BeamOptions& options);
 
   /// Saves the model (and, when given, the optimizer, schedulers and generator of a training run) with
   /// the config, vocabularies, tokenizer settings and the caller's metadata, atomically.

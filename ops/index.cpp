@@ -431,7 +431,20 @@ void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor
       }
     };
     if (streaming && n == 1) {
-      for (int64_t j = 0; j < size; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
+      int64_t j = 0;
+      for (; j < size && kept[0] < k; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
+      // Once k are held, an element enters only if it ranks before the k-th best; ties lose (a later
+      // index), so a contiguous block with nothing beyond that bound, and no NaN, is skipped whole
+      // with one vectorizable test.
+      constexpr int64_t kBlock = 16;
+      for (; stride == 1 && j + kBlock <= size; j += kBlock) {
+        const T bound = ranked[static_cast<size_t>(k - 1)].first;
+        bool any = false;
+        for (int64_t b = 0; b < kBlock; ++b) any |= Largest ? !(row[j + b] <= bound) : !(row[j + b] >= bound);
+        if (any)
+          for (int64_t b = 0; b < kBlock; ++b) offer<T, Largest>(ranked.data(), kept[0], k, row[j + b], j + b);
+      }
+      for (; j < size; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
       emit(0, ranked.data());
     } else if (streaming) {  // the n fibers interleave in memory: walk them side by side
       for (int64_t j = 0; j < size; ++j)

@@ -144,6 +144,20 @@ TEST_CASE("batching rejects inconsistent input") {
 // BLEU (expected values derived by hand below, and checked with a Python re-implementation of
 // sacrebleu's formula)
 
+TEST_CASE("decoding batches: longest first, cut under the budget, an overlong example alone") {
+  // Widths 3 1 4 1 5 10, budget 8: sorted 10 (#5), 5 (#4), 4 (#2), 3 (#0), 1 (#1), 1 (#3); 10 > 8 stands
+  // alone, 5 alone (2 x 5 = 10 > 8), 4 and 3 together (2 x 4 = 8), the two 1s together (3 x 4 = 12 > 8).
+  const std::vector<int64_t> lengths = {3, 1, 4, 1, 5, 10};
+  CHECK(mf::text::sorted_batches(lengths, 8) == std::vector<mf::text::Batch>{{5}, {4}, {2, 0}, {1, 3}});
+  // A sentence cap splits further; an empty example costs one slot.
+  CHECK(mf::text::sorted_batches(lengths, 100, 2) == std::vector<mf::text::Batch>{{5, 4}, {2, 0}, {1, 3}});
+  CHECK(mf::text::sorted_batches(std::vector<int64_t>{0, 0}, 1) == std::vector<mf::text::Batch>{{0}, {1}});
+  CHECK(mf::text::sorted_batches(std::vector<int64_t>{}, 8).empty());
+  CHECK_THROWS_WITH_AS(mf::text::sorted_batches(lengths, 0), "sorted_batches: max_tokens must be positive, got 0", mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::sorted_batches(std::vector<int64_t>{2, -1}, 8),
+                       "sorted_batches: example 1 has a negative length (-1)", mf::Error);
+}
+
 TEST_CASE("BLEU of a perfect hypothesis is 100") {
   const auto sentences = split_all({"the cat sat on the mat", "ein kleiner test mit vier wörtern"});
   const mf::text::BleuScore bleu = mf::text::corpus_bleu(sentences, sentences);

@@ -281,6 +281,78 @@ TEST_CASE("cached decoding gives the tokens and scores of full recomputation") {
   }
 }
 
+TEST_CASE("any selection of rows, in runs per sentence or not, keeps full recomputation's log-probabilities") {
+  // Runs of 2 per sentence (beams forking), a reorder within the runs, a sentence leaving (its state is
+  // compacted away), unequal runs (one copy per row), and a reversal out of that layout.
+  auto model = reference_model(DType::Float64);
+  model->eval();
+  const Tensor& src = reference("input.src");  // [3, 5]
+  models::TransformerDecoder cached(*model, src);
+  RecomputingDecoder recomputed(*model, src);
+  const std::vector<std::vector<int64_t>> selections = {
+      {0, 0, 1, 1, 2, 2}, {1, 0, 3, 2, 5, 4}, {0, 1, 4, 5}, {0, 2, 2, 3}, {3, 0}};
+  std::vector<int64_t> tokens = {1, 1, 1};  // <sos>
+  for (size_t step = 0; step <= selections.size(); ++step) {
+    CAPTURE(step);
+    Tensor a = cached.step(from_vector(tokens, {static_cast<int64_t>(tokens.size())}));
+    Tensor b = recomputed.step(from_vector(tokens, {static_cast<int64_t>(tokens.size())}));
+    check_close(a, b, 1e-12, 1e-12);
+    if (step == selections.size()) break;
+    const std::vector<int64_t>& rows = selections[step];
+    Tensor index = from_vector(rows, {static_cast<int64_t>(rows.size())});
+    cached.select_rows(index);
+    recomputed.select_rows(index);
+    tokens.clear();
+    for (size_t i = 0; i < rows.size(); ++i) tokens.push_back(4 + static_cast<int64_t>((step * 5 + i) % 9));
+  }
+}
+
+TEST_CASE("decode_sources sorts and batches by length, then gives each sentence what decoding it alone gives") {
+  auto model = std::make_shared<models::Transformer>(reference_config());
+  model->to(DType::Float64);
+  model->load_state_dict(testing::reference_with_prefix("trained."));
+  model->eval();
+  // Sources of different lengths in no order (ids without <eos>), one empty and one past max_len - 1.
+  const std::vector<std::vector<int64_t>> sources = {
+      {5, 7, 3, 9}, {12, 3}, {6, 8, 11}, {}, {5, 7, 3, 9, 4, 6, 8, 11, 12, 3, 5, 7, 3, 9, 4, 6, 8, 11}, {4}};
+  for (int64_t beam : {1, 3}) {
+    CAPTURE(beam);
+    const models::DecodingOptions options{.beam_size = beam, .max_new_tokens = 8, .nbest = beam};
+    std::vector<std::vector<generation::Hypothesis>> alone;
+    for (const std::vector<int64_t>& source : sources)
+      alone.push_back(models::decode_sources(*model, {source}, options).front());
+    for (int64_t batch_tokens : {1, 8, 1000}) {
+      CAPTURE(batch_tokens);
+      models::DecodingOptions batched = options;
+      batched.batch_tokens = batch_tokens;
+      const auto together = models::decode_sources(*model, sources, batched);
+      REQUIRE(together.size() == sources.size());
+      for (size_t i = 0; i < sources.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(together[i].size() == alone[i].size());
+        for (size_t h = 0; h < alone[i].size(); ++h) {
+          CHECK(together[i][h].tokens == alone[i][h].tokens);
+          CHECK(together[i][h].score == doctest::Approx(alone[i][h].score).epsilon(1e-12));
+        }
+      }
+    }
+  }
+  // One sentence alone is what greedy_decode / beam_search make of it, <eos> ending the tokens.
+  const Tensor src = from_vector(std::vector<int64_t>{5, 7, 3, 9, 2}, {1, 5});
+  generation::GreedyResult greedy = models::greedy_decode(*model, src, {.max_new_tokens = 8});
+  const auto decoded = models::decode_sources(*model, {{5, 7, 3, 9}}, {.max_new_tokens = 8});
+  std::vector<int64_t> expected;
+  for (int64_t t = 1; t < greedy.tokens.size(1); ++t) {
+    expected.push_back(greedy.tokens.at<int64_t>({0, t}));
+    if (expected.back() == text::kEosId) break;
+  }
+  CHECK(decoded[0][0].tokens == expected);
+  CHECK(decoded[0][0].log_prob == greedy.log_probs[0]);
+  CHECK(models::decode_sources(*model, {}, {}).empty());
+  CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.batch_tokens = 0}),
+                       "decode_sources: batch_tokens must be at least 1, got 0", Error);
+}
+
 TEST_CASE("beam width 1 is greedy; beams come back best first") {
   auto model = std::make_shared<models::Transformer>(reference_config());
   model->to(DType::Float64);

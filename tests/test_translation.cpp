@@ -45,13 +45,13 @@ TEST_CASE("a saved translator translates exactly as before after loading") {
   translator.model().eval();
   std::vector<std::string> sentences{"ich mochte ein bier", "Ich mochte ein COLA !", "unbekannt"};
   std::vector<std::string> before = translator.translate_greedy(sentences, 6);
-  auto beams_before = translator.translate_beam(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
+  auto beams_before = translator.translate(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
   std::filesystem::path path = temp_file("miniflow_test_translator.safetensors");
   translator.save(path, {}, {{"epoch", "1"}});
   models::Translator loaded = models::Translator::load(path);
   std::filesystem::remove(path);
   CHECK(loaded.translate_greedy(sentences, 6) == before);
-  auto beams_after = loaded.translate_beam(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
+  auto beams_after = loaded.translate(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
   REQUIRE(beams_after.size() == beams_before.size());
   for (size_t s = 0; s < beams_after.size(); ++s) CHECK(beams_after[s] == beams_before[s]);
   CHECK(loaded.source() == translator.source());

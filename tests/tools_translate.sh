@@ -52,8 +52,8 @@ printf '%s\n' "i want a beer" "i want a coke" "hola mundo" "te amo" "el gato es 
 # ---- translations ------------------------------------------------------------------------------
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" >"$dir/greedy.txt"
 same_file "greedy translations of the training sources" "$dir/ref.txt" "$dir/greedy.txt"
-"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --batch-size 3 >"$dir/beam.txt"
-same_file "beam 4 translations (batches of 3)" "$dir/ref.txt" "$dir/beam.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --batch-tokens 12 >"$dir/beam.txt"
+same_file "beam 4 translations (length-sorted batches of at most 12 source tokens)" "$dir/ref.txt" "$dir/beam.txt"
 "$translate" --checkpoint "$ckpt" <"$dir/src.txt" >"$dir/stdin.txt"
 same_file "stdin gives what --input gives" "$dir/greedy.txt" "$dir/stdin.txt"
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --output "$dir/out.txt" >"$dir/stdout.txt"

@@ -8,6 +8,32 @@
 
 namespace mf::text {
 
+namespace {
+
+/// Appends `examples` (indices, already in batch order) to `batches`, cut greedily: a batch grows while
+/// its size times its widest example's `width` stays within max_tokens and its size within
+/// max_sentences (0: no cap). An example wider than max_tokens on its own still gets a batch.
+void cut_into_batches(std::span<const int64_t> examples, std::span<const int64_t> width, int64_t max_tokens,
+                      int64_t max_sentences, std::vector<Batch>& batches) {
+  Batch batch;
+  int64_t batch_width = 0;
+  for (int64_t example : examples) {
+    const int64_t grown_size = static_cast<int64_t>(batch.size()) + 1;
+    const int64_t grown_width = std::max(batch_width, width[static_cast<size_t>(example)]);
+    const bool fits = grown_size * grown_width <= max_tokens && (max_sentences == 0 || grown_size <= max_sentences);
+    if (!fits && !batch.empty()) {
+      batches.push_back(std::move(batch));
+      batch = {};
+      batch_width = 0;
+    }
+    batch.push_back(example);
+    batch_width = std::max(batch_width, width[static_cast<size_t>(example)]);
+  }
+  if (!batch.empty()) batches.push_back(std::move(batch));
+}
+
+}  // namespace
+
 uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
   MF_CHECK(n > 0, "uniform_below: the range [0, n) is empty (n = 0)");
   // The lowest 2^64 mod n outputs would make small results slightly likelier; redraw them.
@@ -58,22 +84,7 @@ std::vector<Batch> make_batches(std::span<const int64_t> source_lengths, std::sp
       return std::tie(width[a], source_lengths[a], target_lengths[a]) <
              std::tie(width[b], source_lengths[b], target_lengths[b]);
     });
-    Batch batch;
-    int64_t batch_width = 0;
-    for (auto it = first; it != last; ++it) {
-      const int64_t grown_size = static_cast<int64_t>(batch.size()) + 1;
-      const int64_t grown_width = std::max(batch_width, width[*it]);
-      const bool fits = grown_size * grown_width <= options.max_tokens &&
-                        (options.max_sentences == 0 || grown_size <= options.max_sentences);
-      if (!fits) {
-        batches.push_back(std::move(batch));
-        batch = {};
-        batch_width = 0;
-      }
-      batch.push_back(*it);
-      batch_width = std::max(batch_width, width[*it]);
-    }
-    if (!batch.empty()) batches.push_back(std::move(batch));
+    cut_into_batches({first, last}, width, options.max_tokens, options.max_sentences, batches);
   }
   fisher_yates_shuffle(batches.begin(), batches.end(), rng);
   return batches;
@@ -89,6 +100,22 @@ std::vector<Batch> make_batches(const std::vector<std::vector<int64_t>>& sources
     return out;
   };
   return make_batches(lengths(sources), lengths(targets), options, seed);
+}
+
+std::vector<Batch> sorted_batches(std::span<const int64_t> lengths, int64_t max_tokens, int64_t max_sentences) {
+  MF_CHECK(max_tokens >= 1, "sorted_batches: max_tokens must be positive, got {}", max_tokens);
+  MF_CHECK(max_sentences >= 0, "sorted_batches: max_sentences must be 0 (no cap) or positive, got {}", max_sentences);
+  std::vector<int64_t> width(lengths.size());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    MF_CHECK(lengths[i] >= 0, "sorted_batches: example {} has a negative length ({})", i, lengths[i]);
+    width[i] = std::max(lengths[i], int64_t{1});
+  }
+  std::vector<int64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return width[a] > width[b]; });
+  std::vector<Batch> batches;
+  cut_into_batches(order, width, max_tokens, max_sentences, batches);
+  return batches;
 }
 
 }  // namespace mf::text

@@ -1,4 +1,5 @@
-// Length-bucketed batches under a token budget, shuffled reproducibly from a seed.
+// Length-bucketed batches under a token budget: shuffled reproducibly from a seed for training,
+// sorted by length for decoding.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,7 @@ struct BatchingOptions {
   int64_t pool_size = 0;
 };
 
-/// Indices of the examples in one batch, shortest first.
+/// Indices of the examples in one batch (make_batches: shortest first; sorted_batches: longest first).
 using Batch = std::vector<int64_t>;
 
 /// A uniform integer in [0, n), n > 0, by rejection sampling. Unlike std::uniform_int_distribution,
@@ -49,5 +50,13 @@ std::vector<Batch> make_batches(std::span<const int64_t> source_lengths, std::sp
 std::vector<Batch> make_batches(const std::vector<std::vector<int64_t>>& sources,
                                 const std::vector<std::vector<int64_t>>& targets, const BatchingOptions& options,
                                 uint64_t seed);
+
+/// Batches for decoding: the examples sorted by length, longest first (equal lengths keep their input
+/// order), cut greedily so that a batch's size times its longest length stays within max_tokens and
+/// its size within max_sentences (0: no cap). Every example lands in exactly one batch; an example
+/// longer than max_tokens gets one of its own rather than an error, since decoding can always take it.
+/// The longest batch comes first, so a budget too large for memory fails at once. Throws mf::Error for
+/// a negative length, max_tokens below 1 or a negative max_sentences.
+std::vector<Batch> sorted_batches(std::span<const int64_t> lengths, int64_t max_tokens, int64_t max_sentences = 0);
 
 }  // namespace mf::text

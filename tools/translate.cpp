@@ -5,9 +5,11 @@
 //   translate --checkpoint model.safetensors --input test.de --reference test.en --beam 4
 //
 // Input: UTF-8 text, one sentence per line (a trailing '\r' is dropped), from stdin or --input; all of
-// it is read before translating, then translated --batch-size sentences at a time in input order.
+// it is read before translating, then sorted by length and translated in batches of at most
+// --batch-tokens source tokens (models::decode_sources). --timing prints the speed to stderr.
 // Output, one line per input line, in input order:
-//   --nbest 1 (default)  the best translation, tokenized as the model produces it ("i want a beer .");
+//   --nbest 1 (default)  the best translation, as the target side's codec writes it (detokenized text
+//                        for subwords; "i want a beer ." for a word vocabulary);
 //   --nbest K > 1        K lines per input line, best first: "score<TAB>translation", score being the
 //                        hypothesis's length-penalized log-probability with 4 decimals (higher is better);
 //                        fewer than K only if the search found fewer (a target vocabulary smaller than K).
@@ -39,6 +41,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -55,13 +58,13 @@ using mf::tools::UsageError;
 struct Options {
   std::string checkpoint, input, output, reference, attention_svg;
   mf::Device device = mf::Device::cpu();
-  int64_t beam = 1, nbest = 1, max_len = 100, batch_size = 64, attention_sentence = 1;
+  int64_t beam = 1, nbest = 1, max_len = 100, batch_tokens = 4096, attention_sentence = 1;
   double length_penalty = 0.6;
   int threads = mf::get_num_threads();
-  bool lowercase_bleu = false;
+  bool lowercase_bleu = false, timing = false;
 };
 
-/// One translation of a sentence and its score (NaN for greedy decoding, which prints no scores).
+/// The translations of a sentence with their scores, best first.
 using Hypotheses = std::vector<std::pair<std::string, double>>;
 
 /// Parses the command line; returns false after --help. Throws UsageError for bad usage.
@@ -69,7 +72,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   mf::tools::ArgParser args(
       "translate",
       "Translates UTF-8 text line by line (stdin or --input) with a translation checkpoint, writing one\n"
-      "translation per input line (stdout or --output), tokenized as the model produces it. Empty lines\n"
+      "translation per input line (stdout or --output), as text (subwords) or tokens (words). Empty lines\n"
       "give empty lines. With --nbest K > 1 each input line gives K lines \"score<TAB>translation\", best\n"
       "first (score: length-penalized log-probability). --reference prints sacreBLEU's corpus BLEU (13a\n"
       "tokenization, cased unless --lowercase-bleu) and chrF, with their signatures, to stderr.\n"
@@ -81,7 +84,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("nbest", &o.nbest, "translations K per sentence (needs --beam >= K); K > 1 prints \"score<TAB>text\" lines");
   args.add("length-penalty", &o.length_penalty, "beam search's length penalty alpha (GNMT)");
   args.add("max-len", &o.max_len, "most tokens generated per sentence (capped by the model's max length)");
-  args.add("batch-size", &o.batch_size, "sentences translated together");
+  args.add("batch-tokens", &o.batch_tokens,
+           "source tokens decoded together, padding included (sentences are sorted by length first)");
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
   // Not sacrebleu's bare --lowercase: here that would read as lowercasing the translations.
@@ -90,6 +94,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("attention-svg", &o.attention_svg, "write the cross-attention heatmap of one sentence to this SVG file");
   args.add("attention-sentence", &o.attention_sentence, "the input line (1-based) --attention-svg draws");
   args.add("threads", &o.threads, "intra-op threads");
+  args.add_switch("timing", &o.timing,
+                  "print the sentences and tokens translated per second to stderr (model loading excluded)");
   args.add("device", &o.device, "where the model runs: cpu, cuda or cuda:N");
   if (!args.parse(argc, argv)) return false;
   if (o.checkpoint.empty()) throw UsageError("--checkpoint is required");
@@ -99,7 +105,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     throw UsageError(fmt::format("--nbest {} needs a beam at least as wide, but --beam is {}", o.nbest, o.beam));
   if (!std::isfinite(o.length_penalty)) throw UsageError("--length-penalty must be a finite number");
   if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
-  if (o.batch_size < 1) throw UsageError(fmt::format("--batch-size must be at least 1, not {}", o.batch_size));
+  if (o.batch_tokens < 1) throw UsageError(fmt::format("--batch-tokens must be at least 1, not {}", o.batch_tokens));
   if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
   if (o.lowercase_bleu && o.reference.empty()) throw UsageError("--lowercase-bleu needs --reference");
   if (o.attention_sentence < 1)
@@ -127,32 +133,34 @@ std::vector<std::string> read_lines(const std::string& path, const char* what) {
   return lines;
 }
 
-/// Translates every line, `batch_size` non-empty lines at a time, keeping input order; lines without
-/// tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per requested translation.
-std::vector<Hypotheses> translate_lines(models::Translator& translator, const std::vector<std::string>& lines,
-                                        const std::vector<int64_t>& token_counts, const Options& o) {
+/// Translates the lines with tokens (the library sorts them by length and batches them under
+/// --batch-tokens); lines without tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per
+/// requested translation. Returns the hypotheses in input order and the tokens generated for the best.
+std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& translator,
+                                                            const std::vector<std::string>& lines,
+                                                            const std::vector<int64_t>& token_counts, const Options& o) {
   std::vector<Hypotheses> results(lines.size(), Hypotheses(static_cast<size_t>(o.nbest), {"", 0.0}));
   std::vector<size_t> pending;
-  auto flush = [&] {
-    std::vector<std::string> batch;
-    for (size_t i : pending) batch.push_back(lines[i]);
-    if (o.beam == 1) {
-      std::vector<std::string> out = translator.translate_greedy(batch, o.max_len);
-      for (size_t k = 0; k < pending.size(); ++k) results[pending[k]] = {{out[k], std::nan("")}};
-    } else {
-      auto out = translator.translate_beam(
-          batch, {.beam_size = o.beam, .max_new_tokens = o.max_len, .length_penalty = o.length_penalty, .nbest = o.nbest});
-      for (size_t k = 0; k < pending.size(); ++k) results[pending[k]] = std::move(out[k]);
-    }
-    pending.clear();
-  };
+  std::vector<std::string> sentences;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (token_counts[i] == 0) continue;
     pending.push_back(i);
-    if (static_cast<int64_t>(pending.size()) == o.batch_size) flush();
+    sentences.push_back(lines[i]);
   }
-  if (!pending.empty()) flush();
-  return results;
+  std::vector<std::vector<models::Translation>> translations =
+      translator.translate(sentences, {.beam_size = o.beam,
+                                       .max_new_tokens = o.max_len,
+                                       .length_penalty = o.length_penalty,
+                                       .nbest = o.nbest,
+                                       .batch_tokens = o.batch_tokens});
+  int64_t generated = 0;
+  for (size_t k = 0; k < pending.size(); ++k) {
+    generated += translations[k].front().tokens;
+    Hypotheses& hypotheses = results[pending[k]];
+    hypotheses.clear();
+    for (models::Translation& t : translations[k]) hypotheses.emplace_back(std::move(t.text), t.score);
+  }
+  return {std::move(results), generated};
 }
 
 /// The output text: one line per sentence, or "score<TAB>translation" lines with --nbest K > 1.
@@ -265,7 +273,15 @@ int run(int argc, char** argv) {
   if (truncated > 0)
     fmt::print(stderr, "translate: {} sentence(s) longer than the model's {} tokens were truncated\n", truncated, limit);
 
-  std::vector<Hypotheses> results = translate_lines(translator, lines, token_counts, o);
+  const auto start = std::chrono::steady_clock::now();
+  auto [results, generated] = translate_lines(translator, lines, token_counts, o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.timing) {
+    const auto sentences = std::count_if(token_counts.begin(), token_counts.end(), [](int64_t n) { return n > 0; });
+    fmt::print(stderr, "translate: {} sentences, {} tokens in {:.3f} s: {:.0f} tokens/s, {:.1f} sentences/s\n",
+               sentences, generated, seconds, static_cast<double>(generated) / seconds,
+               static_cast<double>(sentences) / seconds);
+  }
   std::string text = format_output(results, o.nbest);
   if (o.output.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);

@@ -42,10 +42,10 @@ std::vector<ToyTranslation> translate_toy(models::Translator& translator) {
   std::vector<std::string> sources;
   for (const auto& pair : toy_pairs()) sources.push_back(pair.first);
   std::vector<std::string> greedy = translator.translate_greedy(sources, 12);
-  auto beams = translator.translate_beam(sources, {.beam_size = 4, .max_new_tokens = 12});
+  auto beams = translator.translate(sources, {.beam_size = 4, .max_new_tokens = 12});
   std::vector<ToyTranslation> out;
   for (size_t i = 0; i < sources.size(); ++i)
-    out.push_back({sources[i], greedy[i], beams[i].front().first, toy_pairs()[i].second});
+    out.push_back({sources[i], greedy[i], beams[i].front().text, toy_pairs()[i].second});
   return out;
 }
 

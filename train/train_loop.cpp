@@ -305,37 +305,21 @@ ParallelData encode_corpus(const models::Translator& translator, const text::Cor
   return data;
 }
 
-/// Greedy translations of the first `limit` validation sentences (all for 0), scored as sacreBLEU and
+/// Translations (greedy, or beam search with `beam` > 1) of the first `limit` validation sentences (all for 0), scored as sacreBLEU and
 /// chrF (cased, 13a) against their reference lines. With a group, each rank translates its shard and the
 /// scores come from the counts summed over the ranks.
 ValidationScores validation_scores(models::Translator& translator, const ParallelData& data, int64_t limit,
                                    distributed::ProcessGroup* group, int64_t beam) {
-  constexpr size_t kChunk = 64;
   size_t count = limit > 0 ? std::min(static_cast<size_t>(limit), data.sources.size()) : data.sources.size();
   auto [begin, end] = distributed::shard_range(count, group ? group->rank() : 0, group ? group->world_size() : 1);
-  models::Transformer& model = translator.model();
-  std::vector<std::string> hypotheses, references(data.references.begin() + static_cast<ptrdiff_t>(begin),
-                                                  data.references.begin() + static_cast<ptrdiff_t>(end));
-  for (size_t first = begin; first < end; first += kChunk) {
-    std::vector<int64_t> rows;
-    for (size_t i = first; i < std::min(end, first + kChunk); ++i) rows.push_back(static_cast<int64_t>(i));
-    models::TranslationBatch batch = models::make_translation_batch(data.sources, data.targets, rows, model.device());
-    const int64_t budget = models::output_budget(batch.src.size(1), model.config().max_len);
-    if (beam > 1) {
-      for (const auto& best : models::beam_search(
-               model, batch.src,
-               {.beam_size = beam, .max_new_tokens = budget, .banned_id = translator.banned_token()}))
-        hypotheses.push_back(translator.decode_target(best.front().tokens));
-      continue;
-    }
-    generation::GreedyResult result =
-        models::greedy_decode(model, batch.src, {.max_new_tokens = budget, .banned_id = translator.banned_token()});
-    int64_t width = result.tokens.size(1);
-    std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
-    for (size_t r = 0; r < rows.size(); ++r)
-      hypotheses.push_back(translator.decode_target(
-          std::span<const int64_t>(ids).subspan(r * static_cast<size_t>(width), static_cast<size_t>(width))));
-  }
+  const std::vector<std::vector<int64_t>> sources(data.sources.begin() + static_cast<ptrdiff_t>(begin),
+                                                  data.sources.begin() + static_cast<ptrdiff_t>(end));
+  const std::vector<std::string> references(data.references.begin() + static_cast<ptrdiff_t>(begin),
+                                            data.references.begin() + static_cast<ptrdiff_t>(end));
+  std::vector<std::string> hypotheses;
+  for (const auto& best :
+       models::decode_sources(translator.model(), sources, {.beam_size = beam, .banned_id = translator.banned_token()}))
+    hypotheses.push_back(translator.decode_target(best.front().tokens));
   text::BleuScore bleu = text::corpus_sacrebleu(hypotheses, references);
   text::ChrfScore chrf = text::corpus_chrf(hypotheses, references);
   if (group != nullptr) {  // the counts are integers far below 2^53: exact as doubles

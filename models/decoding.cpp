@@ -1,0 +1,90 @@
+#include "models/decoding.h"
+
+#include "core/graph.h"
+#include "ops/functional.h"
+#include "text/batching.h"
+
+#include <algorithm>
+
+namespace mf::models {
+namespace {
+
+/// Greedy search's [B, L] result (<sos>, the tokens, <pad> after <eos>) as one hypothesis per row.
+std::vector<std::vector<generation::Hypothesis>> greedy_hypotheses(const generation::GreedyResult& result,
+                                                                   int64_t eos_id) {
+  const int64_t rows = result.tokens.size(0), width = result.tokens.size(1);
+  const std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
+  std::vector<std::vector<generation::Hypothesis>> out;
+  for (int64_t row = 0; row < rows; ++row) {
+    auto first = ids.begin() + row * width + 1;  // after <sos>
+    auto last = ids.begin() + (row + 1) * width;
+    auto eos = std::find(first, last, eos_id);
+    double log_prob = result.log_probs[static_cast<size_t>(row)];
+    out.push_back({{.tokens = std::vector<int64_t>(first, eos == last ? last : eos + 1),
+                    .log_prob = log_prob,
+                    .score = log_prob}});
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor pad_sources(const std::vector<std::vector<int64_t>>& sources, std::span<const int64_t> rows, int64_t max_len,
+                   Device device) {
+  const int64_t limit = max_len - 1;  // room for <eos>
+  int64_t longest = 0;
+  for (int64_t i : rows) {
+    MF_CHECK(i >= 0 && i < static_cast<int64_t>(sources.size()), "pad_sources: row {} is out of range for {} sources",
+             i, sources.size());
+    longest = std::max(longest, std::min<int64_t>(static_cast<int64_t>(sources[i].size()), limit));
+  }
+  const int64_t width = longest + 1;
+  std::vector<int64_t> flat(rows.size() * static_cast<size_t>(width), text::kPadId);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const std::vector<int64_t>& ids = sources[static_cast<size_t>(rows[row])];
+    const auto kept = static_cast<std::ptrdiff_t>(std::min<int64_t>(static_cast<int64_t>(ids.size()), limit));
+    auto out = flat.begin() + static_cast<std::ptrdiff_t>(row) * width;
+    out = std::copy(ids.begin(), ids.begin() + kept, out);
+    *out = text::kEosId;
+  }
+  return from_vector(flat, {static_cast<int64_t>(rows.size()), width}, device);
+}
+
+int64_t output_budget(int64_t longest_source, int64_t max_len) {
+  return std::min(max_len - 1, longest_source * 3 / 2 + 10);
+}
+
+std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& model,
+                                                                const std::vector<std::vector<int64_t>>& sources,
+                                                                const DecodingOptions& options) {
+  MF_CHECK(options.batch_tokens >= 1, "decode_sources: batch_tokens must be at least 1, got {}", options.batch_tokens);
+  NoGradGuard no_grad;
+  const TransformerConfig& config = model.config();
+  std::vector<int64_t> lengths;  // as padded: truncated to max_len - 1, then <eos>
+  for (const std::vector<int64_t>& ids : sources)
+    lengths.push_back(std::min<int64_t>(static_cast<int64_t>(ids.size()), config.max_len - 1) + 1);
+
+  std::vector<std::vector<generation::Hypothesis>> out(sources.size());
+  for (const text::Batch& batch : text::sorted_batches(lengths, options.batch_tokens)) {
+    const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]
+    const int64_t budget = std::min(options.max_new_tokens, output_budget(src.size(1), config.max_len));
+    std::vector<std::vector<generation::Hypothesis>> decoded;
+    if (options.beam_size == 1 && options.nbest == 1) {
+      decoded = greedy_hypotheses(
+          greedy_decode(model, src,
+                        {.max_new_tokens = budget, .pad_id = config.pad_id, .banned_id = options.banned_id}),
+          text::kEosId);
+    } else {
+      decoded = beam_search(model, src,
+                            {.beam_size = options.beam_size,
+                             .max_new_tokens = budget,
+                             .length_penalty = options.length_penalty,
+                             .nbest = options.nbest,
+                             .banned_id = options.banned_id});
+    }
+    for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
+  }
+  return out;
+}
+
+}  // namespace mf::models

@@ -1,0 +1,53 @@
+// Decoding many source sentences with a Transformer, as translate, the training loop's validation and
+// the benchmarks do: sentences sorted by length and batched under a token budget (so each batch pads
+// little and its decoder steps are large GEMMs), greedy or beam search per batch, results put back in
+// input order.
+#pragma once
+
+#include "models/generation.h"
+#include "models/transformer.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace mf::models {
+
+struct DecodingOptions {
+  /// 1: greedy search (generation::greedy_decode); more: beam search with this many beams.
+  int64_t beam_size = 1;
+  /// At most this many tokens are generated per sentence, <eos> included; each batch is further held
+  /// to output_budget of its longest source.
+  int64_t max_new_tokens = 1024;
+  /// Beam search's length penalty alpha (generation::length_penalty); greedy search ignores it.
+  double length_penalty = 0.6;
+  /// Hypotheses returned per sentence, 1 <= nbest <= beam_size.
+  int64_t nbest = 1;
+  /// Source tokens per batch, padding and <eos> included (sentences times the longest): larger batches
+  /// make every decoder step one larger GEMM per weight, at the cost of memory for the key/value
+  /// caches (beam search holds beam_size rows per sentence). A longer sentence gets a batch of its own.
+  int64_t batch_tokens = 4096;
+  /// A token never generated, or -1 (generation::GreedyOptions::banned_id).
+  int64_t banned_id = -1;
+};
+
+/// Most tokens decoding generates for a batch whose longest source has `longest_source` ids (<eos>
+/// included): 1.5 times that plus 10, as fairseq's default max_len_a/b (a translation rarely runs longer,
+/// and a model that has not learned to stop would otherwise run to max_len), within the model's
+/// max_len - 1. translate and the training loop's validation share it.
+int64_t output_budget(int64_t longest_source, int64_t max_len);
+
+/// The sources at `rows`, each truncated to max_len - 1 ids and ended with <eos>, padded with <pad>
+/// (text::kPadId): [rows, longest + 1] int64 on `device`, as the encoder takes them.
+Tensor pad_sources(const std::vector<std::vector<int64_t>>& sources, std::span<const int64_t> rows, int64_t max_len,
+                   Device device);
+
+/// Decodes every source (token ids without <eos>; longer than the model's max_len - 1 truncated) and
+/// returns, in input order, each source's best min(nbest, found) hypotheses, best first. Greedy search
+/// gives one hypothesis whose score is its log-probability. Runs with autograd off, on the model's
+/// device; put the model in eval() mode first. Throws mf::Error for options out of range.
+std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& model,
+                                                                const std::vector<std::vector<int64_t>>& sources,
+                                                                const DecodingOptions& options);
+
+}  // namespace mf::models
