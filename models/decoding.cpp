@@ -65,7 +65,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
     lengths.push_back(std::min<int64_t>(static_cast<int64_t>(ids.size()), config.max_len - 1) + 1);
 
   std::vector<std::vector<generation::Hypothesis>> out(sources.size());
-  for (const text::Batch& batch : text::sorted_batches(lengths, options.batch_tokens)) {
+  const int64_t source_tokens = std::max<int64_t>(1, options.batch_tokens / std::max<int64_t>(1, options.beam_size));
+  for (const text::Batch& batch : text::sorted_batches(lengths, source_tokens)) {
     const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]
     const int64_t budget = std::min(options.max_new_tokens, output_budget(src.size(1), config.max_len));
     std::vector<std::vector<generation::Hypothesis>> decoded;
@@ -80,7 +81,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
                              .max_new_tokens = budget,
                              .length_penalty = options.length_penalty,
                              .nbest = options.nbest,
-                             .banned_id = options.banned_id});
+                             .banned_id = options.banned_id,
+                             .stop = options.stop});
     }
     for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
   }

@@ -23,12 +23,15 @@ struct DecodingOptions {
   double length_penalty = 0.6;
   /// Hypotheses returned per sentence, 1 <= nbest <= beam_size.
   int64_t nbest = 1;
-  /// Source tokens per batch, padding and <eos> included (sentences times the longest): larger batches
-  /// make every decoder step one larger GEMM per weight, at the cost of memory for the key/value
-  /// caches (beam search holds beam_size rows per sentence). A longer sentence gets a batch of its own.
+  /// Source tokens per batch times beam_size, padding and <eos> included (sentences times the longest
+  /// times the rows each sentence holds in the decoder): larger batches make every decoder step one
+  /// larger GEMM per weight, at the cost of memory for the key/value caches. A sentence longer than
+  /// that on its own gets a batch of its own.
   int64_t batch_tokens = 4096;
   /// A token never generated, or -1 (generation::GreedyOptions::banned_id).
   int64_t banned_id = -1;
+  /// When beam search ends a sentence (generation::BeamStop).
+  generation::BeamStop stop = generation::BeamStop::Exact;
 };
 
 /// Most tokens decoding generates for a batch whose longest source has `longest_source` ids (<eos>

@@ -101,6 +101,7 @@ bool sentence_done(const std::vector<Hypothesis>& finished, const std::vector<Li
                    int64_t length, const BeamOptions& options) {
   auto beam = static_cast<size_t>(options.beam_size);
   if (finished.size() < beam) return false;
+  if (options.stop == BeamStop::BeamFinished) return true;
   std::vector<double> scores(finished.size());
   std::transform(finished.begin(), finished.end(), scores.begin(), [](const Hypothesis& h) { return h.score; });
   std::nth_element(scores.begin(), scores.begin() + static_cast<std::ptrdiff_t>(beam - 1), scores.end(),

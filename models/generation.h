@@ -66,6 +66,18 @@ struct GreedyResult {
 /// a decoder whose step returns the wrong shape or NaN.
 GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, const GreedyOptions& options = {});
 
+/// When beam search ends a sentence, besides running out of live hypotheses or of max_new_tokens.
+enum class BeamStop : uint8_t {
+  /// Once no live hypothesis could still enter the beam_size best (the bound in beam_search's doc
+  /// comment): the search's exact result, at the cost of steps that rarely change it (with a length
+  /// penalty above 0, a live hypothesis can long stay within reach).
+  Exact,
+  /// Once beam_size hypotheses have finished: fairseq's rule (Hugging Face's early_stopping=True).
+  /// Faster, but improbable hypotheses that ended early count too, so with a small vocabulary the
+  /// search can stop before the best one has finished.
+  BeamFinished,
+};
+
 struct BeamOptions {
   /// Live hypotheses per sentence, and how many finished ones decide that a sentence is done; >= 1.
   int64_t beam_size = 4;
@@ -81,6 +93,7 @@ struct BeamOptions {
   int64_t eos_id = text::kEosId;
   /// A token never generated, or -1 (GreedyOptions::banned_id).
   int64_t banned_id = -1;
+  BeamStop stop = BeamStop::Exact;
 };
 
 /// One finished hypothesis of beam search.
@@ -109,14 +122,16 @@ double length_penalty(int64_t length, double alpha);
 /// and the first beam_size candidates not ending in EOS become the next live hypotheses. A row holds
 /// one EOS, so only its beam_size + 1 best tokens can be among those; only they leave the device.
 ///
-/// Early stopping (exact): a sentence is done when it has at least beam_size finished hypotheses and
-/// the beam_size-th best of their scores is at least the best score any live hypothesis could still
-/// reach. Log-probabilities are <= 0, so a live hypothesis with sum S and length t can at best end with
-/// sum S at some length L in (t, max_new_tokens], i.e. at best max(S / lp(t + 1), S / lp(max)) (S / lp(L)
-/// is monotonic in L); continuing could therefore not change the sentence's beam_size best, unlike the
-/// common heuristic S / lp(t) that stops too soon when alpha > 0. A sentence is also done when it has
-/// no live hypotheses left; at max_new_tokens the live hypotheses are finished as they stand, without
-/// EOS. A done sentence's rows are dropped with select_rows, and the search ends when all are done.
+/// Stopping: with BeamStop::Exact (the default) a sentence is done when it has at least beam_size
+/// finished hypotheses and the beam_size-th best of their scores is at least the best score any live
+/// hypothesis could still reach. Log-probabilities are <= 0, so a live hypothesis with sum S and
+/// length t can at best end with sum S at some length L in (t, max_new_tokens], i.e. at best
+/// max(S / lp(t + 1), S / lp(max)) (S / lp(L) is monotonic in L); continuing could therefore not
+/// change the sentence's beam_size best, unlike the common heuristic S / lp(t) that stops too soon
+/// when alpha > 0. With BeamStop::BeamFinished it is done once it has beam_size finished hypotheses.
+/// Either way a sentence is also done when it has no live hypotheses left; at max_new_tokens the live
+/// hypotheses are finished as they stand, without EOS. A done sentence's rows are dropped with
+/// select_rows, and the search ends when all are done.
 ///
 /// Returns per sentence its best min(nbest, number found) finished hypotheses, best score first (ties
 /// keep the order they were found in). With length_penalty 0 and beam_size 1 the result is exactly

@@ -172,21 +172,27 @@ Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) {
 }
 
 void LayerCache::append(const Tensor& k, const Tensor& v) {
-  int64_t added = k.size(2);
-  if (!self_k.defined() || length + added > self_k.size(2)) {
-    int64_t capacity = std::max<int64_t>({16, 2 * length, length + added});
-    auto grown = [&](const Tensor& old, const Tensor& fresh) {
-      Tensor buffer = Tensor::empty({fresh.size(0), fresh.size(1), capacity, fresh.size(3)}, fresh.dtype(),
-                                    fresh.device());  // [N, H, capacity, D]
-      if (length > 0) buffer.narrow(2, 0, length).copy_(old.narrow(2, 0, length));
-      return buffer;
-    };
-    self_k = grown(self_k, k);
-    self_v = grown(self_v, v);
+  const int64_t added = k.size(2);
+  if (!self_v.defined() || length + added > self_v.size(2)) {
+    const int64_t capacity = std::max<int64_t>({16, 2 * length, length + added});
+    const int64_t N = k.size(0), H = k.size(1), D = k.size(3);
+    Tensor keys = Tensor::empty({N, H, D, capacity}, k.dtype(), k.device());    // [N, H, D, capacity]
+    Tensor values = Tensor::empty({N, H, capacity, D}, v.dtype(), v.device());  // [N, H, capacity, D]
+    if (length > 0) {
+      keys.narrow(3, 0, length).copy_(self_kt.narrow(3, 0, length));
+      values.narrow(2, 0, length).copy_(self_v.narrow(2, 0, length));
+    }
+    self_kt = keys;
+    self_v = values;
   }
-  self_k.narrow(2, length, added).copy_(k);
+  self_kt.narrow(3, length, added).copy_(k.transpose(2, 3));
   self_v.narrow(2, length, added).copy_(v);
   length += added;
+}
+
+void LayerCache::set_cross(const Tensor& k, const Tensor& v) {
+  cross_kt = k.transpose(2, 3).contiguous();  // [N / group, H, D, S]
+  cross_v = v;
 }
 
 DecoderLayer::DecoderLayer(const TransformerConfig& config) : Module("DecoderLayer"), pre_norm_(config.pre_norm) {
@@ -220,11 +226,11 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
       cross_attention = a.weights;
       return a.output;
     }
-    MF_CHECK(cache->cross_k.defined(), "DecoderLayer: a cache needs its cross-attention keys and values");
+    MF_CHECK(cache->cross_kt.defined(), "DecoderLayer: a cache needs its cross-attention keys and values");
     // The `group` rows of one sentence attend together over its keys: [N, t, C] -> [N / g, g * t, C].
     const int64_t rows = in.size(0), t = in.size(1), g = cache->group;
     Tensor q = cross_attn->project_query(in.reshape({rows / g, g * t, in.size(2)}));  // [N / g, H, g * t, D]
-    nn::AttentionOutput a = cross_attn->attend(q, cache->cross_k, cache->cross_v, cross_mask, record_attention);
+    nn::AttentionOutput a = cross_attn->attend(q, cache->cross_keys(), cache->cross_v, cross_mask, record_attention);
     if (a.weights.defined()) {  // [N / g, H, g * t, S] -> [N, H, t, S]
       const int64_t H = a.weights.size(1), S = a.weights.size(3);
       a.weights = a.weights.reshape({rows / g, H, g, t, S}).permute({0, 2, 1, 3, 4}).reshape({rows, H, t, S});
@@ -380,9 +386,10 @@ TransformerDecoder::TransformerDecoder(Transformer& model, const Tensor& src) : 
   Tensor memory = model.encode(tokens);                                    // [B, S, C]
   src_mask_ = padding_mask(tokens, model.config().pad_id, memory.dtype());  // [B, 1, 1, S]
   caches_.resize(model.decoder->layers.size());
-  for (size_t i = 0; i < caches_.size(); ++i)
-    std::tie(caches_[i].cross_k, caches_[i].cross_v) =
-        model.decoder->layers[i]->cross_attn->project_key_value(memory, memory);  // [B, H, S, D] each
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    auto [k, v] = model.decoder->layers[i]->cross_attn->project_key_value(memory, memory);  // [B, H, S, D] each
+    caches_[i].set_cross(k, v);
+  }
   source_of_row_.resize(static_cast<size_t>(src.size(0)));
   std::iota(source_of_row_.begin(), source_of_row_.end(), int64_t{0});
 }
@@ -430,8 +437,8 @@ void TransformerDecoder::select_rows(const Tensor& index) {
 
   Tensor picked = index.to(src_mask_.device());
   for (LayerCache& cache : caches_) {
-    if (cache.self_k.defined()) {
-      cache.self_k = index_select(cache.self_k, 0, picked);
+    if (cache.self_kt.defined()) {
+      cache.self_kt = index_select(cache.self_kt, 0, picked);
       cache.self_v = index_select(cache.self_v, 0, picked);
     }
   }
@@ -446,7 +453,7 @@ void TransformerDecoder::select_sentences(const std::vector<int64_t>& positions,
   const Tensor picked = from_vector(positions, {static_cast<int64_t>(positions.size())}, src_mask_.device());
   src_mask_ = index_select(src_mask_, 0, picked);
   for (LayerCache& cache : caches_) {
-    cache.cross_k = index_select(cache.cross_k, 0, picked);
+    cache.cross_kt = index_select(cache.cross_kt, 0, picked);
     cache.cross_v = index_select(cache.cross_v, 0, picked);
   }
 }

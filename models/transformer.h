@@ -96,18 +96,25 @@ class EncoderLayer : public nn::Module {
 /// live in buffers with room to spare (capacity doubles when full), so a step writes only its own
 /// positions instead of copying the whole prefix. The cross-attention keys and values are computed
 /// once per source sentence and shared by the `group` consecutive rows that decode it (a sentence's
-/// beams), so choosing among a sentence's beams never copies them.
+/// beams), so choosing among a sentence's beams never copies them. Keys are stored transposed (D
+/// before the positions), which attention reads in place when few queries come at a time.
 struct LayerCache {
-  Tensor self_k, self_v;    // [N, H, capacity, D]; positions [0, length) are filled
+  Tensor self_kt;   // [N, H, D, capacity]: keys transposed; positions [0, length) are filled
+  Tensor self_v;    // [N, H, capacity, D]
   int64_t length = 0;
-  Tensor cross_k, cross_v;  // [N / group, H, S, D], computed once from the encoder output
-  int64_t group = 1;        // rows per source: row r attends over cross_k[r / group]
+  Tensor cross_kt;  // [N / group, H, D, S]: keys transposed
+  Tensor cross_v;   // [N / group, H, S, D]
+  int64_t group = 1;  // rows per source: row r attends over the cross keys and values of r / group
 
   /// Appends k, v [N, H, t_new, D] at position `length`.
   void append(const Tensor& k, const Tensor& v);
+  /// Sets the cross-attention keys and values, k, v [N / group, H, S, D].
+  void set_cross(const Tensor& k, const Tensor& v);
   /// The filled positions, [N, H, length, D] views.
-  Tensor keys() const { return self_k.narrow(2, 0, length); }
+  Tensor keys() const { return self_kt.narrow(3, 0, length).transpose(2, 3); }
   Tensor values() const { return self_v.narrow(2, 0, length); }
+  /// The cross-attention keys, a [N / group, H, S, D] view.
+  Tensor cross_keys() const { return cross_kt.transpose(2, 3); }
 };
 
 class DecoderLayer : public nn::Module {

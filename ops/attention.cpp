@@ -29,6 +29,7 @@
 #include "core/parallel.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace mf {
 namespace {
@@ -88,9 +89,56 @@ struct HeadMatrices {
   int64_t batch_stride, head_stride, row_stride;
 };
 
+/// Queries per (batch, head) up to which attention computes its dot products and weighted sums itself:
+/// incremental decoding asks for one (or one per beam) at a time, where a GEMM call per pair costs
+/// more than its arithmetic.
+constexpr int64_t kDirectQueries = 8;
+
+/// out[0, n) = sum_r factor(r) * rows[r][0, n) over `count` rows `stride` apart, summed in registers
+/// four vectors of columns at a time (a sum through memory would wait on each store).
+template <typename E, int W, typename Factor>
+MF_INLINE void weighted_row_sum(E* out, const E* rows, int64_t stride, int64_t count, int64_t n, Factor factor) {
+  using P = cpu::Pack<E, W>;
+  constexpr int64_t kWidth = cpu::kPackWidth<E, W>;
+  int64_t c = 0;
+  for (; c + 4 * kWidth <= n; c += 4 * kWidth) {
+    P acc[4] = {};
+    for (int64_t r = 0; r < count; ++r) {
+      const E f = factor(r);
+      for (int64_t u = 0; u < 4; ++u) acc[u] += f * cpu::load<P>(rows + r * stride + c + u * kWidth);
+    }
+    std::memcpy(out + c, acc, sizeof(acc));
+  }
+  for (; c + kWidth <= n; c += kWidth) {
+    P acc{};
+    for (int64_t r = 0; r < count; ++r) acc += factor(r) * cpu::load<P>(rows + r * stride + c);
+    std::memcpy(out + c, &acc, sizeof(acc));
+  }
+  for (; c < n; ++c) {
+    E acc{0};
+    for (int64_t r = 0; r < count; ++r) acc += factor(r) * rows[r * stride + c];
+    out[c] = acc;
+  }
+}
+
+/// sum_d a[d] * b[d] over n elements, in vectors of W bytes.
+template <typename E, int W>
+MF_INLINE E dot(const E* a, const E* b, int64_t n) {
+  return static_cast<E>(cpu::pack_sum<E, W>(n, [&]<typename P>(int64_t c) MF_LAMBDA_INLINE {
+    return cpu::load<P>(a + c) * cpu::load<P>(b + c);
+  }));
+}
+
 void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  Tensor q = blas_readable(in[0]), k = blas_readable(in[1]), v = blas_readable(in[2]), mask = in[3];
-  int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
+  const int64_t T = in[0].size(2);
+  // Keys laid out by column (a transposed view of [B, H, D, S], as a decoding cache keeps them) are
+  // read in place when the scores are computed directly: each query's scores are then a sum of D
+  // vectors along S, with no horizontal sums. Otherwise BLAS wants rows.
+  const bool keys_by_column = T <= kDirectQueries && in[1].stride(2) == 1 && in[1].stride(3) != 1;
+  Tensor q = blas_readable(in[0]), k = keys_by_column ? in[1] : blas_readable(in[1]), v = blas_readable(in[2]);
+  const Tensor& mask = in[3];
+  int64_t B = q.size(0), H = q.size(1), D = q.size(3), S = k.size(2);
+  const int64_t key_column_stride = k.stride(3);
   Shape weights_dims = weights_shape(q, k);
   Shape mask_strides = broadcast_strides(mask.shape(), mask.strides(), weights_dims);
   const DropoutParams& dropout = std::get<DropoutParams>(attrs);
@@ -111,8 +159,20 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
         for (int64_t pair = begin; pair < end; ++pair) {
           int64_t b = pair / H, h = pair % H;
           E* w = weights + pair * T * S;  // [T, S]
-          gemm<E>(CblasNoTrans, CblasTrans, T, S, D, qs.at(b, h), qs.row_stride, ks.at(b, h), ks.row_stride, w, S,
-                  {.alpha = scale});
+          if (keys_by_column) {
+            for (int64_t t = 0; t < T; ++t) {  // w[t, :] = sum_d scale q[t, d] k[d, :]
+              const E* query = qs.at(b, h) + t * qs.row_stride;
+              weighted_row_sum<E, W>(w + t * S, ks.at(b, h), key_column_stride, D, S,
+                                     [&](int64_t d) MF_LAMBDA_INLINE { return scale * query[d]; });
+            }
+          } else if (T <= kDirectQueries) {
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t s = 0; s < S; ++s)
+                w[t * S + s] = scale * dot<E, W>(qs.at(b, h) + t * qs.row_stride, ks.at(b, h) + s * ks.row_stride, D);
+          } else {
+            gemm<E>(CblasNoTrans, CblasTrans, T, S, D, qs.at(b, h), qs.row_stride, ks.at(b, h), ks.row_stride, w, S,
+                    {.alpha = scale});
+          }
           for (int64_t t = 0; t < T; ++t) {
             E* row = w + t * S;
             const E* mask_row = masks + b * mask_strides[0] + h * mask_strides[1] + t * mask_strides[2];
@@ -127,8 +187,14 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
             apply_dropout(dropout, pair * T * S, T * S, w, dropped.data());
             kept = dropped.data();
           }
-          gemm<E>(CblasNoTrans, CblasNoTrans, T, D, S, kept, S, vs.at(b, h), vs.row_stride,
-                  result + b * T * H * D + h * D, H * D);
+          if (T <= kDirectQueries) {
+            for (int64_t t = 0; t < T; ++t)  // out[b, t, h, :] = sum_s kept[t, s] v[b, h, s, :]
+              weighted_row_sum<E, W>(result + (b * T + t) * H * D + h * D, vs.at(b, h), vs.row_stride, S, D,
+                                     [&](int64_t s) MF_LAMBDA_INLINE { return kept[t * S + s]; });
+          } else {
+            gemm<E>(CblasNoTrans, CblasNoTrans, T, D, S, kept, S, vs.at(b, h), vs.row_stride,
+                    result + b * T * H * D + h * D, H * D);
+          }
         }
       });
     });

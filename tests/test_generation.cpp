@@ -417,7 +417,7 @@ TEST_CASE("ties go to the earlier hypothesis, then the lower token id") {
   CHECK(tokens == std::vector<std::vector<int64_t>>{{kEos}, {0, kEos}, {0, 0}, {0, 1}, {0, 3}, {0, 4}});
 }
 
-TEST_CASE("beam_search keeps going while a live hypothesis could still win under the length penalty") {
+TEST_CASE("BeamStop::Exact keeps going while a live hypothesis could still win under the length penalty") {
   // A live hypothesis with sum S and length t can at best end with sum S at a length L in
   // [t + 1, max_new_tokens], i.e. score max(S / lp(t + 1), S / lp(max)), lp(L) = ((5 + L) / 6)^alpha.
   // max_new_tokens is 10 in both cases.
@@ -428,7 +428,8 @@ TEST_CASE("beam_search keeps going while a live hypothesis could still win under
     // log 0.48 + log(0.01/3) = -6.44, can reach at most -6.44 / (8/6) < -0.638: done after 2 steps.
     Model model = table_model({{{}, {0.01, 0.01, 0.5, 0.48}}}, {0.01 / 3, 0.01 / 3, 0.99, 0.01 / 3});
     FakeDecoder decoder(model, {0});
-    auto results = beam_search(decoder, 1, {.beam_size = 1, .max_new_tokens = 10, .length_penalty = 1.0});
+    auto results = beam_search(
+        decoder, 1, {.beam_size = 1, .max_new_tokens = 10, .length_penalty = 1.0, .stop = BeamStop::Exact});
     CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 1});
     REQUIRE(results[0].size() == 1);
     CHECK(results[0][0].tokens == std::vector<int64_t>{3, kEos});
@@ -450,13 +451,27 @@ TEST_CASE("beam_search keeps going while a live hypothesis could still win under
                               {0.1 / 3, 0.1 / 3, 0.9, 0.1 / 3});
     FakeDecoder decoder(model, {0});
     auto results =
-        beam_search(decoder, 1, {.beam_size = 2, .max_new_tokens = 10, .length_penalty = -1.0, .nbest = 2});
+        beam_search(decoder, 1, {.beam_size = 2, .max_new_tokens = 10, .length_penalty = -1.0, .nbest = 2,
+                                 .stop = BeamStop::Exact});
     CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 2, 2});
     REQUIRE(results[0].size() == 2);
     CHECK(results[0][0].tokens == std::vector<int64_t>{kEos});
     CHECK(results[0][1].tokens == std::vector<int64_t>{3, 3, kEos});
     CHECK(results[0][1].score == doctest::Approx(-1.885).epsilon(1e-3));
   }
+}
+
+TEST_CASE("BeamStop::BeamFinished ends a sentence once beam_size hypotheses have finished") {
+  // The alpha = 1 case above: after step 1, "EOS" has finished (score -0.693) and "3" lives. The exact
+  // rule goes on and finds "3 EOS" (-0.638); fairseq's rule stops at once with "EOS".
+  Model model = table_model({{{}, {0.01, 0.01, 0.5, 0.48}}}, {0.01 / 3, 0.01 / 3, 0.99, 0.01 / 3});
+  FakeDecoder decoder(model, {0});
+  auto results = beam_search(
+      decoder, 1, {.beam_size = 1, .max_new_tokens = 10, .length_penalty = 1.0, .stop = BeamStop::BeamFinished});
+  CHECK(decoder.rows_per_step == std::vector<int64_t>{1});
+  REQUIRE(results[0].size() == 1);
+  CHECK(results[0][0].tokens == std::vector<int64_t>{kEos});
+  CHECK(results[0][0].score == doctest::Approx(std::log(0.5)).epsilon(1e-6));
 }
 
 TEST_CASE("length_penalty is GNMT's ((5 + length) / 6)^alpha") {

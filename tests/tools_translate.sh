@@ -52,8 +52,13 @@ printf '%s\n' "i want a beer" "i want a coke" "hola mundo" "te amo" "el gato es 
 # ---- translations ------------------------------------------------------------------------------
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" >"$dir/greedy.txt"
 same_file "greedy translations of the training sources" "$dir/ref.txt" "$dir/greedy.txt"
-"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --batch-tokens 12 >"$dir/beam.txt"
-same_file "beam 4 translations (length-sorted batches of at most 12 source tokens)" "$dir/ref.txt" "$dir/beam.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --batch-tokens 48 >"$dir/beam.txt"
+same_file "beam 4 translations (length-sorted batches of at most 12 source tokens: 48 over 4 beams)" "$dir/ref.txt" "$dir/beam.txt"
+# --timing counts the sentences with tokens and the tokens generated for them, <eos> left out: the
+# 8 references hold 4 + 4 + 2 + 2 + 4 + 2 + 4 + 3 = 25 words, and a blank line is not a sentence.
+printf '\n' | cat "$dir/src.txt" - >"$dir/src_blank.txt"
+expect "--timing reports sentences and tokens" 0 "translate: 8 sentences, 25 tokens in " \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --timing
 "$translate" --checkpoint "$ckpt" <"$dir/src.txt" >"$dir/stdin.txt"
 same_file "stdin gives what --input gives" "$dir/greedy.txt" "$dir/stdin.txt"
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --output "$dir/out.txt" >"$dir/stdout.txt"
@@ -172,6 +177,9 @@ expect "unknown flag" 2 "unknown option '--no-such-flag'" "$translate" --checkpo
 expect "malformed number" 2 "--beam: 'four' is not a valid number" "$translate" --checkpoint "$ckpt" --beam four
 expect "flag without its value" 2 "--beam needs a value" "$translate" --checkpoint "$ckpt" --beam
 expect "--beam 0" 2 "--beam must be at least 1" "$translate" --checkpoint "$ckpt" --beam 0
+expect "--beam-stop sometimes" 2 "--beam-stop must be finished or exact, not 'sometimes'" \
+  "$translate" --checkpoint "$ckpt" --beam-stop sometimes
+expect "--batch-tokens 0" 2 "--batch-tokens must be at least 1, not 0" "$translate" --checkpoint "$ckpt" --batch-tokens 0
 expect "--nbest above --beam" 2 "--nbest 3 needs a beam at least as wide, but --beam is 2" \
   "$translate" --checkpoint "$ckpt" --beam 2 --nbest 3
 expect "unknown device" 2 "--device: unknown device 'tpu' (expected cpu, cuda or cuda:N)" \

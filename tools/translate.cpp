@@ -56,7 +56,7 @@ namespace models = mf::models;
 using mf::tools::UsageError;
 
 struct Options {
-  std::string checkpoint, input, output, reference, attention_svg;
+  std::string checkpoint, input, output, reference, attention_svg, beam_stop = "exact";
   mf::Device device = mf::Device::cpu();
   int64_t beam = 1, nbest = 1, max_len = 100, batch_tokens = 4096, attention_sentence = 1;
   double length_penalty = 0.6;
@@ -83,9 +83,12 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("beam", &o.beam, "beam width; 1 = greedy decoding");
   args.add("nbest", &o.nbest, "translations K per sentence (needs --beam >= K); K > 1 prints \"score<TAB>text\" lines");
   args.add("length-penalty", &o.length_penalty, "beam search's length penalty alpha (GNMT)");
+  args.add("beam-stop", &o.beam_stop,
+           "when beam search ends a sentence: exact (once no live hypothesis could still enter the best) or "
+           "finished (once --beam hypotheses have ended, as fairseq: faster)");
   args.add("max-len", &o.max_len, "most tokens generated per sentence (capped by the model's max length)");
   args.add("batch-tokens", &o.batch_tokens,
-           "source tokens decoded together, padding included (sentences are sorted by length first)");
+           "source tokens decoded together times --beam, padding included (sentences are sorted by length first)");
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
   // Not sacrebleu's bare --lowercase: here that would read as lowercasing the translations.
@@ -104,6 +107,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.nbest > o.beam)
     throw UsageError(fmt::format("--nbest {} needs a beam at least as wide, but --beam is {}", o.nbest, o.beam));
   if (!std::isfinite(o.length_penalty)) throw UsageError("--length-penalty must be a finite number");
+  if (o.beam_stop != "finished" && o.beam_stop != "exact")
+    throw UsageError(fmt::format("--beam-stop must be finished or exact, not '{}'", o.beam_stop));
   if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
   if (o.batch_tokens < 1) throw UsageError(fmt::format("--batch-tokens must be at least 1, not {}", o.batch_tokens));
   if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
@@ -152,7 +157,9 @@ std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& 
                                        .max_new_tokens = o.max_len,
                                        .length_penalty = o.length_penalty,
                                        .nbest = o.nbest,
-                                       .batch_tokens = o.batch_tokens});
+                                       .batch_tokens = o.batch_tokens,
+                                       .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact
+                                                                      : mf::generation::BeamStop::BeamFinished});
   int64_t generated = 0;
   for (size_t k = 0; k < pending.size(); ++k) {
     generated += translations[k].front().tokens;
