@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""Benchmarks CTranslate2 (CPU, float32) against miniflow's tools/translate on one miniflow translation
+checkpoint, in the same run: converts the checkpoint into a CTranslate2 model, checks that both decode
+the first validation sentences greedily to the same text, then times both on the whole validation set
+at every thread count and beam width, and reports tokens/s, sentences/s and how often the two print
+the same translation.
+
+What is timed: for CTranslate2, Translator.translate_batch over the whole set, the sources already cut
+into SentencePiece pieces (tokenization and detokenization outside the timer); for miniflow, the
+figure `translate --timing` prints (model loading excluded), with --miniflow-flags added to its
+command line (say "--beam-stop finished" for CTranslate2's stopping rule)
+Tokens are the generated target pieces without <eos>. Each measurement is repeated --repeat times,
+miniflow and CTranslate2 alternating so that the machine's noise hits both, and the fastest is kept.
+
+Beam search ranks finished hypotheses differently in the two: miniflow divides the log-probability by
+GNMT's ((5 + length) / 6)^alpha (length counting <eos>), CTranslate2 by length^alpha (length without
+<eos>), and CTranslate2 stops a sentence once beam_size hypotheses have finished (with alpha 0, once its
+best candidate has), where miniflow stops when no live hypothesis can still enter its best. Both are
+timed at the same --length-penalty alpha; the beam agreement is measured on an extra, untimed pair of
+runs with alpha 0 (plain sums of log-probabilities), where the two searches rank alike.
+
+The length cap differs too: miniflow caps each of its batches at 1.5 x the batch's longest source + 10
+tokens (models::output_budget), CTranslate2 takes one max_decoding_length for the whole set (that
+formula on the longest source of the set), so a translation that runs away to the cap is cut at
+different lengths and counts as a disagreement.
+"""
+import argparse
+import base64
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import ctranslate2
+import numpy as np
+import sentencepiece
+from ctranslate2.specs import common_spec, transformer_spec
+from safetensors import safe_open
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIALS = ("<pad>", "<sos>", "<eos>", "<unk>")  # miniflow's ids 0-3 (text/special_tokens.h)
+PAD, SOS, EOS, UNK = range(4)
+MINIFLOW_MAX_LEN = 100        # translate's --max-len default
+MINIFLOW_TIMING = re.compile(r"translate: (\d+) sentences, (\d+) tokens in ([0-9.]+) s")
+VERIFY_SENTENCES = 20
+BATCHING_SAMPLE = 256         # sentences on which the CTranslate2 batching settings are tried
+BATCHINGS = ((32, "examples"), (64, "examples"), (1024, "tokens"), (2048, "tokens"))
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
+
+
+class Vocabulary:
+    """One side's SentencePiece model in miniflow's id order (text/subword.cpp): the four specials at
+    ids 0-3 with miniflow's spellings, then every other SentencePiece piece in SentencePiece's order."""
+
+    def __init__(self, model_bytes):
+        self.sp = sentencepiece.SentencePieceProcessor(model_proto=model_bytes)
+        special_ids = [self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id()]
+        self.to_sp = list(special_ids)
+        self.from_sp = {sp_id: mf_id for mf_id, sp_id in enumerate(special_ids) if sp_id >= 0}
+        self.pieces = list(SPECIALS)
+        for sp_id in range(self.sp.get_piece_size()):
+            if sp_id in self.from_sp:
+                continue
+            self.from_sp[sp_id] = len(self.pieces)
+            self.to_sp.append(sp_id)
+            self.pieces.append(self.sp.id_to_piece(sp_id))
+        self.index = {piece: mf_id for mf_id, piece in enumerate(self.pieces)}
+        self.byte_fallback = any(self.sp.is_byte(i) for i in range(self.sp.get_piece_size()))
+
+    def encode(self, text, limit):
+        """The pieces of `text` as miniflow's vocabulary spells them, at most `limit` of them."""
+        return [self.pieces[self.from_sp[i]] for i in self.sp.encode(text)][:limit]
+
+    def decode(self, pieces):
+        """Text of generated pieces as miniflow decodes ids: up to <eos>, skipping <pad> and <sos>."""
+        ids = []
+        for piece in pieces:
+            mf_id = self.index[piece]
+            if mf_id == EOS:
+                break
+            if mf_id not in (PAD, SOS):
+                ids.append(self.to_sp[mf_id])
+        return self.sp.decode(ids)
+
+
+def read_checkpoint(path):
+    """The checkpoint's Transformer config, its source and target Vocabulary (the same object when the
+    target is "same as source"), and its model tensors by state_dict key (without "model.")."""
+    with safe_open(path, framework="numpy") as f:
+        metadata = f.metadata() or {}
+        if "translation.config" not in metadata:
+            sys.exit(f"bench_ctranslate2.py: '{path}' is not a miniflow translation checkpoint")
+        codecs = {side: json.loads(metadata.get(f"translation.{side}", '{"kind":"words"}'))
+                  for side in ("source", "target")}
+        for side, codec in codecs.items():
+            if codec["kind"] not in ("sentencepiece", "same as source"):
+                sys.exit(f"bench_ctranslate2.py: '{path}' has a {codec['kind']} {side} vocabulary; the benchmark "
+                         "needs a subword (SentencePiece) checkpoint")
+        config = json.loads(metadata["translation.config"])
+        tensors = {key[len("model."):]: f.get_tensor(key) for key in f.keys() if key.startswith("model.")}
+    source = Vocabulary(base64.b64decode(codecs["source"]["model"]))
+    target = source if codecs["target"]["kind"] == "same as source" else Vocabulary(
+        base64.b64decode(codecs["target"]["model"]))
+    for side, vocab, size in (("source", source, config["src_vocab"]), ("target", target, config["tgt_vocab"])):
+        if len(vocab.pieces) != size:
+            sys.exit(f"bench_ctranslate2.py: the {side} SentencePiece model has {len(vocab.pieces)} pieces "
+                     f"but the config's vocabulary has {size}")
+    return config, source, target, tensors
+
+
+def positional_table(max_len, d_model):
+    """miniflow's sinusoidal table [max_len, C] (nn/positional_encoding.cpp): column j of position p is
+    sin (j even) or cos (j odd) of p * exp(2i * -ln(10000) / C), i = j // 2; CTranslate2's own table
+    puts all sines before all cosines, so the converted model carries this one."""
+    pair = np.arange(d_model) // 2 * 2
+    angles = np.arange(max_len)[:, None] * np.exp(pair * (-np.log(10000.0) / d_model))[None, :]
+    return np.where(np.arange(d_model) % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+
+
+def set_linear(spec, tensors, *names):
+    """Fills a LinearSpec with the named Linear modules' weight [out, in] and bias, concatenated along
+    the output features when there are several (fused q/k/v or k/v)."""
+    spec.weight = np.concatenate([tensors[f"{name}.weight"] for name in names])
+    spec.bias = np.concatenate([tensors[f"{name}.bias"] for name in names])
+
+
+def set_norm(spec, tensors, name):
+    spec.gamma = tensors[f"{name}.weight"]
+    spec.beta = tensors[f"{name}.bias"]
+
+
+def convert(config, source, target, tensors, output_dir):
+    """Writes the checkpoint as a CTranslate2 TransformerSpec model into output_dir.
+
+    Post-norm CTranslate2 layers apply each sublayer's layer_norm after its residual sum, pre-norm
+    ones before the sublayer, as miniflow's norm1/2/3 do; the pre-norm stacks' final norm is the
+    stack's layer_norm. The self-attention's q/k/v projections are fused into linear_0, the
+    cross-attention's k/v into linear_1."""
+    t = tensors
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[config["activation"]]
+    spec = transformer_spec.TransformerSpec.from_config(
+        (config["encoder_layers"], config["decoder_layers"]), config["heads"], pre_norm=config["pre_norm"],
+        activation=activation)
+    src_embed, tgt_embed = ("embed", "embed") if config["shared_embeddings"] else ("src_embed", "tgt_embed")
+    positions = positional_table(config["max_len"], config["d_model"])
+
+    encoder = spec.encoder
+    encoder.embeddings[0].weight = t[f"{src_embed}.weight"]
+    encoder.position_encodings.encodings = positions
+    for i, layer in enumerate(encoder.layer):
+        p = f"encoder.layers.{i}"
+        set_linear(layer.self_attention.linear[0], t, f"{p}.self_attn.q_proj", f"{p}.self_attn.k_proj",
+                   f"{p}.self_attn.v_proj")
+        set_linear(layer.self_attention.linear[1], t, f"{p}.self_attn.out_proj")
+        set_norm(layer.self_attention.layer_norm, t, f"{p}.norm1")
+        set_linear(layer.ffn.linear_0, t, f"{p}.ffn.linear1")
+        set_linear(layer.ffn.linear_1, t, f"{p}.ffn.linear2")
+        set_norm(layer.ffn.layer_norm, t, f"{p}.norm2")
+
+    decoder = spec.decoder
+    decoder.embeddings.weight = t[f"{tgt_embed}.weight"]
+    decoder.position_encodings.encodings = positions
+    decoder.projection.weight = t[f"{tgt_embed}.weight"] if config["tie_output"] else t["output_proj.weight"]
+    for i, layer in enumerate(decoder.layer):
+        p = f"decoder.layers.{i}"
+        set_linear(layer.self_attention.linear[0], t, f"{p}.self_attn.q_proj", f"{p}.self_attn.k_proj",
+                   f"{p}.self_attn.v_proj")
+        set_linear(layer.self_attention.linear[1], t, f"{p}.self_attn.out_proj")
+        set_norm(layer.self_attention.layer_norm, t, f"{p}.norm1")
+        set_linear(layer.attention.linear[0], t, f"{p}.cross_attn.q_proj")
+        set_linear(layer.attention.linear[1], t, f"{p}.cross_attn.k_proj", f"{p}.cross_attn.v_proj")
+        set_linear(layer.attention.linear[2], t, f"{p}.cross_attn.out_proj")
+        set_norm(layer.attention.layer_norm, t, f"{p}.norm2")
+        set_linear(layer.ffn.linear_0, t, f"{p}.ffn.linear1")
+        set_linear(layer.ffn.linear_1, t, f"{p}.ffn.linear2")
+        set_norm(layer.ffn.layer_norm, t, f"{p}.norm3")
+    if config["pre_norm"]:
+        set_norm(encoder.layer_norm, t, "encoder.norm")
+        set_norm(decoder.layer_norm, t, "decoder.norm")
+
+    spec.register_source_vocabulary(source.pieces)
+    spec.register_target_vocabulary(target.pieces)
+    spec.config.unk_token = SPECIALS[UNK]
+    spec.config.bos_token = SPECIALS[SOS]
+    spec.config.eos_token = SPECIALS[EOS]
+    spec.config.decoder_start_token = SPECIALS[SOS]
+    spec.config.add_source_eos = True  # miniflow's encoder reads the tokens + <eos>, no <sos>
+    spec.config.layer_norm_epsilon = config["layer_norm_eps"]
+    spec.validate()
+    spec.optimize(quantization="float32")  # also stores the tied embedding / projection once
+    spec.save(output_dir)
+
+
+def output_budget(longest_source, max_len):
+    """Most tokens generated per sentence, <eos> included, as models::output_budget caps translate's
+    --max-len: 1.5 x the longest source (with its <eos>) + 10, within the model's max_len - 1."""
+    return min(MINIFLOW_MAX_LEN, max_len - 1, longest_source * 3 // 2 + 10)
+
+
+def ct2_translate(translator, sources, beam, length_penalty, batching, max_decoding_length, disable_unk):
+    """Translates pre-tokenized sources with CTranslate2; returns the best hypotheses' pieces and the
+    seconds translate_batch took."""
+    max_batch_size, batch_type = batching
+    todo = [i for i, pieces in enumerate(sources) if pieces]  # miniflow prints an empty line for an empty one
+    batch = [sources[i] for i in todo]
+    start = time.perf_counter()
+    results = translator.translate_batch(
+        batch, beam_size=beam, length_penalty=length_penalty, max_batch_size=max_batch_size,
+        batch_type=batch_type, disable_unk=disable_unk, max_input_length=0,
+        max_decoding_length=max_decoding_length)
+    seconds = time.perf_counter() - start
+    best = [[] for _ in sources]
+    for i, result in zip(todo, results):
+        best[i] = result.hypotheses[0]
+    return best, seconds
+
+
+class Miniflow:
+    """Runs build/tools/translate on a file (with --timing and the given extra flags) and reads its
+    timing line."""
+
+    def __init__(self, binary, checkpoint, extra_flags):
+        if not os.access(binary, os.X_OK):
+            sys.exit(f"bench_ctranslate2.py: no miniflow translate binary at '{binary}' (ninja -C build)")
+        self.binary, self.checkpoint, self.extra_flags = binary, checkpoint, extra_flags
+
+    def translate(self, input_path, threads, beam, length_penalty):
+        """Returns (output lines, tokens, seconds), tokens and seconds as --timing prints them."""
+        command = [self.binary, "--checkpoint", self.checkpoint, "--input", input_path, "--threads", str(threads),
+                   "--beam", str(beam), "--length-penalty", str(length_penalty), "--timing"] + self.extra_flags
+        run = subprocess.run(command, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"bench_ctranslate2.py: {' '.join(command)} failed ({run.returncode}):\n{run.stderr}")
+        match = MINIFLOW_TIMING.search(run.stderr)
+        if not match:
+            sys.exit(f"bench_ctranslate2.py: no timing line in translate's stderr:\n{run.stderr}")
+        return run.stdout.split("\n")[:-1], int(match.group(2)), float(match.group(3))
+
+
+def ct2_backend(model_dir):
+    """How CTranslate2 runs here (ISA, Intel MKL, SGEMM backend), from its CT2_VERBOSE log of loading
+    the model in a child process (CT2_FORCE_CPU_ISA and CT2_USE_MKL in the environment apply)."""
+    code = f"import ctranslate2; ctranslate2.Translator({model_dir!r}, compute_type='float32')"
+    log = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, CT2_VERBOSE="1"), capture_output=True,
+                         text=True).stderr
+    found = re.findall(r"- (Selected ISA|Use Intel MKL|SGEMM backend): (.*)", log)
+    return ", ".join(f"{key} {value.strip()}" for key, value in found) or "unknown (no CT2_VERBOSE log)"
+
+
+def agreement(a, b):
+    return sum(x == y for x, y in zip(a, b)) / len(a)
+
+
+def cpu_description():
+    """The CPU's model name and which of CPU_FLAGS it has, from /proc/cpuinfo."""
+    name, flags = "unknown CPU", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name == "unknown CPU":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = [flag for flag in CPU_FLAGS if flag in value.split()]
+                    break
+    except OSError:
+        pass
+    return name, flags
+
+
+def read_lines(path, what):
+    if not os.path.isfile(path):
+        sys.exit(f"bench_ctranslate2.py: Multi30k not found at {path}; the benchmark needs ../shared/data "
+                 f"(the {what} file)")
+    with open(path, encoding="utf-8") as f:
+        return f.read().split("\n")[:-1]
+
+
+def write_lines(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def choose_batching(translator, sources, beam, length_penalty, max_decoding_length, disable_unk):
+    """The fastest of BATCHINGS for this beam on the first BATCHING_SAMPLE sources."""
+    sample = sources[:BATCHING_SAMPLE]
+    times = {b: ct2_translate(translator, sample, beam, length_penalty, b, max_decoding_length, disable_unk)[1]
+             for b in BATCHINGS}
+    best = min(times, key=times.get)
+    tried = ", ".join(f"{size} {kind} {seconds:.3f} s" for (size, kind), seconds in times.items())
+    print(f"beam {beam}: CTranslate2 batching tried on {len(sample)} sentences: {tried}; "
+          f"using max_batch_size={best[0]}, batch_type=\"{best[1]}\"", file=sys.stderr)
+    return best
+
+
+def verify(miniflow, translator, lines, sources, target, output_dir, max_decoding_length, disable_unk):
+    """Exits unless CTranslate2's greedy translations of the first VERIFY_SENTENCES sources are the text
+    miniflow prints for them: the converted model must compute what miniflow computes."""
+    path = os.path.join(output_dir, "verify.src")
+    write_lines(path, lines[:VERIFY_SENTENCES])
+    expected, _, _ = miniflow.translate(path, 1, 1, 0.0)
+    pieces, _ = ct2_translate(translator, sources[:VERIFY_SENTENCES], 1, 0.0, (64, "examples"),
+                              max_decoding_length, disable_unk)
+    got = [target.decode(p) for p in pieces]
+    wrong = [(i, e, g) for i, (e, g) in enumerate(zip(expected, got)) if e != g]
+    if wrong:
+        details = "\n".join(f"  line {i + 1}:\n    miniflow:    {e}\n    CTranslate2: {g}" for i, e, g in wrong)
+        sys.exit(f"bench_ctranslate2.py: the converted model disagrees with miniflow on {len(wrong)} of the first "
+                 f"{len(expected)} sentences (greedy), a conversion bug:\n{details}")
+    print(f"conversion verified: CTranslate2 greedy = miniflow greedy on the first {len(expected)} sentences",
+          file=sys.stderr)
+
+
+def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_length, disable_unk):
+    """One row per (threads, beam): the fastest of --repeat alternated runs of each, and the agreement."""
+    input_path = os.path.join(args.output_dir, "source.txt")
+    write_lines(input_path, lines)
+    rows, batchings = [], {}
+    for threads in args.threads:
+        translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32", intra_threads=threads,
+                                            inter_threads=1)
+        for beam in args.beams:
+            lp = args.length_penalty if beam > 1 else 0.0
+            if beam not in batchings:
+                batchings[beam] = choose_batching(translator, sources, beam, lp, max_decoding_length, disable_unk)
+            best_mf = best_ct2 = None
+            for _ in range(args.repeat):
+                mf_lines, mf_tokens, mf_seconds = miniflow.translate(input_path, threads, beam, lp)
+                if best_mf is None or mf_seconds < best_mf[1]:
+                    best_mf = (mf_tokens, mf_seconds)
+                pieces, ct2_seconds = ct2_translate(translator, sources, beam, lp, batchings[beam],
+                                                    max_decoding_length, disable_unk)
+                if best_ct2 is None or ct2_seconds < best_ct2[1]:
+                    best_ct2 = (sum(len(p) for p in pieces), ct2_seconds)
+            ct2_lines = [target.decode(p) for p in pieces]
+            agree_lp = lp
+            if beam > 1 and lp != 0:  # the two penalties differ: compare the searches at alpha 0
+                agree_lp = 0.0
+                mf_lines = miniflow.translate(input_path, threads, beam, 0.0)[0]
+                pieces, _ = ct2_translate(translator, sources, beam, 0.0, batchings[beam], max_decoding_length,
+                                          disable_unk)
+                ct2_lines = [target.decode(p) for p in pieces]
+            tag = f"t{threads}.b{beam}"
+            write_lines(os.path.join(args.output_dir, f"miniflow.{tag}.txt"), mf_lines)
+            write_lines(os.path.join(args.output_dir, f"ctranslate2.{tag}.txt"), ct2_lines)
+            rows.append({"threads": threads, "beam": beam, "length_penalty": lp, "agreement_length_penalty": agree_lp,
+                         "miniflow_tokens": best_mf[0], "miniflow_s": best_mf[1], "ct2_tokens": best_ct2[0],
+                         "ct2_s": best_ct2[1], "agreement": agreement(mf_lines, ct2_lines),
+                         "batching": batchings[beam]})
+            print(format_row(rows[-1], len(lines)), file=sys.stderr)
+    return rows
+
+
+def format_row(r, sentences):
+    mf_tps, ct2_tps = r["miniflow_tokens"] / r["miniflow_s"], r["ct2_tokens"] / r["ct2_s"]
+    return (f"threads {r['threads']} beam {r['beam']}: miniflow {mf_tps:.0f} tok/s {sentences / r['miniflow_s']:.1f} "
+            f"sent/s, CTranslate2 {ct2_tps:.0f} tok/s {sentences / r['ct2_s']:.1f} sent/s, "
+            f"miniflow/CT2 {r['ct2_s'] / r['miniflow_s']:.2f}x, agreement {100 * r['agreement']:.1f}%")
+
+
+def table(rows, sentences, markdown):
+    """The results table, plain text or Markdown. The ratio is miniflow's sentences/s over CTranslate2's
+    (the same sentences, so the inverse ratio of their times)."""
+    header = ["threads", "beam", "miniflow tok/s", "CT2 tok/s", "miniflow sent/s", "CT2 sent/s", "miniflow/CT2",
+              "agreement"]
+    body = []
+    for r in rows:
+        agree = f"{100 * r['agreement']:.1f}%"
+        if r["agreement_length_penalty"] != r["length_penalty"]:
+            agree += f" (alpha {r['agreement_length_penalty']:g})"
+        body.append([str(r["threads"]), str(r["beam"]), f"{r['miniflow_tokens'] / r['miniflow_s']:.0f}",
+                     f"{r['ct2_tokens'] / r['ct2_s']:.0f}", f"{sentences / r['miniflow_s']:.1f}",
+                     f"{sentences / r['ct2_s']:.1f}", f"{r['ct2_s'] / r['miniflow_s']:.2f}x", agree])
+    if markdown:
+        return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
+                         ["| " + " | ".join(row) + " |" for row in body])
+    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header] + body)
+
+
+def int_list(text):
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': every value must be at least 1")
+    return values
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    data = os.path.join(os.path.dirname(REPO), "shared", "data", "multi30k")
+    parser.add_argument("--checkpoint", required=True, help="miniflow translation checkpoint (.safetensors)")
+    parser.add_argument("--source", default=os.path.join(data, "val.de"),
+                        help="sentences to translate (default: Multi30k's val.de)")
+    parser.add_argument("--reference", default=os.path.join(data, "val.en"),
+                        help="their reference translations (only checked to match the source's line count)")
+    parser.add_argument("--threads", type=int_list, default=[1, 2],
+                        help="comma-separated thread counts (default 1,2)")
+    parser.add_argument("--beams", type=int_list, default=[1, 4],
+                        help="comma-separated beam widths, 1 = greedy (default 1,4)")
+    parser.add_argument("--length-penalty", type=float, default=0.6,
+                        help="beam search's alpha, given to both; each applies its own formula (default 0.6)")
+    parser.add_argument("--miniflow-translate", default=os.path.join(REPO, "build", "tools", "translate"),
+                        help="the miniflow translate binary (default build/tools/translate)")
+    parser.add_argument("--miniflow-flags", default="",
+                        help="more flags for miniflow's translate, space-separated (e.g. \"--beam-stop finished\")")
+    parser.add_argument("--output-dir", help="keep the converted model and all translations here "
+                        "(default: a temporary directory, removed at the end)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement, the fastest kept (default 3)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown, for BENCHMARKS.md")
+    args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    lines = read_lines(args.source, "source")
+    if len(read_lines(args.reference, "reference")) != len(lines):
+        sys.exit(f"bench_ctranslate2.py: {args.reference} and {args.source} have different line counts")
+    if not os.path.isfile(args.checkpoint):
+        sys.exit(f"bench_ctranslate2.py: no checkpoint at '{args.checkpoint}'")
+    miniflow = Miniflow(args.miniflow_translate, args.checkpoint, args.miniflow_flags.split())
+
+    with tempfile.TemporaryDirectory(prefix="bench_ctranslate2.") as scratch:
+        args.output_dir = args.output_dir or scratch
+        model_dir = os.path.join(args.output_dir, "ctranslate2_model")
+        os.makedirs(model_dir, exist_ok=True)
+        config, source, target, tensors = read_checkpoint(args.checkpoint)
+        convert(config, source, target, tensors, model_dir)
+        del tensors
+        sources = [source.encode(line, config["max_len"] - 1) for line in lines]
+        max_decoding_length = output_budget(max(len(s) for s in sources) + 1, config["max_len"])
+        disable_unk = target.byte_fallback  # miniflow bans <unk> only when the target spells every text
+        print(f"converted to {model_dir}; max_decoding_length {max_decoding_length}, disable_unk {disable_unk}",
+              file=sys.stderr)
+        verify_translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32", intra_threads=1)
+        verify(miniflow, verify_translator, lines, sources, target, args.output_dir, max_decoding_length,
+               disable_unk)
+        del verify_translator
+        backend = ct2_backend(model_dir)
+        rows = benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_length, disable_unk)
+
+    cpu, flags = cpu_description()
+    timing = " ".join(["translate --timing"] + miniflow.extra_flags)
+    batching = ", ".join(f"beam {r['beam']}: {r['batching'][0]} {r['batching'][1]}"
+                         for r in rows if r["threads"] == args.threads[0])
+    beam_agreement = "; beam agreement measured at alpha 0" if args.length_penalty != 0 else ""
+    notes = [f"CPU: {cpu} (flags: {', '.join(flags) or 'none of ' + ', '.join(CPU_FLAGS)}), {os.cpu_count()} cores",
+             f"{len(lines)} sentences of {os.path.relpath(args.source, REPO)}; length penalty alpha "
+             f"{args.length_penalty:g} for beam > 1 (miniflow GNMT ((5 + len) / 6)^alpha, CTranslate2 "
+             f"len^alpha){beam_agreement}",
+             f"miniflow timed by {timing}; CTranslate2 {ctranslate2.__version__}, float32 ({backend}), "
+             f"translate_batch only, batching {batching}",
+             "miniflow/CT2 = miniflow's sentences/s / CTranslate2's; agreement = output lines equal"]
+    print(table(rows, len(lines), args.markdown))
+    print()
+    if args.markdown:
+        command = "bash tools/bench_ctranslate2.sh " + " ".join(sys.argv[1:])
+        print(f"Command: `{command}`, {datetime.date.today().isoformat()}, ctranslate2 {ctranslate2.__version__}.")
+        print()
+        print("\n".join(f"- {note}" for note in notes))
+    else:
+        print("\n".join(notes))
+
+
+if __name__ == "__main__":
+    main()
