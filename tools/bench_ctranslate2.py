@@ -129,8 +129,22 @@ def set_linear(spec, tensors, *names):
 
 
 def set_norm(spec, tensors, name):
+    """Fills a LayerNormSpec with the named LayerNorm's weight and bias."""
     spec.gamma = tensors[f"{name}.weight"]
     spec.beta = tensors[f"{name}.bias"]
+
+
+def set_self_attention_and_ffn(layer, tensors, prefix, ffn_norm):
+    """Fills an encoder or decoder layer's self-attention (q/k/v fused into linear_0, norm1) and
+    feed-forward sublayers (its norm is norm2 in an encoder layer, norm3 in a decoder layer)."""
+    attention = f"{prefix}.self_attn"
+    set_linear(layer.self_attention.linear[0], tensors, f"{attention}.q_proj", f"{attention}.k_proj",
+               f"{attention}.v_proj")
+    set_linear(layer.self_attention.linear[1], tensors, f"{attention}.out_proj")
+    set_norm(layer.self_attention.layer_norm, tensors, f"{prefix}.norm1")
+    set_linear(layer.ffn.linear_0, tensors, f"{prefix}.ffn.linear1")
+    set_linear(layer.ffn.linear_1, tensors, f"{prefix}.ffn.linear2")
+    set_norm(layer.ffn.layer_norm, tensors, f"{prefix}.{ffn_norm}")
 
 
 def convert(config, source, target, tensors, output_dir):
@@ -152,14 +166,7 @@ def convert(config, source, target, tensors, output_dir):
     encoder.embeddings[0].weight = t[f"{src_embed}.weight"]
     encoder.position_encodings.encodings = positions
     for i, layer in enumerate(encoder.layer):
-        p = f"encoder.layers.{i}"
-        set_linear(layer.self_attention.linear[0], t, f"{p}.self_attn.q_proj", f"{p}.self_attn.k_proj",
-                   f"{p}.self_attn.v_proj")
-        set_linear(layer.self_attention.linear[1], t, f"{p}.self_attn.out_proj")
-        set_norm(layer.self_attention.layer_norm, t, f"{p}.norm1")
-        set_linear(layer.ffn.linear_0, t, f"{p}.ffn.linear1")
-        set_linear(layer.ffn.linear_1, t, f"{p}.ffn.linear2")
-        set_norm(layer.ffn.layer_norm, t, f"{p}.norm2")
+        set_self_attention_and_ffn(layer, t, f"encoder.layers.{i}", ffn_norm="norm2")
 
     decoder = spec.decoder
     decoder.embeddings.weight = t[f"{tgt_embed}.weight"]
@@ -167,17 +174,11 @@ def convert(config, source, target, tensors, output_dir):
     decoder.projection.weight = t[f"{tgt_embed}.weight"] if config["tie_output"] else t["output_proj.weight"]
     for i, layer in enumerate(decoder.layer):
         p = f"decoder.layers.{i}"
-        set_linear(layer.self_attention.linear[0], t, f"{p}.self_attn.q_proj", f"{p}.self_attn.k_proj",
-                   f"{p}.self_attn.v_proj")
-        set_linear(layer.self_attention.linear[1], t, f"{p}.self_attn.out_proj")
-        set_norm(layer.self_attention.layer_norm, t, f"{p}.norm1")
+        set_self_attention_and_ffn(layer, t, p, ffn_norm="norm3")
         set_linear(layer.attention.linear[0], t, f"{p}.cross_attn.q_proj")
         set_linear(layer.attention.linear[1], t, f"{p}.cross_attn.k_proj", f"{p}.cross_attn.v_proj")
         set_linear(layer.attention.linear[2], t, f"{p}.cross_attn.out_proj")
         set_norm(layer.attention.layer_norm, t, f"{p}.norm2")
-        set_linear(layer.ffn.linear_0, t, f"{p}.ffn.linear1")
-        set_linear(layer.ffn.linear_1, t, f"{p}.ffn.linear2")
-        set_norm(layer.ffn.layer_norm, t, f"{p}.norm3")
     if config["pre_norm"]:
         set_norm(encoder.layer_norm, t, "encoder.norm")
         set_norm(decoder.layer_norm, t, "decoder.norm")
