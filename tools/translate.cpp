@@ -138,6 +138,16 @@ std::vector<std::string> read_lines(const std::string& path, const char* what) {
   return lines;
 }
 
+/// The search the flags ask for, as every translation here runs it.
+models::DecodingOptions decoding_options(const Options& o) {
+  return {.beam_size = o.beam,
+          .max_new_tokens = o.max_len,
+          .length_penalty = o.length_penalty,
+          .nbest = o.nbest,
+          .batch_tokens = o.batch_tokens,
+          .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact : mf::generation::BeamStop::BeamFinished};
+}
+
 /// Translates the lines with tokens (the library sorts them by length and batches them under
 /// --batch-tokens); lines without tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per
 /// requested translation. Returns the hypotheses in input order and the tokens generated for the best.
@@ -152,14 +162,7 @@ std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& 
     pending.push_back(i);
     sentences.push_back(lines[i]);
   }
-  std::vector<std::vector<models::Translation>> translations =
-      translator.translate(sentences, {.beam_size = o.beam,
-                                       .max_new_tokens = o.max_len,
-                                       .length_penalty = o.length_penalty,
-                                       .nbest = o.nbest,
-                                       .batch_tokens = o.batch_tokens,
-                                       .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact
-                                                                      : mf::generation::BeamStop::BeamFinished});
+  std::vector<std::vector<models::Translation>> translations = translator.translate(sentences, decoding_options(o));
   int64_t generated = 0;
   for (size_t k = 0; k < pending.size(); ++k) {
     generated += translations[k].front().tokens;
@@ -193,23 +196,15 @@ std::string score_lines(const std::vector<Hypotheses>& results, const std::vecto
 }
 
 /// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
-/// tool decodes: greedy, or the best beam.
-std::vector<int64_t> decode_ids(models::Translator& translator, const mf::Tensor& src, const Options& o) {
-  const int64_t budget = std::min(o.max_len, models::output_budget(src.size(1), translator.model().config().max_len));
-  if (o.beam > 1) {
-    auto beams = models::beam_search(translator.model(), src,
-                                     {.beam_size = o.beam, .max_new_tokens = budget, .length_penalty = o.length_penalty,
-                                      .banned_id = translator.banned_token()});
-    return beams.at(0).at(0).tokens;
-  }
-  std::vector<int64_t> row = models::greedy_decode(translator.model(), src,
-                                                   {.max_new_tokens = budget, .banned_id = translator.banned_token()})
-                                 .tokens.select(0, 0)
-                                 .to_vector<int64_t>();
-  std::vector<int64_t> ids(row.begin() + 1, row.end());  // drop <sos>
-  auto eos = std::find(ids.begin(), ids.end(), mf::text::kEosId);
-  if (eos != ids.end()) ids.erase(eos + 1, ids.end());  // padding after <eos>
-  return ids;
+/// tool decodes it: the best of the same search.
+std::vector<int64_t> decode_ids(models::Translator& translator, const std::string& sentence, const Options& o) {
+  models::DecodingOptions options = decoding_options(o);
+  options.nbest = 1;
+  options.banned_id = translator.banned_token();
+  return models::decode_sources(translator.model(), {translator.source().encode(sentence)}, options)
+      .front()
+      .front()
+      .tokens;
 }
 
 /// The cross-attention heatmap of one sentence: translate it, rerun the model on (source, <sos> +
@@ -218,7 +213,7 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const mf::Tensor
 std::string attention_svg(models::Translator& translator, const std::string& sentence, const Options& o) {
   mf::NoGradGuard no_grad;
   mf::Tensor src = translator.encode_sources({sentence});  // [1, S]: tokens + <eos>
-  std::vector<int64_t> ids = decode_ids(translator, src, o);
+  std::vector<int64_t> ids = decode_ids(translator, sentence, o);
   std::vector<int64_t> tgt_in{mf::text::kSosId};
   tgt_in.insert(tgt_in.end(), ids.begin(), ids.end() - 1);  // row t predicts ids[t]
   models::Transformer& model = translator.model();
