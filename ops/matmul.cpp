@@ -1,5 +1,5 @@
 // Matrix multiplication: one GEMM per batch element (cpu::gemm: miniflow's own kernel for float32 on
-// AVX-512 CPUs, OpenBLAS otherwise), transposed views passed as transpose flags (no copies), and a
+// AVX-512 and AVX2 CPUs, OpenBLAS otherwise), transposed views passed as transpose flags (no copies), and a
 // batch folded into one GEMM when the right operand is shared. Each GEMM call is single-threaded
 // inside miniflow's one pool: batches split by element, single products by blocks of rows or columns.
 #include "ops/cpu/blas.h"

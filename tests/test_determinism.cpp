@@ -2,9 +2,9 @@
 // parameters, dropout on) run after run. Across thread counts every op gives the same bits, because
 // kernels split work by output elements or by chunks the data alone fixes, with two exceptions. A
 // matmul large enough to be split over threads that runs on OpenBLAS (float64 always, float32 on CPUs
-// without AVX-512) makes one call per block, and OpenBLAS's kernel for a block (small-matrix kernels,
+// without AVX2) makes one call per block, and OpenBLAS's kernel for a block (small-matrix kernels,
 // GEMV for one row, edge tiles) may round the sums differently; miniflow's own float32 GEMM
-// (ops/sgemm.cpp) computes each element of C alike whatever block holds it. And on 2 threads a
+// (ops/cpu/sgemm_kernel.inc) computes each element of C alike whatever block holds it. And on 2 threads a
 // linear layer's dX adds itself into the gradient summed so far (beta = 1), which rounds differently
 // from adding it afterwards once k spans more than one of the GEMM's blocks.
 #include <doctest/doctest.h>
@@ -155,9 +155,9 @@ TEST_CASE("a matmul split over threads gives one thread's bits on miniflow's GEM
   // order it moves by rounding error, ~sqrt(513) * 2^-24 * 23 ~ 3e-5 typically, below the 1e-4 allowed
   // (relative to 1 + |value|). On OpenBLAS (0.3.21 on an AVX-512 machine, before miniflow had its
   // own GEMM) about 1,970 of the 52,419 values differed, by <= 1.5e-5; miniflow's GEMM, which takes
-  // float32 products on AVX-512 CPUs, sums every element in the same order whatever the split.
+  // float32 products on AVX-512 and AVX2 CPUs, sums every element in the same order whatever the split.
   ThreadCountGuard restore;
-  bool own_gemm = kernel_isa() == Isa::avx512;  // the condition under which cpu::sgemm runs
+  bool own_gemm = kernel_isa() >= Isa::avx2;  // the condition under which cpu::sgemm runs
   auto product = [](auto& in) { return matmul(in[0], in[1]); };
   std::vector<double> one = forward_backward(1, {{33, 513}, {513, 65}}, product);
   for (int threads : {2, 3}) {

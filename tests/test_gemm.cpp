@@ -1,4 +1,5 @@
-// miniflow's AVX-512 float GEMM (ops/sgemm.cpp) against naive loops in double.
+// miniflow's float GEMM (ops/cpu/sgemm_kernel.inc) against naive loops in double, on each of its
+// paths this CPU runs, and its AVX2 path against its AVX-512 one bit for bit.
 #include "ops/cpu/sgemm.h"
 
 #include "core/isa.h"
@@ -8,8 +9,10 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -31,17 +34,33 @@ Operand random_matrix(int64_t rows, int64_t cols, int64_t padding, float filler,
 
 }  // namespace
 
-TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and edges") {
-  // The shapes cross every boundary of the kernel's loops: strips of 12 rows, panels of 32 columns
-  // (the last one narrower than 16 columns and wider), blocks of 96 rows (A^T), 512 values of k and
+/// The ISA paths of miniflow's GEMM that kernel_isa() allows, widest first.
+std::vector<mf::Isa> gemm_paths() {
+  std::vector<mf::Isa> paths;
+  for (mf::Isa isa : {mf::Isa::avx512, mf::Isa::avx2})
+    if (isa <= mf::kernel_isa()) paths.push_back(isa);
+  return paths;
+}
+
+TEST_CASE("miniflow's float GEMM equals naive loops over its blocks and edges, on each ISA path") {
+  // The shapes cross every boundary of the kernel's loops: strips of 12 rows (6 on AVX2), panels of
+  // 32 columns (16), the last one narrower than a vector and wider, blocks of 96 rows (A^T), 512 values of k and
   // 1 MiB of packed B (33000 columns at k = 8; 600 columns at k = 530, with two blocks of k), each
   // with a remainder, A^T packed whole across such column blocks (over one block of rows and two),
   // plus k = 0 and single elements; with both operands plain or transposed, their
   // rows packed tight or with NaN between them (which a read past a row would carry into C).
   // beta = 0 must overwrite C without reading it (C starts as NaN), other betas scale it; a bias,
   // where given, adds one value per column; relu, where asked, clamps the finished sum.
+  if (gemm_paths().empty()) {
+    // Declined exactly when the kernel path is narrower than AVX2 (the CPU's or MINIFLOW_ISA's).
+    float x = 1, y = 2, z = 0;
+    CHECK_FALSE(mf::cpu::sgemm(false, false, 1, 1, 1, &x, 1, &y, 1, &z, 1));
+    MESSAGE(fmt::format("skipped: kernels {}, so float products go to OpenBLAS", mf::isa_name(mf::kernel_isa())));
+    return;
+  }
   std::mt19937 rng(7);
   float nan = std::numeric_limits<float>::quiet_NaN();
+  for (mf::Isa isa : gemm_paths())
   for (auto [n, m, k] : {std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{12, 32, 16},
                          std::array<int64_t, 3>{13, 33, 17}, std::array<int64_t, 3>{97, 70, 530},
                          std::array<int64_t, 3>{200, 45, 3}, std::array<int64_t, 3>{3, 33000, 8},
@@ -56,6 +75,7 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
                 std::array<float, 4>{0.5f, -2, 0, 0}, std::array<float, 4>{1, 0, 1, 0},
                 std::array<float, 4>{0.5f, 1, 1, 0}, std::array<float, 4>{1, 0, 1, 1},
                 std::array<float, 4>{0.5f, 1, 0, 1}}) {
+            CAPTURE(mf::isa_name(isa));
             CAPTURE(padding);
             CAPTURE(n);
             CAPTURE(m);
@@ -73,13 +93,8 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
             std::vector<float> before = c.values;
             const mf::cpu::GemmEpilogue<float> epilogue{
                 .alpha = alpha, .beta = beta, .bias = with_bias ? bias.values.data() : nullptr, .relu = relu != 0};
-            if (!mf::cpu::sgemm(trans_a, trans_b, n, m, k, a.values.data(), a.ld, b.values.data(), b.ld, c.values.data(),
-                                c.ld, epilogue)) {
-              // Declined exactly when the kernel path is narrower than AVX-512 (the CPU's or MINIFLOW_ISA's).
-              REQUIRE(mf::kernel_isa() != mf::Isa::avx512);
-              MESSAGE(fmt::format("skipped: kernels {}, so float products go to OpenBLAS", mf::isa_name(mf::kernel_isa())));
-              return;
-            }
+            REQUIRE(mf::cpu::detail::sgemm_on(isa, trans_a, trans_b, n, m, k, a.values.data(), a.ld, b.values.data(),
+                                              b.ld, c.values.data(), c.ld, epilogue));
             auto at = [&](int64_t i, int64_t p) { return double{a.values[trans_a ? p * a.ld + i : i * a.ld + p]}; };
             auto bt = [&](int64_t p, int64_t j) { return double{b.values[trans_b ? j * b.ld + p : p * b.ld + j]}; };
             int64_t wrong = 0;  // elements off by more than float's rounding bound, k eps sum |a b| (+ beta's)
@@ -105,4 +120,37 @@ TEST_CASE("miniflow's AVX-512 float GEMM equals naive loops over its blocks and 
                 CHECK((c.values[at] == before[at] || (std::isnan(c.values[at]) && std::isnan(before[at]))));
               }
           }
+}
+
+TEST_CASE("miniflow's GEMM gives the same bits on its AVX2 path as on its AVX-512 path") {
+  // Each element of C is one chain of FMAs over k in order per block of k, on either path (the tiles
+  // differ: 12 x 32 against 6 x 16), so a training step's products do not depend on the CPU. The
+  // shapes put elements in different tiles and edges on the two paths and span two blocks of k.
+  if (mf::kernel_isa() != mf::Isa::avx512) {
+    MESSAGE(fmt::format("skipped: kernels {}, so only one path runs here", mf::isa_name(mf::kernel_isa())));
+    return;
+  }
+  std::mt19937 rng(11);
+  for (auto [n, m, k] : {std::array<int64_t, 3>{37, 75, 600}, std::array<int64_t, 3>{200, 130, 64},
+                         std::array<int64_t, 3>{5, 3000, 40}})
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true})
+        for (auto [beta, with_bias, relu] : {std::array<int, 3>{0, 0, 0}, std::array<int, 3>{1, 1, 1}}) {
+          CAPTURE(n);
+          CAPTURE(m);
+          CAPTURE(k);
+          CAPTURE(trans_a);
+          CAPTURE(trans_b);
+          Operand a = trans_a ? random_matrix(k, n, 1, 0, rng) : random_matrix(n, k, 1, 0, rng);
+          Operand b = trans_b ? random_matrix(m, k, 0, 0, rng) : random_matrix(k, m, 0, 0, rng);
+          Operand bias = random_matrix(1, m, 0, 0, rng), c512 = random_matrix(n, m, 0, 0, rng);
+          Operand c2 = c512;
+          const mf::cpu::GemmEpilogue<float> epilogue{.alpha = 0.75f, .beta = static_cast<float>(beta),
+                                                      .bias = with_bias ? bias.values.data() : nullptr,
+                                                      .relu = relu != 0};
+          for (auto [isa, c] : {std::pair{mf::Isa::avx512, &c512}, std::pair{mf::Isa::avx2, &c2}})
+            REQUIRE(mf::cpu::detail::sgemm_on(isa, trans_a, trans_b, n, m, k, a.values.data(), a.ld, b.values.data(),
+                                              b.ld, c->values.data(), c->ld, epilogue));
+          CHECK(std::memcmp(c512.values.data(), c2.values.data(), c2.values.size() * sizeof(float)) == 0);
+        }
 }

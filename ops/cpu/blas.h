@@ -1,5 +1,6 @@
 // The one typed entry to GEMM, shared by matmul, linear and the fused attention kernels: float
-// products run miniflow's own kernel where the CPU has AVX-512 (ops/cpu/sgemm.h), the rest OpenBLAS.
+// products run miniflow's own kernel where the CPU has AVX-512 or AVX2 (ops/cpu/sgemm.h), the rest
+// OpenBLAS.
 #pragma once
 
 #include "ops/math.h"

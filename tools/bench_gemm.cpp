@@ -1,0 +1,138 @@
+// Float32 GEMM rates, miniflow's matmul against OpenBLAS's cblas_sgemm in the same run: the 2048^3
+// product and the products of a training step of the benchmark configs (bench_configs.h): a linear
+// layer's forward X W^T, its input gradient dY W and its weight gradient dY^T X, for the attention
+// projections, the feed-forward layers and the tied output projection. The two are timed in turn,
+// product by product, and each figure is the fastest of --reps: this machine's neighbours come and go.
+//
+// miniflow's figure is its kernel path (MINIFLOW_ISA narrows it); OpenBLAS picks its own kernel by
+// CPU, so on an AVX-512 machine OPENBLAS_CORETYPE=Haswell gives the AVX2 peer of MINIFLOW_ISA=avx2.
+#include "miniflow.h"
+#include "tools/bench_configs.h"
+#include "tools/cli.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// One product c = op(a) op(b): op(a) rows x depth, op(b) depth x cols.
+struct Product {
+  std::string name;
+  int64_t rows, cols, depth;
+  bool trans_a, trans_b;
+};
+
+/// The products of one config's training step, and the square one every BLAS is measured on.
+std::vector<Product> products(const std::string& only) {
+  std::vector<Product> list;
+  if (only.empty() || only == "square") list.push_back({"2048^3", 2048, 2048, 2048, false, false});
+  for (const mf::tools::BenchConfig& c : mf::tools::kBenchConfigs) {
+    if (std::string(c.name) == "seed" || (!only.empty() && only != c.name)) continue;
+    int64_t tokens = c.batch * c.length;
+    auto linear = [&](const std::string& layer, int64_t in, int64_t out) {
+      std::string prefix = fmt::format("{} {} [{}x{}]", c.name, layer, out, in);
+      list.push_back({prefix + " X W^T", tokens, out, in, false, true});
+      list.push_back({prefix + " dY W", tokens, in, out, false, false});
+      list.push_back({prefix + " dY^T X", out, in, tokens, true, false});
+    };
+    linear("attention projection", c.d_model, c.d_model);
+    linear("feed-forward in", c.d_model, c.d_ff);
+    linear("feed-forward out", c.d_ff, c.d_model);
+    linear("output projection", c.d_model, c.vocab);
+  }
+  return list;
+}
+
+class Timer {
+ public:
+  explicit Timer(const Product& p)
+      : p_(p),
+        a_(p.trans_a ? mf::randn({p.depth, p.rows}) : mf::randn({p.rows, p.depth})),
+        b_(p.trans_b ? mf::randn({p.cols, p.depth}) : mf::randn({p.depth, p.cols})),
+        c_(mf::Tensor::empty({p.rows, p.cols})) {}
+
+  double miniflow_seconds() {
+    mf::NoGradGuard no_grad;
+    auto start = Clock::now();
+    mf::Tensor c = mf::matmul(p_.trans_a ? a_.t() : a_, p_.trans_b ? b_.t() : b_);
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  // cblas_sgemm with the rows of c split over the pool, as miniflow gives OpenBLAS its products.
+  double openblas_seconds() {
+    auto start = Clock::now();
+    const float *pa = a_.data_ptr<float>(), *pb = b_.data_ptr<float>();
+    float* pc = c_.data_ptr<float>();
+    int64_t lda = a_.size(1), ldb = b_.size(1);
+    int64_t per_thread = (p_.rows + mf::get_num_threads() - 1) / mf::get_num_threads();
+    mf::parallel_for(0, p_.rows, per_thread, [&](int64_t lo, int64_t hi) {
+      cblas_sgemm(CblasRowMajor, p_.trans_a ? CblasTrans : CblasNoTrans, p_.trans_b ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(hi - lo), static_cast<int>(p_.cols), static_cast<int>(p_.depth), 1.0f,
+                  p_.trans_a ? pa + lo : pa + lo * lda, static_cast<int>(lda), pb, static_cast<int>(ldb), 0.0f,
+                  pc + lo * p_.cols, static_cast<int>(p_.cols));
+    });
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  double gflops(double seconds) const {
+    return 2.0 * static_cast<double>(p_.rows) * static_cast<double>(p_.cols) * static_cast<double>(p_.depth) /
+           seconds / 1e9;
+  }
+
+ private:
+  Product p_;
+  mf::Tensor a_, b_, c_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mf::tools::run_tool("bench_gemm", [&] {
+    std::string only;
+    int threads = 1;
+    int64_t reps = 7;
+    mf::tools::ArgParser args("bench_gemm",
+                              "Times float32 GEMMs, miniflow's matmul against OpenBLAS's cblas_sgemm in turn.");
+    args.add("shapes", &only, "only these products: square, small or base");
+    args.add("threads", &threads, "intra-op threads (OpenBLAS runs single-threaded inside them)");
+    args.add("reps", &reps, "timed runs of each product on each side; the fastest counts");
+    if (!args.parse(argc, argv)) return 0;
+    if (!only.empty() && only != "square" && only != "small" && only != "base")
+      throw mf::tools::UsageError(fmt::format("unknown --shapes '{}' (square, small or base)", only));
+    if (reps < 1) throw mf::tools::UsageError("--reps must be at least 1");
+    mf::set_num_threads(threads);
+    openblas_set_num_threads(1);
+
+    fmt::print("CPU {}: {}; {} with its {} kernels; threads {}\n", mf::cpu_model_name(), mf::describe_kernel_isa(),
+               openblas_get_config(), openblas_get_corename(), threads);
+    fmt::print("{:<64} {:>10} {:>10} {:>7}\n", "product (rows x cols x depth)", "miniflow", "OpenBLAS", "ratio");
+    double log_ratio_sum = 0;
+    int count = 0;
+    for (const Product& p : products(only)) {
+      Timer timer(p);
+      timer.miniflow_seconds();  // warm-up: outputs' first touch, packing buffers
+      timer.openblas_seconds();
+      double miniflow = std::numeric_limits<double>::infinity(), openblas = miniflow;
+      for (int64_t r = 0; r < reps; ++r) {
+        miniflow = std::min(miniflow, timer.miniflow_seconds());
+        openblas = std::min(openblas, timer.openblas_seconds());
+      }
+      double ratio = openblas / miniflow;
+      log_ratio_sum += std::log(ratio);
+      ++count;
+      fmt::print("{:<64} {:>10.1f} {:>10.1f} {:>6.2f}x\n",
+                 fmt::format("{} ({}x{}x{})", p.name, p.rows, p.cols, p.depth), timer.gflops(miniflow),
+                 timer.gflops(openblas), ratio);
+    }
+    fmt::print("GFLOP/s; ratio = miniflow's rate / OpenBLAS's; geometric mean {:.2f}x\n",
+               std::exp(log_ratio_sum / count));
+    return 0;
+  });
+}
