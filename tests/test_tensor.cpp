@@ -737,8 +737,8 @@ TEST_CASE("a product's input gradient added in place into the gradient summed so
 
 TEST_CASE("a linear layer over few rows (the decoding path) equals the naive product") {
   // x @ W^T with W [m, k] contiguous and at most 128 rows of x takes a kernel of its own on AVX-512
-  // CPUs (ops/skinny_gemm.cpp); rows beyond a 16-lane slice, W rows beyond a block of 8 and odd k
-  // all occur here, on 1 and 2 threads.
+  // and AVX2 CPUs (ops/cpu/skinny_gemm_kernel.inc); rows beyond a 16-lane (8-lane) slice, W rows
+  // beyond a block of 8 (6) and odd k all occur here, on 1 and 2 threads.
   ThreadCountGuard restore_threads;
   for (int threads : {1, 2})
     for (auto [n, k, m] : {std::array<int64_t, 3>{1, 64, 300}, std::array<int64_t, 3>{17, 33, 19},
