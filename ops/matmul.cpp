@@ -273,18 +273,8 @@ void linear_forward(const std::vector<Tensor>& in, std::vector<Tensor>& out, boo
     const T* pw = static_cast<const T*>(weight_t.raw_data());
     const T* pb = static_cast<const T*>(bias.raw_data());
     T* pc = c.data_ptr<T>();
-    int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / m);
     if constexpr (std::is_same_v<T, float>)  // a few rows: W is not worth packing (see matmul)
-      if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m)) {
-        parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
-          for (int64_t r = lo; r < hi; ++r)
-            for (int64_t j = 0; j < m; ++j) {
-              T value = pc[r * m + j] + pb[j];
-              pc[r * m + j] = relu ? math::Relu{}(value) : value;
-            }
-        });
-        return;
-      }
+      if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m, pb, relu)) return;
     // The GEMM adds the bias (and clamps) as it writes C: no pass over C before or after.
     parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, {.bias = pb, .relu = relu});
   });

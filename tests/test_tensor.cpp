@@ -736,18 +736,48 @@ TEST_CASE("a product's input gradient added in place into the gradient summed so
 }
 
 TEST_CASE("a linear layer over few rows (the decoding path) equals the naive product") {
-  // x @ W^T with W [m, k] contiguous and at most 128 rows of x takes a kernel of its own on AVX-512
-  // and AVX2 CPUs (ops/cpu/skinny_gemm_kernel.inc); rows beyond a 16-lane (8-lane) slice, W rows
-  // beyond a block of 8 (6) and odd k all occur here, on 1 and 2 threads.
+  // x @ W^T with W [m, k] contiguous and 8 or 16 (a vector of floats) to 32 rows of x takes a kernel
+  // of its own on AVX-512 and AVX2 CPUs (ops/cpu/skinny_gemm_kernel.inc); rows beyond a 16-lane
+  // (8-lane) slice, W rows beyond a block of 8 (6), odd k and row counts either side of the kernel's
+  // range all occur here, on 1 and 2 threads.
   ThreadCountGuard restore_threads;
   for (int threads : {1, 2})
     for (auto [n, k, m] : {std::array<int64_t, 3>{1, 64, 300}, std::array<int64_t, 3>{17, 33, 19},
                            std::array<int64_t, 3>{32, 256, 1000}, std::array<int64_t, 3>{128, 7, 8},
-                           std::array<int64_t, 3>{129, 16, 24}}) {
+                           std::array<int64_t, 3>{129, 16, 24}, std::array<int64_t, 3>{9, 40, 13},
+                           std::array<int64_t, 3>{33, 16, 24}}) {
       mf::set_intra_op_threads(threads);
       CAPTURE(threads);
       CAPTURE(n);
       CAPTURE(m);
       CHECK(matmul_error_vs_naive(mf::randn({n, k}), mf::randn({m, k}).t()) < 1e-4);
     }
+}
+
+TEST_CASE("a row's linear output has the same bits whatever number of rows shares the call") {
+  // Decoding runs linear layers over 1 to hundreds of rows, and the row count picks the kernel:
+  // the few-rows kernel (8 or 16 to 32 rows), sgemm for the rest. Both sum each element alike (a
+  // chain of FMAs per 512 values of k, the bias with the first), so a sentence translates the same
+  // alone as in a batch. k = 1100 spans three such blocks; the ReLU variant clamps after the last.
+  // OpenBLAS, which takes float products below AVX2, makes no such promise.
+  if (mf::kernel_isa() < mf::Isa::avx2) {
+    MESSAGE("skipped: kernels " << mf::isa_name(mf::kernel_isa()) << ", so float products go to OpenBLAS");
+    return;
+  }
+  ThreadCountGuard restore_threads;
+  mf::Tensor weight = mf::randn({70, 1100}), bias = mf::randn({70}), all = mf::randn({40, 1100});
+  for (int threads : {1, 2}) {
+    mf::set_intra_op_threads(threads);
+    CAPTURE(threads);
+    for (bool relu : {false, true}) {
+      CAPTURE(relu);
+      auto apply = [&](const mf::Tensor& x) { return relu ? mf::linear_relu(x, weight, bias) : mf::linear(x, weight, bias); };
+      std::vector<float> whole = apply(all).to_vector<float>();
+      for (int64_t rows : {1, 7, 8, 16, 17, 32, 33}) {
+        CAPTURE(rows);
+        std::vector<float> part = apply(all.narrow(0, 0, rows).contiguous()).to_vector<float>();
+        CHECK(std::equal(part.begin(), part.end(), whole.begin()));
+      }
+    }
+  }
 }

@@ -10,6 +10,10 @@
 
 namespace mf::cpu {
 
+/// The values of k over which sgemm sums each element of c as one chain of FMAs before adding the
+/// chain to c (the next block's chain is added to what the previous ones left).
+inline constexpr int64_t kGemmBlockK = 512;
+
 /// What a GEMM does beyond the product: c = alpha op(a) op(b) + beta c (+ bias[j] in column j, where
 /// bias is given), then with `relu` max(c, 0) as math::Relu (NaN kept). The defaults give c = a b.
 template <typename T>
