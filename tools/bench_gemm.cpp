@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <tuple>
 
 
 namespace {
@@ -29,10 +30,20 @@ struct Product {
   bool trans_a, trans_b;
 };
 
-/// The products of one config's training step, and the square one every BLAS is measured on.
+/// The products of one config's training step, those of a decoding step of `small` (the linear
+/// layers' X W^T over one row per sentence, 32 sentences, greedy and beam 4), and the square one
+/// every BLAS is measured on.
 std::vector<Product> products(const std::string& only) {
   std::vector<Product> list;
   if (only.empty() || only == "square") list.push_back({"2048^3", 2048, 2048, 2048, false, false});
+  if (only.empty() || only == "decoding") {
+    const mf::tools::BenchConfig& c = *mf::tools::find_bench_config("small");
+    for (int64_t rows : {32, 128})
+      for (auto [layer, in, out] : {std::tuple{"attention projection", c.d_model, c.d_model},
+                                    std::tuple{"feed-forward in", c.d_model, c.d_ff},
+                                    std::tuple{"output projection", c.d_model, c.vocab}})
+        list.push_back({fmt::format("decoding {} [{}x{}] X W^T", layer, out, in), rows, out, in, false, true});
+  }
   for (const mf::tools::BenchConfig& c : mf::tools::kBenchConfigs) {
     if (std::string(c.name) == "seed" || (!only.empty() && only != c.name)) continue;
     int64_t tokens = c.batch * c.length;
@@ -100,12 +111,12 @@ int main(int argc, char** argv) {
     int64_t reps = 7;
     mf::tools::ArgParser args("bench_gemm",
                               "Times float32 GEMMs, miniflow's matmul against OpenBLAS's cblas_sgemm in turn.");
-    args.add("shapes", &only, "only these products: square, small or base");
+    args.add("shapes", &only, "only these products: square, small, base or decoding");
     args.add("threads", &threads, "intra-op threads (OpenBLAS runs single-threaded inside them)");
     args.add("reps", &reps, "timed runs of each product on each side; the fastest counts");
     if (!args.parse(argc, argv)) return 0;
-    if (!only.empty() && only != "square" && only != "small" && only != "base")
-      throw mf::tools::UsageError(fmt::format("unknown --shapes '{}' (square, small or base)", only));
+    if (!only.empty() && only != "square" && only != "small" && only != "base" && only != "decoding")
+      throw mf::tools::UsageError(fmt::format("unknown --shapes '{}' (square, small, base or decoding)", only));
     if (reps < 1) throw mf::tools::UsageError("--reps must be at least 1");
     mf::set_num_threads(threads);
     openblas_set_num_threads(1);

@@ -154,17 +154,42 @@ MF_INLINE T fold(P pack, Fn fn) {
   }
 }
 
-/// sum_c f<V>(c) for c < C: packs sum in T over blocks of 256 columns, blocks in double.
+/// Floats of the partial sums a float reduction keeps, on every ISA: 16 lanes, folded in lane
+/// order. A vector width narrower than 16 floats holds them in two (AVX2) or four (SSE2) packs, which
+/// add alike, so each path sums in the same order and training gives the same bits on every CPU.
+inline constexpr int64_t kSumLanes = 16;
+
+/// Packs of W bytes that hold kSumLanes values of T (1 for double, whose packs are single values).
+template <typename T, int W>
+constexpr int64_t kSumParts = std::is_same_v<T, float> ? kSumLanes / kPackWidth<T, W> : 1;
+
+/// The sum of the packs' lanes, one after another in order: part 0's lanes first.
+template <typename T, typename P, int64_t Parts>
+MF_INLINE T fold_parts(const P (&parts)[Parts]) {
+  if constexpr (std::is_same_v<P, T>) {
+    static_assert(Parts == 1);
+    return parts[0];
+  } else {
+    T total = parts[0][0];
+    for (size_t j = 1; j < sizeof(P) / sizeof(T); ++j) total += parts[0][j];
+    for (int64_t part = 1; part < Parts; ++part)
+      for (size_t j = 0; j < sizeof(P) / sizeof(T); ++j) total += parts[part][j];
+    return total;
+  }
+}
+
+/// sum_c f<V>(c) for c < C: kSumLanes partial sums in T over blocks of 256 columns, blocks in
+/// double; the same bits whatever W.
 template <typename T, int W = kBaselineWidth, typename F>
 MF_INLINE double pack_sum(int64_t C, F f) {
-  constexpr int64_t kWidth = kPackWidth<T, W>, kBlock = 256;
-  int64_t packed = C - C % kWidth;
+  constexpr int64_t kWidth = kPackWidth<T, W>, kParts = kSumParts<T, W>, kStep = kWidth * kParts, kBlock = 256;
+  int64_t packed = C - C % kStep;
   double result = 0;
   for (int64_t start = 0; start < packed; start += kBlock) {
-    Pack<T, W> total{};
-    for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kWidth)
-      total += f.template operator()<Pack<T, W>>(c);
-    result += fold<T>(total, [](T a, T b) { return a + b; });
+    Pack<T, W> total[kParts] = {};
+    for (int64_t c = start, end = std::min(packed, start + kBlock); c < end; c += kStep)
+      for (int64_t part = 0; part < kParts; ++part) total[part] += f.template operator()<Pack<T, W>>(c + part * kWidth);
+    result += fold_parts<T>(total);
   }
   for (int64_t c = packed; c < C; ++c) result += f.template operator()<T>(c);
   return result;

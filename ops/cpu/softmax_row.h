@@ -27,7 +27,8 @@ MF_INLINE void exp_lanes(const float* inp, const float* shift, float* out, typen
   sum += y;
 }
 
-/// out[i] = exp(inp[i] - shift[kShiftPerElement ? i : 0]) for i < n; returns the sum of the results.
+/// out[i] = exp(inp[i] - shift[kShiftPerElement ? i : 0]) for i < n; returns the sum of the results,
+/// kept in kSumLanes partial sums whatever W (the same bits on every ISA).
 template <int W, bool kShiftPerElement, typename T>
 MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
   if constexpr (std::is_same_v<T, double>) {
@@ -36,22 +37,27 @@ MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
     return total;
   } else {
     using S = Simd<float, W>;
-    typename S::V sum{};
+    constexpr int64_t kParts = kSumParts<float, W>;
+    typename S::V sum[kParts] = {};
+    // Values [at, at + kSumLanes) of x, less their shift, part by part into the partial sums.
+    auto exp_run = [&](const float* x, const float* x_shift, float* x_out) MF_LAMBDA_INLINE {
+      for (int64_t part = 0; part < kParts; ++part) {
+        int64_t at = part * S::kLanes;
+        exp_lanes<W, kShiftPerElement>(x + at, x_shift + (kShiftPerElement ? at : 0), x_out + at, sum[part]);
+      }
+    };
     int64_t i = 0;
-    for (; i + S::kLanes <= n; i += S::kLanes)
-      exp_lanes<W, kShiftPerElement>(inp + i, shift + (kShiftPerElement ? i : 0), out + i, sum);
+    for (; i + kSumLanes <= n; i += kSumLanes) exp_run(inp + i, shift + (kShiftPerElement ? i : 0), out + i);
     if (i < n) {  // the tail, padded with -inf, whose exp adds 0 to the sum
-      float a[S::kLanes], b[S::kLanes], o[S::kLanes];
-      std::fill(a, a + S::kLanes, -std::numeric_limits<float>::infinity());
-      std::fill(b, b + S::kLanes, 0.0f);
+      float a[kSumLanes], b[kSumLanes], o[kSumLanes];
+      std::fill(a, a + kSumLanes, -std::numeric_limits<float>::infinity());
+      std::fill(b, b + kSumLanes, 0.0f);
       std::copy(inp + i, inp + n, a);
       std::copy(shift + (kShiftPerElement ? i : 0), shift + (kShiftPerElement ? n : 1), b);
-      exp_lanes<W, kShiftPerElement>(a, b, o, sum);
+      exp_run(a, b, o);
       std::copy(o, o + (n - i), out + i);
     }
-    float total = 0;
-    for (int64_t j = 0; j < S::kLanes; ++j) total += sum[j];
-    return total;
+    return fold_parts<float>(sum);
   }
 }
 
