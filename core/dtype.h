@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace mf {
@@ -41,6 +42,11 @@ template <> struct dtype_of<double> { static constexpr DType value = DType::Floa
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::Int64; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::Bool; };
 template <typename T> inline constexpr DType dtype_v = dtype_of<T>::value;
+
+/// The C++ types tensor elements are stored as: one per dtype.
+template <typename T>
+concept ElementType = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, int64_t> ||
+                      std::is_same_v<T, bool>;
 
 /// Calls `fn.template operator()<T>()` with T the C++ type of `dtype`:
 ///   visit_dtype(t.dtype(), [&]<typename T>() { fill<T>(t); });

@@ -23,6 +23,7 @@ namespace mf {
 using Site = std::source_location;
 
 class Tensor;
+struct IndexAt;
 struct AutogradMeta;
 struct Node;
 
@@ -121,6 +122,9 @@ class Tensor {
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1, Site site = Site::current()) const;
   /// Removes `dim` by picking one index.
   Tensor select(int64_t dim, int64_t index, Site site = Site::current()) const;
+  /// x[i]: select(0, i), a view, as PyTorch's indexing with one integer (negative counts from the
+  /// end); x[i][j] picks along the first two dims.
+  Tensor operator[](IndexAt index) const;
   Tensor expand(const Shape& shape, Site site = Site::current()) const;
   /// Removes every size-1 dim, or just `dim`.
   Tensor squeeze(std::optional<int64_t> dim = std::nullopt, Site site = Site::current()) const;
@@ -168,6 +172,10 @@ class Tensor {
   Tensor ge(const Tensor& other, Site site = Site::current()) const;
   Tensor eq(double other, Site site = Site::current()) const;
   Tensor ne(double other, Site site = Site::current()) const;
+  Tensor lt(double other, Site site = Site::current()) const;
+  Tensor le(double other, Site site = Site::current()) const;
+  Tensor gt(double other, Site site = Site::current()) const;
+  Tensor ge(double other, Site site = Site::current()) const;
   Tensor logical_not(Site site = Site::current()) const;
   Tensor logical_and(const Tensor& other, Site site = Site::current()) const;
   Tensor logical_or(const Tensor& other, Site site = Site::current()) const;
@@ -195,9 +203,11 @@ class Tensor {
   Tensor& add_(const Tensor& other, Site site = Site::current());
   Tensor& add_(double other, Site site = Site::current());
   Tensor& sub_(const Tensor& other, Site site = Site::current());
+  Tensor& sub_(double other, Site site = Site::current());
   Tensor& mul_(const Tensor& other, Site site = Site::current());
   Tensor& mul_(double other, Site site = Site::current());
   Tensor& div_(const Tensor& other, Site site = Site::current());
+  Tensor& div_(double other, Site site = Site::current());
   Tensor& zero_(Site site = Site::current());
   Tensor& fill_(double value, Site site = Site::current());
   /// Copies `src` (broadcast to this shape, any dtype/device) into this tensor.
@@ -229,5 +239,43 @@ Tensor operator-(double a, At b);
 Tensor operator*(double a, At b);
 Tensor operator/(double a, At b);
 Tensor operator-(At a);
+
+// Comparisons give bool tensors, as in PyTorch (== and != are eq / ne: Tensor keeps its identity
+// comparisons out of the way of containers).
+Tensor operator<(At a, const Tensor& b);
+Tensor operator<=(At a, const Tensor& b);
+Tensor operator>(At a, const Tensor& b);
+Tensor operator>=(At a, const Tensor& b);
+Tensor operator<(At a, double b);
+Tensor operator<=(At a, double b);
+Tensor operator>(At a, double b);
+Tensor operator>=(At a, double b);
+
+/// The tensor an in-place operator writes, with the call site of the expression: a named tensor or a
+/// temporary view of one (x[0] += 1), which lives to the end of the expression.
+struct InPlaceAt {
+  Tensor& tensor;
+  Site site;
+  InPlaceAt(Tensor& tensor, Site site = Site::current()) : tensor(tensor), site(site) {}  // NOLINT: implicit on purpose
+  InPlaceAt(Tensor&& tensor, Site site = Site::current()) : tensor(tensor), site(site) {}  // NOLINT: implicit on purpose
+};
+
+/// x += y and the like write into x's storage (add_, sub_, mul_, div_): every view of it sees the
+/// change, and a tensor that requires grad refuses them outside NoGradGuard, as PyTorch's leaves do.
+Tensor& operator+=(InPlaceAt a, const Tensor& b);
+Tensor& operator-=(InPlaceAt a, const Tensor& b);
+Tensor& operator*=(InPlaceAt a, const Tensor& b);
+Tensor& operator/=(InPlaceAt a, const Tensor& b);
+Tensor& operator+=(InPlaceAt a, double b);
+Tensor& operator-=(InPlaceAt a, double b);
+Tensor& operator*=(InPlaceAt a, double b);
+Tensor& operator/=(InPlaceAt a, double b);
+
+/// An index with the call site of the expression it appears in (for Tensor::operator[]).
+struct IndexAt {
+  int64_t index;
+  Site site;
+  IndexAt(int64_t index, Site site = Site::current()) : index(index), site(site) {}  // NOLINT: implicit on purpose
+};
 
 }  // namespace mf

@@ -28,6 +28,9 @@ struct LinearOptions {
 class Linear : public Module {
  public:
   explicit Linear(const LinearOptions& options);
+  /// Linear(in_features, out_features[, bias]), as torch.nn.Linear.
+  Linear(int64_t in_features, int64_t out_features, bool bias = true)
+      : Linear(LinearOptions{.in_features = in_features, .out_features = out_features, .bias = bias}) {}
   /// x [..., in] -> [..., out].
   Tensor forward(const Tensor& x) override;
   /// "in_features=4, out_features=2, bias=True".
@@ -52,6 +55,9 @@ struct EmbeddingOptions {
 class Embedding : public Module {
  public:
   explicit Embedding(const EmbeddingOptions& options);
+  /// Embedding(num_embeddings, embedding_dim), as torch.nn.Embedding.
+  Embedding(int64_t num_embeddings, int64_t embedding_dim)
+      : Embedding(EmbeddingOptions{.num_embeddings = num_embeddings, .embedding_dim = embedding_dim, .padding_idx = {}}) {}
   /// int64 indices [...] -> [..., embedding_dim].
   Tensor forward(const Tensor& indices) override;
   /// "13, 16, padding_idx=0".
@@ -98,6 +104,8 @@ struct DropoutOptions {
 class Dropout : public Module {
  public:
   explicit Dropout(const DropoutOptions& options);
+  /// Dropout(p), as torch.nn.Dropout.
+  explicit Dropout(double p = 0.5) : Dropout(DropoutOptions{.p = p}) {}
   Tensor forward(const Tensor& x) override;
   /// "p=0.5".
   std::string extra_repr() const override;

@@ -45,8 +45,12 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   /// The single-input forward that Sequential chains; modules with other signatures keep this
-  /// default, which throws an error naming the module type.
+  /// default, which throws an error naming the module type. Their forward hides it, on purpose
+  /// (calling them with one tensor should not compile), so -Woverloaded-virtual is off for it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Woverloaded-virtual"
   virtual Tensor forward(const Tensor& input);
+#pragma GCC diagnostic pop
   Tensor operator()(const Tensor& input) { return forward(input); }
 
   // ---- traversal ------------------------------------------------------------------------------
@@ -134,6 +138,24 @@ class ModuleList : public Module {
   explicit ModuleList(std::vector<std::shared_ptr<Module>> modules);
   void push_back(std::shared_ptr<Module> module);
   size_t size() const { return named_children().size(); }
+  /// Iterates the modules in order, as std::shared_ptr<Module>: for (const auto& layer : *list).
+  class Iterator {
+   public:
+    using Children = std::vector<std::pair<std::string, std::shared_ptr<Module>>>;
+    explicit Iterator(Children::const_iterator at) : at_(at) {}
+    const std::shared_ptr<Module>& operator*() const { return at_->second; }
+    Iterator& operator++() {
+      ++at_;
+      return *this;
+    }
+    bool operator==(const Iterator& other) const = default;
+
+   private:
+    Children::const_iterator at_;
+  };
+  Iterator begin() const { return Iterator(named_children().begin()); }
+  Iterator end() const { return Iterator(named_children().end()); }
+
   /// The module at `index`, cast to M (throws when out of range or of another type).
   template <typename M = Module>
   std::shared_ptr<M> at(size_t index) const {

@@ -765,6 +765,10 @@ Tensor Tensor::gt(const Tensor& other, Site site) const { return mf::gt(*this, o
 Tensor Tensor::ge(const Tensor& other, Site site) const { return mf::ge(*this, other, site); }
 Tensor Tensor::eq(double other, Site site) const { return mf::eq(*this, scalar_like(other, *this), site); }
 Tensor Tensor::ne(double other, Site site) const { return mf::ne(*this, scalar_like(other, *this), site); }
+Tensor Tensor::lt(double other, Site site) const { return mf::lt(*this, scalar_like(other, *this), site); }
+Tensor Tensor::le(double other, Site site) const { return mf::le(*this, scalar_like(other, *this), site); }
+Tensor Tensor::gt(double other, Site site) const { return mf::gt(*this, scalar_like(other, *this), site); }
+Tensor Tensor::ge(double other, Site site) const { return mf::ge(*this, scalar_like(other, *this), site); }
 Tensor Tensor::logical_not(Site site) const { return mf::logical_not(*this, site); }
 Tensor Tensor::logical_and(const Tensor& other, Site site) const { return mf::logical_and(*this, other, site); }
 Tensor Tensor::logical_or(const Tensor& other, Site site) const { return mf::logical_or(*this, other, site); }
@@ -801,6 +805,26 @@ Tensor& Tensor::div_(const Tensor& other, Site site) {
   call_inplace<OpId::div>(*this, {*this, other.dtype() == dtype() ? other : other.to(dtype(), site)}, {}, site);
   return *this;
 }
+Tensor& Tensor::sub_(double other, Site site) { return sub_(scalar_tensor(other, dtype(), device()), site); }
+Tensor& Tensor::div_(double other, Site site) { return div_(scalar_tensor(other, dtype(), device()), site); }
+
+Tensor operator<(At a, const Tensor& b) { return lt(a.tensor, b, a.site); }
+Tensor operator<=(At a, const Tensor& b) { return le(a.tensor, b, a.site); }
+Tensor operator>(At a, const Tensor& b) { return gt(a.tensor, b, a.site); }
+Tensor operator>=(At a, const Tensor& b) { return ge(a.tensor, b, a.site); }
+Tensor operator<(At a, double b) { return a.tensor.lt(b, a.site); }
+Tensor operator<=(At a, double b) { return a.tensor.le(b, a.site); }
+Tensor operator>(At a, double b) { return a.tensor.gt(b, a.site); }
+Tensor operator>=(At a, double b) { return a.tensor.ge(b, a.site); }
+
+Tensor& operator+=(InPlaceAt a, const Tensor& b) { return a.tensor.add_(b, a.site); }
+Tensor& operator-=(InPlaceAt a, const Tensor& b) { return a.tensor.sub_(b, a.site); }
+Tensor& operator*=(InPlaceAt a, const Tensor& b) { return a.tensor.mul_(b, a.site); }
+Tensor& operator/=(InPlaceAt a, const Tensor& b) { return a.tensor.div_(b, a.site); }
+Tensor& operator+=(InPlaceAt a, double b) { return a.tensor.add_(b, a.site); }
+Tensor& operator-=(InPlaceAt a, double b) { return a.tensor.sub_(b, a.site); }
+Tensor& operator*=(InPlaceAt a, double b) { return a.tensor.mul_(b, a.site); }
+Tensor& operator/=(InPlaceAt a, double b) { return a.tensor.div_(b, a.site); }
 
 Tensor& Tensor::masked_fill_(const Tensor& mask, double value, Site site) {
   call_inplace<OpId::masked_fill>(*this, {*this, mask}, {.value = value}, site);

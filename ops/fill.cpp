@@ -391,7 +391,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device, Gen
   return uniform(shape, static_cast<double>(low), static_cast<double>(high), DType::Int64, device, generator);
 }
 
-template <typename T>
+template <ElementType T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
   Shape target = shape.empty() && values.size() != 1 ? Shape{static_cast<int64_t>(values.size())} : shape;
   MF_CHECK(shape_numel(target) == static_cast<int64_t>(values.size()),

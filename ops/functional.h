@@ -24,9 +24,15 @@ Tensor scalar_tensor(double value, DType dtype = DType::Float32, Device device =
 Tensor arange(double start, double end, double step = 1, DType dtype = DType::Int64, Device device = Device::cpu());
 Tensor arange(int64_t end, DType dtype = DType::Int64, Device device = Device::cpu());
 /// Copies `values` into a new tensor of `shape` (1-D of all values when shape is empty and values has
-/// more than one element).
-template <typename T>
+/// more than one element): float32, float64, int64 or bool, as T is.
+template <ElementType T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, Device device = Device::cpu());
+/// Integers of other types (int, unsigned, long long, ...) become int64, miniflow's integer dtype.
+template <typename T>
+  requires(std::is_integral_v<T> && !ElementType<T>)
+Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, Device device = Device::cpu()) {
+  return from_vector(std::vector<int64_t>(values.begin(), values.end()), shape, device);
+}
 /// 1-D tensor from a braced list: mf::tensor({1, 2, 3}).
 Tensor tensor(std::initializer_list<double> values, DType dtype = DType::Float32, Device device = Device::cpu());
 /// Uniform on [0, 1) (default generator when none is given).

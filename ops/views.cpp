@@ -347,6 +347,8 @@ Tensor Tensor::select(int64_t dim, int64_t index, Site site) const {
   return call1<OpId::select>({*this}, {.dim = dim, .index = index}, site);
 }
 
+Tensor Tensor::operator[](IndexAt index) const { return select(0, index.index, index.site); }
+
 Tensor Tensor::expand(const Shape& shape, Site site) const {
   return call1<OpId::expand>({*this}, {.shape = shape}, site);
 }

@@ -122,3 +122,29 @@ TEST_CASE("zero_grad drops gradients; printing shows the tree") {
   CHECK(net.to_string() ==
         "Net(\n  (body): Sequential(\n    (0): Affine(3, 4)\n    (1): Affine(4, 2)\n  )\n  (head): Affine(2, 1)\n)");
 }
+
+TEST_CASE("layers built from positional arguments and a ModuleList in a range-for, as libtorch code writes them") {
+  auto fc = std::make_shared<nn::Linear>(2, 3);  // torch.nn.Linear(2, 3)
+  CHECK(fc->weight.shape() == Shape{3, 2});
+  CHECK(fc->bias.shape() == Shape{3});
+  nn::Linear no_bias(2, 3, false);
+  CHECK_FALSE(no_bias.bias.defined());
+  CHECK(no_bias.parameters().size() == 1);
+  nn::Embedding embedding(10, 4);
+  CHECK(embedding.weight.shape() == Shape{10, 4});
+  CHECK_FALSE(embedding.options().padding_idx.has_value());
+  nn::Dropout dropout(0.25);
+  CHECK(dropout.options().p == 0.25);
+  CHECK(nn::Dropout().options().p == 0.5);  // torch's default
+
+  nn::ModuleList layers({fc, std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(3, 1)});
+  Tensor x = randn({5, 2}), h = x;
+  int visited = 0;
+  for (const auto& layer : layers) {  // std::shared_ptr<nn::Module>, in registration order
+    h = (*layer)(h);
+    ++visited;
+  }
+  CHECK(visited == 3);
+  Tensor expected = layers.at<nn::Linear>(2)->forward(fc->forward(x).relu());
+  CHECK(h.to_vector<float>() == expected.to_vector<float>());
+}

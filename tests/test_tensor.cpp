@@ -781,3 +781,54 @@ TEST_CASE("a row's linear output has the same bits whatever number of rows share
     }
   }
 }
+
+TEST_CASE("the tensor operators a libtorch user writes: +=, comparisons with numbers, x[i], from_vector<int>") {
+  mf::Tensor x = mf::tensor({1, 2, 3, 4}).view({2, 2});
+  mf::Tensor flat = x.view({4});  // shares x's storage
+  x += mf::ones({2, 2});  // in place, as in PyTorch: the view sees it
+  CHECK(flat.to_vector<float>() == std::vector<float>{2, 3, 4, 5});
+  x -= 1.0;
+  x *= 3.0;
+  x /= 6.0;  // (v + 1 - 1) * 3 / 6 = v / 2
+  CHECK(flat.to_vector<float>() == std::vector<float>{0.5f, 1, 1.5f, 2});
+  x *= mf::tensor({2, 4});  // broadcast along the rows
+  x /= mf::tensor({1, 2});
+  x -= mf::tensor({0, 1});
+  CHECK(flat.to_vector<float>() == std::vector<float>{1, 1, 3, 3});
+
+  // Comparisons give bool tensors, with a number or a tensor on the right.
+  mf::Tensor v = mf::tensor({0.25, 0.5, 0.75});
+  CHECK((v > 0.5).dtype() == mf::DType::Bool);
+  CHECK((v > 0.5).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK((v >= 0.5).to_vector<bool>() == std::vector<bool>{false, true, true});
+  CHECK((v < 0.5).to_vector<bool>() == std::vector<bool>{true, false, false});
+  CHECK((v <= 0.5).to_vector<bool>() == std::vector<bool>{true, true, false});
+  CHECK(v.gt(0.5).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK(v.le(0.5).to_vector<bool>() == (v <= 0.5).to_vector<bool>());
+  mf::Tensor w = mf::tensor({0.5, 0.5, 0.5});
+  CHECK((v > w).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK((v <= w).to_vector<bool>() == std::vector<bool>{true, true, false});
+  CHECK(mf::where(v > 0.5, v, mf::zeros_like(v)).to_vector<float>() == std::vector<float>{0, 0, 0.75f});
+
+  // x[i] is select(0, i): a view, negative counting from the end, chained for x[i][j].
+  mf::Tensor m = mf::arange(6, mf::DType::Float32).view({2, 3});
+  CHECK(m[1].to_vector<float>() == std::vector<float>{3, 4, 5});
+  CHECK(m[-1].to_vector<float>() == std::vector<float>{3, 4, 5});
+  CHECK(m[0][2].item<float>() == 2);
+  m[0] += 10.0;
+  CHECK(m.to_vector<float>() == std::vector<float>{10, 11, 12, 3, 4, 5});
+  CHECK_THROWS_WITH_AS(m[2], doctest::Contains("out of range"), mf::Error);
+  CHECK_THROWS_WITH_AS(m[2], doctest::Contains("test_tensor.cpp"), mf::Error);  // the user's line
+
+  // A tensor that requires grad refuses in-place operators, as a PyTorch leaf does.
+  mf::Tensor leaf = mf::ones({2}).set_requires_grad();
+  CHECK_THROWS_WITH_AS(leaf += 1.0, doctest::Contains("in-place operation on a tensor that requires grad"), mf::Error);
+
+  // Integer vectors of any width become int64 tensors (miniflow's integer dtype).
+  mf::Tensor ids = mf::from_vector(std::vector<int>{3, -1, 2});
+  CHECK(ids.dtype() == mf::DType::Int64);
+  CHECK(ids.to_vector<int64_t>() == std::vector<int64_t>{3, -1, 2});
+  mf::Tensor bytes = mf::from_vector(std::vector<uint8_t>{255, 0, 7, 1}, {2, 2});
+  CHECK(bytes.shape() == mf::Shape{2, 2});
+  CHECK(bytes.to_vector<int64_t>() == std::vector<int64_t>{255, 0, 7, 1});
+}
