@@ -1,13 +1,10 @@
 // Float vectors of one instruction set behind one interface, for kernels written once and compiled
 // for each ISA (the GEMMs): the generic code sits in a file included once per ISA, between
-// MF_BEGIN_TARGET and MF_END_TARGET, in a namespace that names its `Vector`:
+// MF_BEGIN_TARGET and MF_END_TARGET, in a namespace that names its `Vector`, as ops/cpu/per_isa.inc
+// does:
 //
-//   namespace avx2 {
-//   MF_BEGIN_TARGET("avx2,fma")
-//   using Vector = Avx2Floats;
-//   #include "ops/cpu/sgemm_kernel.inc"
-//   MF_END_TARGET
-//   }
+//   #define MF_PER_ISA_KERNEL "ops/cpu/sgemm_kernel.inc"
+//   #include "ops/cpu/per_isa.inc"   // namespaces avx512 and avx2, each with its sgemm_blocked
 //
 // (An intrinsic can only be inlined into a function compiled for its ISA, so the generic code
 // cannot be a template called from a target function, as the GCC-vector kernels of simd.h are.)

@@ -20,19 +20,8 @@
 namespace mf::cpu {
 namespace {
 
-namespace avx512 {
-MF_BEGIN_TARGET("avx512f")
-using Vector = Avx512Floats;
-#include "ops/cpu/sgemm_kernel.inc"
-MF_END_TARGET
-}  // namespace avx512
-
-namespace avx2 {
-MF_BEGIN_TARGET("avx2,fma")
-using Vector = Avx2Floats;
-#include "ops/cpu/sgemm_kernel.inc"
-MF_END_TARGET
-}  // namespace avx2
+#define MF_PER_ISA_KERNEL "ops/cpu/sgemm_kernel.inc"
+#include "ops/cpu/per_isa.inc"
 
 }  // namespace
 

@@ -12,19 +12,8 @@
 namespace mf::cpu {
 namespace {
 
-namespace avx512 {
-MF_BEGIN_TARGET("avx512f")
-using Vector = Avx512Floats;
-#include "ops/cpu/skinny_gemm_kernel.inc"
-MF_END_TARGET
-}  // namespace avx512
-
-namespace avx2 {
-MF_BEGIN_TARGET("avx2,fma")
-using Vector = Avx2Floats;
-#include "ops/cpu/skinny_gemm_kernel.inc"
-MF_END_TARGET
-}  // namespace avx2
+#define MF_PER_ISA_KERNEL "ops/cpu/skinny_gemm_kernel.inc"
+#include "ops/cpu/per_isa.inc"
 
 /// The fewest rows worth the kernel: one vector of floats, a full slice of A^T.
 int64_t skinny_min_rows(Isa isa) { return isa == Isa::avx512 ? Avx512Floats::kLanes : Avx2Floats::kLanes; }
