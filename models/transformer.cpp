@@ -113,11 +113,6 @@ Tensor padding_mask(const Tensor& tokens, int64_t pad_id, DType dtype) {
   return mask.view({tokens.size(0), 1, 1, tokens.size(1)});                    // [B, 1, 1, S]
 }
 
-Tensor causal_mask(int64_t length, DType dtype, Device device) {
-  Tensor future = triu(full({length, length}, kMaskValue, dtype, device), 1);  // -1e9 above the diagonal
-  return future.view({1, 1, length, length});                                 // [1, 1, T, T]
-}
-
 Tensor decoder_mask(const Tensor& tgt_tokens, int64_t pad_id, DType dtype) {
   Tensor causal = causal_mask(tgt_tokens.size(1), dtype, tgt_tokens.device());  // [1, 1, T, T]
   return causal + padding_mask(tgt_tokens, pad_id, dtype);                     // [B, 1, T, T]

@@ -65,13 +65,12 @@ struct TransformerConfig {
   static TransformerConfig from_json(const std::string& json);
 };
 
-/// Additive attention masks (0 = attend, kMaskValue = do not), built once per batch and shared by
-/// every layer.
-inline constexpr double kMaskValue = -1e9;
+/// Additive attention masks (0 = attend, nn::kMaskValue = do not), built once per batch and shared
+/// by every layer; nn::causal_mask is the causal one.
+using nn::causal_mask;
+using nn::kMaskValue;
 /// Keys that are not padding: tokens [B, S] -> [B, 1, 1, S].
 Tensor padding_mask(const Tensor& tokens, int64_t pad_id, DType dtype);
-/// Position t may attend to positions <= t: [1, 1, T, T].
-Tensor causal_mask(int64_t length, DType dtype, Device device = Device::cpu());
 /// The decoder's self-attention mask: causal and not padding, [B, 1, T, T].
 Tensor decoder_mask(const Tensor& tgt_tokens, int64_t pad_id, DType dtype);
 

@@ -6,6 +6,12 @@
 
 namespace mf::nn {
 
+Tensor causal_mask(int64_t length, DType dtype, Device device) {
+  MF_CHECK(length >= 0, "causal_mask: length {} is negative", length);
+  Tensor future = triu(full({length, length}, kMaskValue, dtype, device), 1);  // kMaskValue above the diagonal
+  return future.view({1, 1, length, length});                                 // [1, 1, T, T]
+}
+
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
     : Module("MultiHeadAttention"), options_(options) {
   MF_CHECK(options.embed_dim > 0 && options.num_heads > 0,
@@ -100,18 +106,28 @@ AttentionOutput MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
 }
 
 AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                            const Tensor& attn_mask, bool need_weights) {
+                                            const Tensor& attn_mask, bool need_weights, bool is_causal) {
   check_input("query", query, options_.embed_dim);
   check_input("key", key, options_.embed_dim);
   MF_CHECK(query.size(0) == key.size(0), "MultiHeadAttention: query {} and key {} have different batch sizes",
            shape_str(query.shape()), shape_str(key.shape()));
+  Tensor mask = attn_mask;
+  if (is_causal) {
+    MF_CHECK(query.size(1) == key.size(1),
+             "MultiHeadAttention: is_causal needs as many queries as keys, got query {} and key {}",
+             shape_str(query.shape()), shape_str(key.shape()));
+    Tensor causal = causal_mask(query.size(1), query.dtype(), query.device());  // [1, 1, T, T]
+    mask = attn_mask.defined() ? causal + attn_mask.to(query.dtype()) : causal;
+  }
   if (options_.fused_qkv && query.is_same(key) && key.is_same(value)) {
     std::vector<Tensor> qkv = chunk(in_projection(query, 0, 3), 3, -1);  // 3 x [B, T, C]
-    return attend(split_heads(qkv[0]), split_heads(qkv[1]), split_heads(qkv[2]), attn_mask,
+    return attend(split_heads(qkv[0]), split_heads(qkv[1]), split_heads(qkv[2]), mask,
                   need_weights);  // Q, K, V each [B, H, T, D]
   }
   auto [k, v] = project_key_value(key, value);  // [B, H, S, D] each
-  return attend(project_query(query), k, v, attn_mask, need_weights);
+  return attend(project_query(query), k, v, mask, need_weights);
 }
+
+Tensor MultiHeadAttention::forward(const Tensor& x) { return forward(x, x, x, {}, false, options_.causal).output; }
 
 }  // namespace mf::nn

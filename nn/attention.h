@@ -17,6 +17,14 @@
 
 namespace mf::nn {
 
+/// What an additive attention mask adds where a position must not be attended (0 where it may):
+/// finite, so that a fully masked row gives a uniform average instead of NaN.
+inline constexpr double kMaskValue = -1e9;
+
+/// Position t may attend to positions <= t: [1, 1, T, T], 0 on and below the diagonal, kMaskValue
+/// above (PyTorch's nn.Transformer.generate_square_subsequent_mask, with a finite floor).
+Tensor causal_mask(int64_t length, DType dtype = DType::Float32, Device device = Device::cpu());
+
 struct MultiHeadAttentionOptions {
   int64_t embed_dim = 0;  // C
   int64_t num_heads = 1;  // H; must divide embed_dim
@@ -27,6 +35,8 @@ struct MultiHeadAttentionOptions {
   /// One in_proj Linear [3C, C] (rows: query, then key, then value) instead of q_proj, k_proj and
   /// v_proj; same math, one GEMM when query, key and value are the same tensor.
   bool fused_qkv = false;
+  /// Whether forward(x), self-attention as Sequential calls it, masks future positions.
+  bool causal = false;
 };
 
 /// What attention returns: the output [B, T, C] and, when asked for, the probabilities [B, H, T, S]
@@ -49,10 +59,13 @@ class MultiHeadAttention : public Module {
   explicit MultiHeadAttention(const MultiHeadAttentionOptions& options);
 
   /// query [B, T, C], key and value [B, S, C]; attn_mask an additive float mask (0 to keep, a large
-  /// negative value to drop) broadcastable to [B, H, T, S], such as a causal [1, 1, T, T] or a key
-  /// padding [B, 1, 1, S], or undefined for none; it is cast to the scores' dtype.
+  /// negative value to drop) broadcastable to [B, H, T, S], such as a key padding [B, 1, 1, S], or
+  /// undefined for none; it is cast to the scores' dtype. With is_causal (T == S), query t also
+  /// attends only to keys <= t: causal_mask(T) is added to attn_mask.
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask = {},
-                          bool need_weights = false);
+                          bool need_weights = false, bool is_causal = false);
+  /// Self-attention of x [B, T, C] -> [B, T, C], causal with options().causal: what Sequential calls.
+  Tensor forward(const Tensor& x) override;
 
   /// Queries split into heads: query [B, T, C] -> Q [B, H, T, D].
   Tensor project_query(const Tensor& query) const;

@@ -431,3 +431,40 @@ TEST_CASE("encoder attention matches PyTorch on the reference batch") {
     check_close(x, ref.at("expected.encoder_out"), 1e-10, 1e-10);
   }
 }
+
+TEST_CASE("causal attention in nn: causal_mask by hand, is_causal, and a causal layer in a Sequential") {
+  // causal_mask(3): row t is 0 up to column t and kMaskValue after, worked out by hand.
+  Tensor mask = nn::causal_mask(3, DType::Float64);
+  CHECK(mask.shape() == Shape{1, 1, 3, 3});
+  const double m = nn::kMaskValue;
+  CHECK(mask.to_vector<double>() == std::vector<double>{0, m, m, 0, 0, m, 0, 0, 0});
+
+  manual_seed(3);
+  nn::MultiHeadAttention attention({.embed_dim = 8, .num_heads = 2});
+  Tensor x = randn({2, 5, 8});
+  Tensor causal = attention.forward(x, x, x, {}, false, true).output;
+  // The same as the explicit mask, and with a key-padding mask on top the two add.
+  check_close(causal, attention.forward(x, x, x, nn::causal_mask(5)).output, 0, 0);
+  Tensor padding = zeros({2, 1, 1, 5});
+  padding.narrow(3, 4, 1).fill_(nn::kMaskValue);
+  check_close(attention.forward(x, x, x, padding, false, true).output,
+              attention.forward(x, x, x, nn::causal_mask(5) + padding).output, 0, 0);
+  // Position t does not see the future: changing the last two positions leaves rows 0-2 alone,
+  // while without is_causal they move.
+  Tensor changed = x.clone();
+  changed.narrow(1, 3, 2).copy_(randn({2, 2, 8}));
+  Tensor after = attention.forward(changed, changed, changed, {}, false, true).output;
+  check_close(after.narrow(1, 0, 3), causal.narrow(1, 0, 3), 0, 0);
+  Tensor open = attention.forward(x, x, x).output, open_after = attention.forward(changed, changed, changed).output;
+  CHECK((open_after.narrow(1, 0, 3) - open.narrow(1, 0, 3)).abs().max().item<float>() > 1e-3f);
+
+  // A causal self-attention layer sits in a Sequential, which calls forward(x).
+  auto layer = std::make_shared<nn::MultiHeadAttention>(nn::MultiHeadAttentionOptions{
+      .embed_dim = 8, .num_heads = 2, .dropout = 0, .bias = true, .fused_qkv = false, .causal = true});
+  nn::Sequential stack({layer, std::make_shared<nn::ReLU>()});
+  check_close(stack.forward(x), layer->forward(x, x, x, {}, false, true).output.relu(), 0, 0);
+
+  CHECK_THROWS_WITH_AS(attention.forward(x, randn({2, 4, 8}), randn({2, 4, 8}), {}, false, true),
+                       doctest::Contains("is_causal needs as many queries as keys, got query [2, 5, 8] and key [2, 4, 8]"),
+                       Error);
+}
