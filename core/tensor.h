@@ -156,7 +156,8 @@ class Tensor {
   Tensor sqrt(Site site = Site::current()) const;
   Tensor rsqrt(Site site = Site::current()) const;
   Tensor relu(Site site = Site::current()) const;
-  Tensor gelu(Site site = Site::current()) const;
+  /// approximate: "none" (x Phi(x)) or "tanh", as torch.nn.functional.gelu.
+  Tensor gelu(std::string_view approximate = "none", Site site = Site::current()) const;
   Tensor tanh(Site site = Site::current()) const;
   Tensor sigmoid(Site site = Site::current()) const;
   Tensor clamp(std::optional<double> min, std::optional<double> max, Site site = Site::current()) const;

@@ -129,6 +129,8 @@ void register_elementwise(Registry& r) {
   set(OpId::sigmoid, unary_float<math::Sigmoid>);
   set(OpId::relu_backward, binary_float<math::ReluBackward>);
   set(OpId::gelu_backward, binary_float<math::GeluBackward>);
+  set(OpId::gelu_tanh, unary_float<math::GeluTanh>);
+  set(OpId::gelu_tanh_backward, binary_float<math::GeluTanhBackward>);
   set(OpId::clamp, clamp);
   set(OpId::eq, compare<math::Eq>);
   set(OpId::ne, compare<math::Ne>);

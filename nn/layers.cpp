@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <utility>
 
 namespace mf::nn {
 
@@ -102,6 +103,11 @@ std::string Dropout::extra_repr() const { return fmt::format("p={}", options_.p)
 
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 
-Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+GELU::GELU(GELUOptions options) : Module("GELU"), options_(std::move(options)) {
+  MF_CHECK(options_.approximate == "none" || options_.approximate == "tanh",
+           "GELU: approximate must be 'none' or 'tanh', got '{}'", options_.approximate);
+}
+
+Tensor GELU::forward(const Tensor& x) { return gelu(x, options_.approximate); }
 
 }  // namespace mf::nn

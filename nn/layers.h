@@ -123,12 +123,21 @@ class ReLU : public Module {
 };
 
 /// Exact GELU, x * Phi(x) (PyTorch's approximate='none').
+struct GELUOptions {
+  /// "none": x Phi(x); "tanh": its tanh approximation (GPT-2's), as torch.nn.GELU's approximate.
+  std::string approximate = "none";
+};
+
 class GELU : public Module {
  public:
-  GELU() : Module("GELU") {}
+  explicit GELU(GELUOptions options = {});
   Tensor forward(const Tensor& x) override;
   /// "approximate='none'".
-  std::string extra_repr() const override { return "approximate='none'"; }
+  std::string extra_repr() const override { return "approximate='" + options_.approximate + "'"; }
+  const GELUOptions& options() const { return options_; }
+
+ private:
+  GELUOptions options_;
 };
 
 }  // namespace mf::nn

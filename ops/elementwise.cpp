@@ -275,6 +275,27 @@ std::vector<Tensor> gelu_backward_backward(const GradContext& ctx) {
   return {dgrad, dx};
 }
 
+std::vector<Tensor> gelu_tanh_backward(const GradContext& ctx) {
+  return {call1<OpId::gelu_tanh_backward>({ctx.grads[0], ctx.inputs[0]}, {}, ctx.site)};
+}
+
+// gelu_tanh_backward(grad, x) = grad * g'(x); its derivative in x is grad * g''(x), with t = tanh(u):
+// g'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2), u' = c (1 + 3 a x^2), u'' = 6 c a x (c = sqrt(2 / pi),
+// a = 0.044715), from differentiating math::GeluTanhBackward's formula once more.
+std::vector<Tensor> gelu_tanh_backward_backward(const GradContext& ctx) {
+  const Tensor &grad = ctx.inputs[0], &x = ctx.inputs[1], &gg = ctx.grads[0];
+  Tensor dgrad, dx;
+  if (ctx.needs_grad[0]) dgrad = call1<OpId::gelu_tanh_backward>({gg, x}, {}, ctx.site);
+  if (ctx.needs_grad[1]) {
+    const double c = 0.79788456080286535588, a = 0.044715;
+    Tensor t = tanh((x + x * x * x * a) * c);
+    Tensor du = (x * x * (3 * a) + 1.0) * c, ddu = x * (6 * c * a);
+    Tensor second = (1.0 - t * t) * (du + x * (ddu - t * du * du * 2.0) * 0.5);
+    dx = mul(gg * grad, second);
+  }
+  return {dgrad, dx};
+}
+
 double ref_abs(double x) { return std::fabs(x); }
 double ref_exp(double x) { return std::exp(x); }
 double ref_log(double x) { return std::log(x); }
@@ -284,9 +305,19 @@ double ref_relu(double x) { return x > 0 ? x : 0; }
 double ref_tanh(double x) { return std::tanh(x); }
 double ref_sigmoid(double x) { return 0.5 * (1 + std::tanh(x / 2)); }
 double ref_gelu(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
+double ref_gelu_tanh(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 std::vector<Tensor> reference_relu_backward(const std::vector<Tensor>& in, const Attrs&) {
   return {reference::map(in, in[0].dtype(), [](std::span<const double> v) { return v[1] > 0 ? v[0] : 0.0; })};
+}
+
+std::vector<Tensor> reference_gelu_tanh_backward(const std::vector<Tensor>& in, const Attrs&) {
+  return {reference::map(in, in[0].dtype(), [](std::span<const double> v) {
+    // d/dx of x (1 + tanh(u)) / 2 in the sech^2 form: (1 + tanh u) / 2 + x sech^2(u) u' / 2.
+    double x = v[1], u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+    double sech = 1 / std::cosh(u), du = std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+    return v[0] * (0.5 * (1 + std::tanh(u)) + 0.5 * x * sech * sech * du);
+  })};
 }
 
 std::vector<Tensor> reference_gelu_backward(const std::vector<Tensor>& in, const Attrs&) {
@@ -601,6 +632,8 @@ void register_elementwise_ops(Registry& r) {
         reference_formula<ref_relu>);
   unary(OpId::gelu, "gelu", infer_unary_float, cpu_unary_float<math::Gelu>, gelu_backward, false, wide,
         reference_formula<ref_gelu>);
+  unary(OpId::gelu_tanh, "gelu_tanh", infer_unary_float, cpu_unary_float<math::GeluTanh>, gelu_tanh_backward, false,
+        wide, reference_formula<ref_gelu_tanh>);
   unary(OpId::tanh, "tanh", infer_unary_float, cpu_unary_float<math::Tanh>, tanh_backward, true, wide,
         reference_formula<ref_tanh>);
   unary(OpId::sigmoid, "sigmoid", infer_unary_float, cpu_unary_float<math::Sigmoid>, sigmoid_backward, true, wide,
@@ -613,6 +646,11 @@ void register_elementwise_ops(Registry& r) {
                                  .kernels = {cpu_binary_float<math::GeluBackward>},
                                  .backward = gelu_backward_backward, .samples = [] { return binary_samples(-3, 3); },
                                  .reference = reference_gelu_backward});
+  r.define(OpId::gelu_tanh_backward, {.name = "gelu_tanh_backward", .infer = infer_binary_float,
+                                      .kernels = {cpu_binary_float<math::GeluTanhBackward>},
+                                      .backward = gelu_tanh_backward_backward,
+                                      .samples = [] { return binary_samples(-3, 3); },
+                                      .reference = reference_gelu_tanh_backward});
   r.define(OpId::clamp, {.name = "clamp", .infer = infer_clamp, .kernels = {cpu_clamp}, .backward = clamp_backward,
                          .samples = clamp_samples, .reference = reference_clamp});
 
@@ -704,7 +742,12 @@ Tensor log(const Tensor& x, Site site) { return call1<OpId::log>({floating(x, si
 Tensor sqrt(const Tensor& x, Site site) { return call1<OpId::sqrt>({floating(x, site)}, {}, site); }
 Tensor rsqrt(const Tensor& x, Site site) { return call1<OpId::rsqrt>({floating(x, site)}, {}, site); }
 Tensor relu(const Tensor& x, Site site) { return call1<OpId::relu>({x}, {}, site); }
-Tensor gelu(const Tensor& x, Site site) { return call1<OpId::gelu>({floating(x, site)}, {}, site); }
+Tensor gelu(const Tensor& x, std::string_view approximate, Site site) {
+  MF_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '{}' at {}",
+           approximate, format_location(site));
+  if (approximate == "tanh") return call1<OpId::gelu_tanh>({floating(x, site)}, {}, site);
+  return call1<OpId::gelu>({floating(x, site)}, {}, site);
+}
 Tensor tanh(const Tensor& x, Site site) { return call1<OpId::tanh>({floating(x, site)}, {}, site); }
 Tensor sigmoid(const Tensor& x, Site site) { return call1<OpId::sigmoid>({floating(x, site)}, {}, site); }
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Site site) {
@@ -747,7 +790,7 @@ Tensor Tensor::log(Site site) const { return mf::log(*this, site); }
 Tensor Tensor::sqrt(Site site) const { return mf::sqrt(*this, site); }
 Tensor Tensor::rsqrt(Site site) const { return mf::rsqrt(*this, site); }
 Tensor Tensor::relu(Site site) const { return mf::relu(*this, site); }
-Tensor Tensor::gelu(Site site) const { return mf::gelu(*this, site); }
+Tensor Tensor::gelu(std::string_view approximate, Site site) const { return mf::gelu(*this, approximate, site); }
 Tensor Tensor::tanh(Site site) const { return mf::tanh(*this, site); }
 Tensor Tensor::sigmoid(Site site) const { return mf::sigmoid(*this, site); }
 Tensor Tensor::clamp(std::optional<double> min, std::optional<double> max, Site site) const {

@@ -69,7 +69,9 @@ Tensor sqrt(const Tensor& x, Site site = Site::current());
 Tensor rsqrt(const Tensor& x, Site site = Site::current());
 Tensor relu(const Tensor& x, Site site = Site::current());
 /// Exact GELU, x * Phi(x) (PyTorch's default, approximate='none').
-Tensor gelu(const Tensor& x, Site site = Site::current());
+/// x Phi(x) (approximate "none"), or its tanh approximation (approximate "tanh"), as
+/// torch.nn.functional.gelu.
+Tensor gelu(const Tensor& x, std::string_view approximate = "none", Site site = Site::current());
 Tensor tanh(const Tensor& x, Site site = Site::current());
 Tensor sigmoid(const Tensor& x, Site site = Site::current());
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max, Site site = Site::current());

@@ -229,7 +229,8 @@ constexpr size_t params_index() {
   X(pow, 2, NoParams) X(pow_scalar, 1, PowParams) X(neg, 1, NoParams) X(abs, 1, NoParams)          \
   X(exp, 1, NoParams) X(log, 1, NoParams) X(sqrt, 1, NoParams) X(rsqrt, 1, NoParams)              \
   X(relu, 1, NoParams) X(relu_backward, 2, NoParams) X(gelu, 1, NoParams)                          \
-  X(gelu_backward, 2, NoParams) X(tanh, 1, NoParams) X(sigmoid, 1, NoParams)                       \
+  X(gelu_backward, 2, NoParams) X(gelu_tanh, 1, NoParams) X(gelu_tanh_backward, 2, NoParams)       \
+  X(tanh, 1, NoParams) X(sigmoid, 1, NoParams)                                                     \
   X(clamp, 1, ClampParams)                                                                         \
   X(eq, 2, NoParams) X(ne, 2, NoParams) X(lt, 2, NoParams) X(le, 2, NoParams) X(gt, 2, NoParams)   \
   X(ge, 2, NoParams) X(logical_not, 1, NoParams) X(logical_and, 2, NoParams)                       \

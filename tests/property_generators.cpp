@@ -485,6 +485,7 @@ ValidGenerator valid_generator(OpId id) {
     case rsqrt:
     case relu:
     case gelu:
+    case gelu_tanh:
     case tanh:
     case sigmoid:
     case clamp:
@@ -518,6 +519,7 @@ ValidGenerator valid_generator(OpId id) {
     case pow:
     case relu_backward:
     case gelu_backward:
+    case gelu_tanh_backward:
     case eq:
     case ne:
     case lt:

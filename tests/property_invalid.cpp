@@ -204,6 +204,7 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case sqrt:
     case rsqrt:
     case gelu:
+    case gelu_tanh:
     case tanh:
     case sigmoid:
     case normal:
@@ -240,6 +241,7 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case pow: binary(c, true); return c.take();
     case relu_backward:
     case gelu_backward:
+    case gelu_tanh_backward:
       binary(c, true);
       c.call("int64 operands", {as(x, DType::Int64), as(v.inputs[1], DType::Int64)}, v.attrs);
       return c.take();

@@ -40,6 +40,22 @@ double variance_of(const std::vector<double>& v) {
 
 }  // namespace
 
+TEST_CASE("gelu's tanh approximation matches PyTorch's approximate='tanh' and refuses unknown names") {
+  // x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2, evaluated in Python's math module: at 1,
+  // 0.8411919906082768 (torch.nn.functional.gelu(torch.tensor(1.), approximate='tanh') prints
+  // 0.8412); at -2, -0.04540230591222494; at 0.5, 0.34571400982514394.
+  check_close(gelu(f64({1, -2, 0.5, 0}), "tanh"), f64({0.8411919906082768, -0.04540230591222494, 0.34571400982514394, 0}),
+              1e-14, 1e-15);
+  check_close(f64({1}).gelu("tanh"), f64({0.8411919906082768}), 1e-14, 1e-15);
+  // It differs from the exact form by about 1.5e-4 at 1 (0.8413447 against 0.8411920).
+  CHECK(std::abs(gelu(f64({1})).item<double>() - gelu(f64({1}), "tanh").item<double>()) > 1e-4);
+  nn::GELU layer({.approximate = "tanh"});
+  check_close(layer.forward(f64({1})), f64({0.8411919906082768}), 1e-14, 1e-15);
+  CHECK(layer.to_string() == "GELU(approximate='tanh')");
+  CHECK_THROWS_WITH_AS(gelu(f64({1}), "fast"), doctest::Contains("gelu: approximate must be 'none' or 'tanh', got 'fast' at"), Error);
+  CHECK_THROWS_WITH_AS(nn::GELU({.approximate = "erf"}), doctest::Contains("approximate must be 'none' or 'tanh'"), Error);
+}
+
 TEST_CASE("gelu matches hand-worked values of x * Phi(x)") {
   // Phi(1) = 0.8413447460685429, Phi(-1) = 1 - Phi(1), Phi(0) = 1/2; gelu(x) = x Phi(x).
   check_close(gelu(f64({1, -1, 0, 2})), f64({0.8413447460685429, -0.15865525393145707, 0, 1.9544997361036416}),
