@@ -415,7 +415,12 @@ SafetensorsContents parse_safetensors(std::span<const std::byte> bytes, std::str
 
 void write_safetensors(const std::filesystem::path& path, std::span<const TensorRecordView> records,
                        const SafetensorsMetadata& metadata) {
-  WritePlan plan = plan_write(records, metadata);
+  WritePlan plan;
+  try {
+    plan = plan_write(records, metadata);
+  } catch (const Error& e) {  // the file the caller asked for, which is left as it was
+    fail("{} (writing '{}')", e.what(), path.string());
+  }
   AtomicFile file(path, "safetensors file");
   file.write(plan.prefix);
   for (const TensorRecordView* record : plan.order) file.write(record->data);

@@ -416,6 +416,10 @@ TEST_CASE("invalid records are refused before anything is written") {
   refused({{"t", DType::Int64, {int64_t{1} << 62, 4}, {}}}, "tensor 't': shape [4611686018427387904, 4] has too many");
   CHECK_THROWS_WITH_AS(mf::write_safetensors(path, std::vector<TensorRecord>{}, {{"k", "\xc3"}}),
                        doctest::Contains("metadata value for key 'k' is not valid UTF-8"), mf::Error);
+  // The message names the file it would have written.
+  const std::string names_file = "(writing '" + path.string() + "')";
+  CHECK_THROWS_WITH_AS(mf::write_safetensors(path, std::vector<TensorRecord>{}, {{"k", "\xc3"}}),
+                       doctest::Contains(names_file.c_str()), mf::Error);
   CHECK(dir.entries().empty());
 }
 
