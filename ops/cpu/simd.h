@@ -142,18 +142,6 @@ MF_INLINE V load(const T* data) {
   return v;
 }
 
-/// Folds a pack's lanes into one value with fn (a pack of one is its own value).
-template <typename T, typename P, typename Fn>
-MF_INLINE T fold(P pack, Fn fn) {
-  if constexpr (std::is_same_v<P, T>) {
-    return pack;
-  } else {
-    T total = pack[0];
-    for (size_t j = 1; j < sizeof(P) / sizeof(T); ++j) total = fn(total, pack[j]);
-    return total;
-  }
-}
-
 /// Floats of the partial sums a float reduction keeps, on every ISA: 16 lanes, folded in lane
 /// order. A vector width narrower than 16 floats holds them in two (AVX2) or four (SSE2) packs, which
 /// add alike, so each path sums in the same order and training gives the same bits on every CPU.
