@@ -10,7 +10,9 @@ namespace mf {
 /// Threads parallel_for uses (the caller counts as one). Defaults to the number of cores.
 int intra_op_threads();
 
-/// Resizes the pool (n >= 1). Not to be called while a parallel_for runs.
+/// Resizes the pool (n >= 1). Not to be called while a parallel_for runs. Programs call
+/// mf::set_num_threads (ops/functional.h, PyTorch's name), which sets this same pool: there is one
+/// thread setting, and this is its name in the layers below ops.
 void set_intra_op_threads(int n);
 
 /// Runs fn(chunk_begin, chunk_end) over [begin, end) split into at most intra_op_threads() contiguous

@@ -170,8 +170,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                      Site site = Site::current());
 
 // ---- threads ------------------------------------------------------------------------------------
-/// Sets the intra-op pool to n threads; GEMMs split across it too (OpenBLAS itself stays
-/// single-threaded, so the cores are never oversubscribed).
+/// Sets the intra-op pool to n threads, miniflow's one thread setting (torch.set_num_threads); GEMMs
+/// split across it too (OpenBLAS itself stays single-threaded, so the cores are never oversubscribed).
 void set_num_threads(int n);
 int get_num_threads();
 
