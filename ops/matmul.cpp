@@ -273,10 +273,11 @@ void linear_forward(const std::vector<Tensor>& in, std::vector<Tensor>& out, boo
     const T* pw = static_cast<const T*>(weight_t.raw_data());
     const T* pb = static_cast<const T*>(bias.raw_data());
     T* pc = c.data_ptr<T>();
-    if constexpr (std::is_same_v<T, float>)  // a few rows: W is not worth packing (see matmul)
-      if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m, pb, relu)) return;
     // The GEMM adds the bias (and clamps) as it writes C: no pass over C before or after.
-    parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, {.bias = pb, .relu = relu});
+    const cpu::GemmEpilogue<T> epilogue{.bias = pb, .relu = relu};
+    if constexpr (std::is_same_v<T, float>)  // a few rows: W is not worth packing (see matmul)
+      if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m, epilogue)) return;
+    parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, epilogue);
   });
 }
 

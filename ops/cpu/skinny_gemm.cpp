@@ -21,13 +21,11 @@ int64_t skinny_min_rows(Isa isa) { return isa == Isa::avx512 ? Avx512Floats::kLa
 }  // namespace
 
 bool skinny_gemm_nt(int64_t n, int64_t m, int64_t k, const float* a, int64_t lda, const float* w, int64_t ldw,
-                    float* c, int64_t ldc, const float* bias, bool relu) {
+                    float* c, int64_t ldc, const GemmEpilogue<float>& epilogue) {
   Isa isa = kernel_isa();
   if (isa < Isa::avx2 || n < skinny_min_rows(isa) || n > kSkinnyMaxRows || m == 0 || k == 0) return false;
-  if (isa == Isa::avx512)
-    avx512::skinny_gemm_nt(n, m, k, a, lda, w, ldw, {.c = c, .ldc = ldc, .bias = bias, .relu = relu});
-  else
-    avx2::skinny_gemm_nt(n, m, k, a, lda, w, ldw, {.c = c, .ldc = ldc, .bias = bias, .relu = relu});
+  if (epilogue.alpha != 1 || epilogue.beta != 0) return false;
+  (isa == Isa::avx512 ? avx512::skinny_gemm_nt : avx2::skinny_gemm_nt)(n, m, k, a, lda, w, ldw, c, ldc, epilogue);
   return true;
 }
 
