@@ -8,15 +8,6 @@
 #include <memory>
 #include <vector>
 
-// GCC inlines every tile into the loops (calls cost time on a training step); clang, under the fuzz
-// build's sanitizers and coverage, takes minutes over one function holding all the tiles, so there
-// each strip height is a function of its own.
-#if defined(__clang__)
-#define MF_STRIP_TILE [[gnu::noinline]]
-#else
-#define MF_STRIP_TILE MF_INLINE
-#endif
-
 namespace mf::cpu {
 namespace {
 
