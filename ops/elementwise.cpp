@@ -280,14 +280,14 @@ std::vector<Tensor> gelu_tanh_backward(const GradContext& ctx) {
 }
 
 // gelu_tanh_backward(grad, x) = grad * g'(x); its derivative in x is grad * g''(x), with t = tanh(u):
-// g'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2), u' = c (1 + 3 a x^2), u'' = 6 c a x (c = sqrt(2 / pi),
-// a = 0.044715), from differentiating math::GeluTanhBackward's formula once more.
+// g'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2), u' = c (1 + 3 a x^2), u'' = 6 c a x (c and a are
+// math::GeluTanh's kScale and kCubic), from differentiating math::GeluTanhBackward's formula once more.
 std::vector<Tensor> gelu_tanh_backward_backward(const GradContext& ctx) {
   const Tensor &grad = ctx.inputs[0], &x = ctx.inputs[1], &gg = ctx.grads[0];
   Tensor dgrad, dx;
   if (ctx.needs_grad[0]) dgrad = call1<OpId::gelu_tanh_backward>({gg, x}, {}, ctx.site);
   if (ctx.needs_grad[1]) {
-    const double c = 0.79788456080286535588, a = 0.044715;
+    const double c = math::GeluTanh::kScale, a = math::GeluTanh::kCubic;
     Tensor t = tanh((x + x * x * x * a) * c);
     Tensor du = (x * x * (3 * a) + 1.0) * c, ddu = x * (6 * c * a);
     Tensor second = (1.0 - t * t) * (du + x * (ddu - t * du * du * 2.0) * 0.5);

@@ -104,22 +104,26 @@ struct Gelu {
 };
 
 /// GELU's tanh approximation (PyTorch's approximate='tanh'): x (1 + tanh(u)) / 2 with
-/// u = sqrt(2 / pi) (x + 0.044715 x^3).
+/// u = kScale (x + kCubic x^3), kScale = sqrt(2 / pi).
 struct GeluTanh {
+  static constexpr double kScale = 0.79788456080286535588, kCubic = 0.044715;
+  template <typename T>
+  MF_HOST_DEVICE static T inner(T x) {
+    return T(kScale) * (x + T(kCubic) * x * x * x);
+  }
   template <typename T>
   MF_HOST_DEVICE T operator()(T x) const {
-    T u = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-    return T(0.5) * x * (T(1) + std::tanh(u));
+    return T(0.5) * x * (T(1) + std::tanh(inner(x)));
   }
 };
 
-/// grad * d gelu_tanh / dx = grad * ((1 + t) / 2 + x (1 - t^2) u' / 2), t = tanh(u), u' = sqrt(2 / pi)
-/// (1 + 3 * 0.044715 x^2).
+/// grad * d gelu_tanh / dx = grad * ((1 + t) / 2 + x (1 - t^2) u' / 2), t = tanh(u), u' = kScale
+/// (1 + 3 kCubic x^2).
 struct GeluTanhBackward {
   template <typename T>
   MF_HOST_DEVICE T operator()(T grad, T x) const {
-    T t = std::tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x));
-    T du = T(0.79788456080286535588) * (T(1) + T(0.134145) * x * x);
+    T t = std::tanh(GeluTanh::inner(x));
+    T du = T(GeluTanh::kScale) * (T(1) + T(3 * GeluTanh::kCubic) * x * x);
     return grad * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
   }
 };
