@@ -122,27 +122,27 @@ Tensor decoder_mask(const Tensor& tgt_tokens, int64_t pad_id, DType dtype) {
 
 namespace {
 
-std::shared_ptr<nn::MultiHeadAttention> make_attention(const TransformerConfig& c) {
-  return std::make_shared<nn::MultiHeadAttention>(
+nn::MultiHeadAttention make_attention(const TransformerConfig& c) {
+  return nn::MultiHeadAttention(
       nn::MultiHeadAttentionOptions{.embed_dim = c.d_model, .num_heads = c.heads, .dropout = c.dropout});
 }
 
-std::shared_ptr<nn::PositionwiseFeedForward> make_ffn(const TransformerConfig& c) {
-  return std::make_shared<nn::PositionwiseFeedForward>(nn::PositionwiseFeedForwardOptions{
+nn::PositionwiseFeedForward make_ffn(const TransformerConfig& c) {
+  return nn::PositionwiseFeedForward(nn::PositionwiseFeedForwardOptions{
       .d_model = c.d_model, .d_ff = c.d_ff, .dropout = c.dropout, .activation = c.activation});
 }
 
-std::shared_ptr<nn::LayerNorm> make_norm(const TransformerConfig& c) {
-  return std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {c.d_model}, .eps = c.layer_norm_eps});
+nn::LayerNorm make_norm(const TransformerConfig& c) {
+  return nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {c.d_model}, .eps = c.layer_norm_eps});
 }
 
-std::shared_ptr<nn::Dropout> make_dropout(const TransformerConfig& c) {
-  return std::make_shared<nn::Dropout>(nn::DropoutOptions{.p = c.dropout});
+nn::Dropout make_dropout(const TransformerConfig& c) {
+  return nn::Dropout(nn::DropoutOptions{.p = c.dropout});
 }
 
 /// One residual sub-layer: post-norm norm(x + dropout(f(x))), or pre-norm x + dropout(f(norm(x))).
 template <typename F>
-Tensor residual(const Tensor& x, nn::LayerNorm& norm, nn::Dropout& dropout, bool pre_norm, F sublayer) {
+Tensor residual(const Tensor& x, nn::LayerNormImpl& norm, nn::DropoutImpl& dropout, bool pre_norm, F sublayer) {
   if (pre_norm) return x + dropout.forward(sublayer(norm.forward(x)));
   return norm.forward(x + dropout.forward(sublayer(x)));
 }
@@ -239,7 +239,7 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
 // ---- stacks -------------------------------------------------------------------------------------
 
 Encoder::Encoder(const TransformerConfig& config) : Module("Encoder") {
-  auto list = register_module("layers", std::make_shared<nn::ModuleList>());
+  auto list = register_module("layers", nn::ModuleList());
   for (int64_t i = 0; i < config.encoder_layers; ++i) {
     layers.push_back(std::make_shared<EncoderLayer>(config));
     list->push_back(layers.back());
@@ -254,7 +254,7 @@ Tensor Encoder::forward(const Tensor& x, const Tensor& mask) {
 }
 
 Decoder::Decoder(const TransformerConfig& config) : Module("Decoder") {
-  auto list = register_module("layers", std::make_shared<nn::ModuleList>());
+  auto list = register_module("layers", nn::ModuleList());
   for (int64_t i = 0; i < config.decoder_layers; ++i) {
     layers.push_back(std::make_shared<DecoderLayer>(config));
     list->push_back(layers.back());
@@ -279,7 +279,7 @@ Transformer::Transformer(const TransformerConfig& config) : Module("Transformer"
   auto embedding = [&](int64_t vocab) {
     nn::EmbeddingOptions options{.num_embeddings = vocab, .embedding_dim = config.d_model};
     if (config.freeze_pad_embedding) options.padding_idx = config.pad_id;
-    auto module = std::make_shared<nn::Embedding>(options);
+    auto module = nn::Embedding(options);
     // N(0, C^-1/2) keeps embedding * sqrt(C) at unit scale, as in the reference implementations.
     NoGradGuard no_grad;
     module->weight.mul_(1.0 / std::sqrt(static_cast<double>(config.d_model)));
@@ -291,14 +291,14 @@ Transformer::Transformer(const TransformerConfig& config) : Module("Transformer"
     src_embed_ = register_module("src_embed", embedding(config.src_vocab));
     tgt_embed_ = register_module("tgt_embed", embedding(config.tgt_vocab));
   }
-  positions_ = register_module("positions", std::make_shared<nn::PositionalEncoding>(
+  positions_ = register_module("positions", nn::PositionalEncoding(
                                                 nn::PositionalEncodingOptions{.d_model = config.d_model,
                                                                               .max_len = config.max_len}));
   dropout_ = register_module("dropout", make_dropout(config));
   encoder = register_module("encoder", std::make_shared<Encoder>(config));
   decoder = register_module("decoder", std::make_shared<Decoder>(config));
   if (!config.tie_output)
-    output_proj_ = register_module("output_proj", std::make_shared<nn::Linear>(nn::LinearOptions{
+    output_proj_ = register_module("output_proj", nn::Linear(nn::LinearOptions{
                                                       .in_features = config.d_model,
                                                       .out_features = config.tgt_vocab,
                                                       .bias = false}));
@@ -306,7 +306,7 @@ Transformer::Transformer(const TransformerConfig& config) : Module("Transformer"
 
 namespace {
 
-Tensor embed_scaled(nn::Embedding& embedding, nn::PositionalEncoding& positions, nn::Dropout& dropout,
+Tensor embed_scaled(nn::EmbeddingImpl& embedding, nn::PositionalEncodingImpl& positions, nn::DropoutImpl& dropout,
                     const Tensor& tokens, int64_t start, int64_t d_model) {
   MF_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::Int64, "Transformer: expects int64 tokens [B, L], got {} {}",
            dtype_name(tokens.dtype()), shape_str(tokens.shape()));

@@ -80,10 +80,10 @@ class EncoderLayer : public nn::Module {
   /// x [B, S, C], mask broadcastable to [B, H, S, S] -> [B, S, C].
   Tensor forward(const Tensor& x, const Tensor& mask);
 
-  std::shared_ptr<nn::MultiHeadAttention> self_attn;
-  std::shared_ptr<nn::PositionwiseFeedForward> ffn;
-  std::shared_ptr<nn::LayerNorm> norm1, norm2;
-  std::shared_ptr<nn::Dropout> dropout;
+  nn::MultiHeadAttention self_attn{nullptr};
+  nn::PositionwiseFeedForward ffn{nullptr};
+  nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  nn::Dropout dropout{nullptr};
   Tensor attention;  // [B, H, S, S] from the last forward, when the model records attention
   bool record_attention = false;
 
@@ -126,10 +126,10 @@ class DecoderLayer : public nn::Module {
   Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& self_mask, const Tensor& cross_mask,
                  LayerCache* cache = nullptr);
 
-  std::shared_ptr<nn::MultiHeadAttention> self_attn, cross_attn;
-  std::shared_ptr<nn::PositionwiseFeedForward> ffn;
-  std::shared_ptr<nn::LayerNorm> norm1, norm2, norm3;
-  std::shared_ptr<nn::Dropout> dropout;
+  nn::MultiHeadAttention self_attn{nullptr}, cross_attn{nullptr};
+  nn::PositionwiseFeedForward ffn{nullptr};
+  nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
+  nn::Dropout dropout{nullptr};
   Tensor self_attention, cross_attention;  // from the last forward, when recording
   bool record_attention = false;
 
@@ -143,7 +143,7 @@ class Encoder : public nn::Module {
   explicit Encoder(const TransformerConfig& config);
   Tensor forward(const Tensor& x, const Tensor& mask);
   std::vector<std::shared_ptr<EncoderLayer>> layers;
-  std::shared_ptr<nn::LayerNorm> norm;  // pre-norm only
+  nn::LayerNorm norm{nullptr};  // pre-norm only
 };
 
 /// The decoder stack: layers "layers.{i}", and with pre-norm a final "norm".
@@ -154,7 +154,7 @@ class Decoder : public nn::Module {
   Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& self_mask, const Tensor& cross_mask,
                  std::vector<LayerCache>* caches = nullptr);
   std::vector<std::shared_ptr<DecoderLayer>> layers;
-  std::shared_ptr<nn::LayerNorm> norm;  // pre-norm only
+  nn::LayerNorm norm{nullptr};  // pre-norm only
 };
 
 class Transformer : public nn::Module {
@@ -194,10 +194,10 @@ class Transformer : public nn::Module {
 
  private:
   TransformerConfig config_;
-  std::shared_ptr<nn::Embedding> src_embed_, tgt_embed_;  // the same module when shared
-  std::shared_ptr<nn::Linear> output_proj_;               // null when tied
-  std::shared_ptr<nn::PositionalEncoding> positions_;
-  std::shared_ptr<nn::Dropout> dropout_;
+  nn::Embedding src_embed_{nullptr}, tgt_embed_{nullptr};  // the same module when shared
+  nn::Linear output_proj_{nullptr};               // empty when tied
+  nn::PositionalEncoding positions_{nullptr};
+  nn::Dropout dropout_{nullptr};
 };
 
 /// Incremental decoding of a Transformer (generation::IncrementalDecoder): the sources are encoded

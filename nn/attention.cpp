@@ -12,7 +12,7 @@ Tensor causal_mask(int64_t length, DType dtype, Device device) {
   return future.view({1, 1, length, length});                                 // [1, 1, T, T]
 }
 
-MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options)
     : Module("MultiHeadAttention"), options_(options) {
   MF_CHECK(options.embed_dim > 0 && options.num_heads > 0,
            "MultiHeadAttention: embed_dim and num_heads must be positive, got {} and {}", options.embed_dim,
@@ -23,7 +23,7 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
            "MultiHeadAttention: dropout has to be between 0 and 1, but got {}", options.dropout);
   int64_t C = options.embed_dim;
   auto make = [&](const char* name, int64_t out) {
-    return register_module(name, std::make_shared<Linear>(LinearOptions{C, out, options.bias}));
+    return register_module(name, Linear(LinearOptions{C, out, options.bias}));
   };
   if (options.fused_qkv) {
     in_proj = make("in_proj", 3 * C);
@@ -35,10 +35,10 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& options)
   out_proj = make("out_proj", C);
 }
 
-Tensor MultiHeadAttention::in_projection(const Tensor& x, int64_t first, int64_t count) const {
+Tensor MultiHeadAttentionImpl::in_projection(const Tensor& x, int64_t first, int64_t count) const {
   if (!options_.fused_qkv) {
     MF_CHECK(count == 1, "MultiHeadAttention: separate projections run one at a time (asked for {})", count);
-    const Linear& projection = *(first == 0 ? q_proj : first == 1 ? k_proj : v_proj);
+    const LinearImpl& projection = *(first == 0 ? q_proj : first == 1 ? k_proj : v_proj);
     return linear(x, projection.weight, projection.bias);  // [B, L, C]
   }
   int64_t C = options_.embed_dim;
@@ -47,7 +47,7 @@ Tensor MultiHeadAttention::in_projection(const Tensor& x, int64_t first, int64_t
   return linear(x, weight, bias);  // [B, L, count * C]
 }
 
-Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
+Tensor MultiHeadAttentionImpl::split_heads(const Tensor& x) const {
   int64_t B = x.size(0), L = x.size(1);
   return x.view({B, L, options_.num_heads, head_dim()})  // [B, L, H, D]
       .transpose(1, 2);                                   // [B, H, L, D]
@@ -63,12 +63,12 @@ void check_input(const char* what, const Tensor& x, int64_t C) {
 
 }  // namespace
 
-Tensor MultiHeadAttention::project_query(const Tensor& query) const {
+Tensor MultiHeadAttentionImpl::project_query(const Tensor& query) const {
   check_input("query", query, options_.embed_dim);
   return split_heads(in_projection(query, 0, 1));  // [B, H, T, D]
 }
 
-std::pair<Tensor, Tensor> MultiHeadAttention::project_key_value(const Tensor& key, const Tensor& value) const {
+std::pair<Tensor, Tensor> MultiHeadAttentionImpl::project_key_value(const Tensor& key, const Tensor& value) const {
   check_input("key", key, options_.embed_dim);
   check_input("value", value, options_.embed_dim);
   MF_CHECK(key.size(0) == value.size(0) && key.size(1) == value.size(1),
@@ -81,12 +81,12 @@ std::pair<Tensor, Tensor> MultiHeadAttention::project_key_value(const Tensor& ke
   return {split_heads(in_projection(key, 1, 1)), split_heads(in_projection(value, 2, 1))};  // 2 x [B, H, S, D]
 }
 
-AttentionOutput MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+AttentionOutput MultiHeadAttentionImpl::attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                            bool need_weights) const {
   int64_t H = options_.num_heads, D = head_dim();
   MF_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(1) == H && q.size(3) == D &&
                k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == H && k.size(3) == D,
-           "MultiHeadAttention::attend: expected Q [B, {}, T, {}] and K, V [B, {}, S, {}], got {}, {}, {}", H, D, H,
+           "MultiHeadAttentionImpl::attend: expected Q [B, {}, T, {}] and K, V [B, {}, S, {}], got {}, {}, {}", H, D, H,
            D, shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
   int64_t B = q.size(0), T = q.size(2), S = k.size(2);
   if (attn_mask.defined()) {  // scaled_dot_product_attention checks these too, in its own words
@@ -105,7 +105,7 @@ AttentionOutput MultiHeadAttention::attend(const Tensor& q, const Tensor& k, con
   return {out_proj->forward(merged), need_weights ? a.weights : Tensor()};
 }
 
-AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+AttentionOutput MultiHeadAttentionImpl::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                             const Tensor& attn_mask, bool need_weights, bool is_causal) {
   check_input("query", query, options_.embed_dim);
   check_input("key", key, options_.embed_dim);
@@ -128,6 +128,6 @@ AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& k
   return attend(project_query(query), k, v, mask, need_weights);
 }
 
-Tensor MultiHeadAttention::forward(const Tensor& x) { return forward(x, x, x, {}, false, options_.causal).output; }
+Tensor MultiHeadAttentionImpl::forward(const Tensor& x) { return forward(x, x, x, {}, false, options_.causal).output; }
 
 }  // namespace mf::nn

@@ -54,9 +54,10 @@ struct AttentionOutput {
 ///
 /// forward is three steps that a key/value cache for incremental decoding can call on their own:
 /// project_query, project_key_value (cacheable, and concatenable along S), then attend.
-class MultiHeadAttention : public Module {
+class MultiHeadAttentionImpl : public Module {
  public:
-  explicit MultiHeadAttention(const MultiHeadAttentionOptions& options);
+  using Options = MultiHeadAttentionOptions;
+  explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options);
 
   /// query [B, T, C], key and value [B, S, C]; attn_mask an additive float mask (0 to keep, a large
   /// negative value to drop) broadcastable to [B, H, T, S], such as a key padding [B, 1, 1, S], or
@@ -79,9 +80,9 @@ class MultiHeadAttention : public Module {
   const MultiHeadAttentionOptions& options() const { return options_; }
   int64_t head_dim() const { return options_.embed_dim / options_.num_heads; }
 
-  std::shared_ptr<Linear> q_proj, k_proj, v_proj;  // null with fused_qkv
-  std::shared_ptr<Linear> in_proj;                 // only with fused_qkv
-  std::shared_ptr<Linear> out_proj;
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};  // empty with fused_qkv
+  Linear in_proj{nullptr};                                     // only with fused_qkv
+  Linear out_proj{nullptr};
 
  private:
   /// x [B, L, C] through `count` consecutive input projections starting at `first` (0 = query,
@@ -92,5 +93,6 @@ class MultiHeadAttention : public Module {
 
   MultiHeadAttentionOptions options_;
 };
+MF_MODULE(MultiHeadAttention);
 
 }  // namespace mf::nn

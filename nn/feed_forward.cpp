@@ -5,16 +5,16 @@
 
 namespace mf::nn {
 
-PositionwiseFeedForward::PositionwiseFeedForward(const PositionwiseFeedForwardOptions& options)
+PositionwiseFeedForwardImpl::PositionwiseFeedForwardImpl(const PositionwiseFeedForwardOptions& options)
     : Module("PositionwiseFeedForward"), options_(options) {
   MF_CHECK(options.d_model > 0 && options.d_ff > 0,
            "PositionwiseFeedForward: d_model and d_ff must be positive, got {} and {}", options.d_model, options.d_ff);
-  linear1 = register_module("linear1", std::make_shared<Linear>(LinearOptions{options.d_model, options.d_ff}));
-  dropout = register_module("dropout", std::make_shared<Dropout>(DropoutOptions{options.dropout}));
-  linear2 = register_module("linear2", std::make_shared<Linear>(LinearOptions{options.d_ff, options.d_model}));
+  linear1 = register_module("linear1", Linear(LinearOptions{options.d_model, options.d_ff}));
+  dropout = register_module("dropout", Dropout(DropoutOptions{options.dropout}));
+  linear2 = register_module("linear2", Linear(LinearOptions{options.d_ff, options.d_model}));
 }
 
-Tensor PositionwiseFeedForward::forward(const Tensor& x) {
+Tensor PositionwiseFeedForwardImpl::forward(const Tensor& x) {
   Tensor hidden = options_.activation == Activation::GELU ? gelu(linear1->forward(x))  // [..., F]
                                                           : linear_relu(x, linear1->weight, linear1->bias);
   return linear2->forward(dropout->forward(hidden));  // [..., C]

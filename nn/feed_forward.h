@@ -23,18 +23,20 @@ struct PositionwiseFeedForwardOptions {
 
 /// linear2(dropout(activation(linear1(x)))): [..., C] -> [..., F] -> [..., C]. Children "linear1"
 /// (Linear(C, F)), "dropout", "linear2" (Linear(F, C)), as in torch.nn.TransformerEncoderLayer.
-class PositionwiseFeedForward : public Module {
+class PositionwiseFeedForwardImpl : public Module {
  public:
-  explicit PositionwiseFeedForward(const PositionwiseFeedForwardOptions& options);
+  using Options = PositionwiseFeedForwardOptions;
+  explicit PositionwiseFeedForwardImpl(const PositionwiseFeedForwardOptions& options);
   Tensor forward(const Tensor& x) override;
   const PositionwiseFeedForwardOptions& options() const { return options_; }
 
-  std::shared_ptr<Linear> linear1;
-  std::shared_ptr<Dropout> dropout;
-  std::shared_ptr<Linear> linear2;
+  Linear linear1{nullptr};
+  Dropout dropout{nullptr};
+  Linear linear2{nullptr};
 
  private:
   PositionwiseFeedForwardOptions options_;
 };
+MF_MODULE(PositionwiseFeedForward);
 
 }  // namespace mf::nn

@@ -16,7 +16,7 @@ const char* py_bool(bool value) { return value ? "True" : "False"; }
 
 // ---- Linear -------------------------------------------------------------------------------------
 
-Linear::Linear(const LinearOptions& options) : Module("Linear"), options_(options) {
+LinearImpl::LinearImpl(const LinearOptions& options) : Module("Linear"), options_(options) {
   MF_CHECK(options.in_features >= 0 && options.out_features >= 0,
            "Linear: in_features and out_features must be >= 0, got {} and {}", options.in_features,
            options.out_features);
@@ -29,16 +29,16 @@ Linear::Linear(const LinearOptions& options) : Module("Linear"), options_(option
   }
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+Tensor LinearImpl::forward(const Tensor& x) { return linear(x, weight, bias); }
 
-std::string Linear::extra_repr() const {
+std::string LinearImpl::extra_repr() const {
   return fmt::format("in_features={}, out_features={}, bias={}", options_.in_features, options_.out_features,
                      py_bool(options_.bias));
 }
 
 // ---- Embedding ----------------------------------------------------------------------------------
 
-Embedding::Embedding(const EmbeddingOptions& options) : Module("Embedding"), options_(options) {
+EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& options) : Module("Embedding"), options_(options) {
   MF_CHECK(options.num_embeddings >= 0 && options.embedding_dim >= 0,
            "Embedding: num_embeddings and embedding_dim must be >= 0, got {} and {}", options.num_embeddings,
            options.embedding_dim);
@@ -55,9 +55,9 @@ Embedding::Embedding(const EmbeddingOptions& options) : Module("Embedding"), opt
   }
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices, options_.padding_idx); }
+Tensor EmbeddingImpl::forward(const Tensor& indices) { return embedding(weight, indices, options_.padding_idx); }
 
-std::string Embedding::extra_repr() const {
+std::string EmbeddingImpl::extra_repr() const {
   std::string text = fmt::format("{}, {}", options_.num_embeddings, options_.embedding_dim);
   if (options_.padding_idx) text += fmt::format(", padding_idx={}", *options_.padding_idx);
   return text;
@@ -65,7 +65,7 @@ std::string Embedding::extra_repr() const {
 
 // ---- LayerNorm ----------------------------------------------------------------------------------
 
-LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
+LayerNormImpl::LayerNormImpl(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
   MF_CHECK(!options.normalized_shape.empty(), "LayerNorm: normalized_shape must name at least one dim");
   for (int64_t size : options.normalized_shape)
     MF_CHECK(size > 0, "LayerNorm: normalized_shape {} has a dim that is not positive",
@@ -77,11 +77,11 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
+Tensor LayerNormImpl::forward(const Tensor& x) {
   return layer_norm(x, options_.normalized_shape, weight, bias, options_.eps);
 }
 
-std::string LayerNorm::extra_repr() const {
+std::string LayerNormImpl::extra_repr() const {
   // Python's tuple spelling: (16,) for one dim, (4, 8) for more.
   std::string dims;
   for (size_t i = 0; i < options_.normalized_shape.size(); ++i)
@@ -92,22 +92,22 @@ std::string LayerNorm::extra_repr() const {
 
 // ---- Dropout and activations --------------------------------------------------------------------
 
-Dropout::Dropout(const DropoutOptions& options) : Module("Dropout"), options_(options) {
+DropoutImpl::DropoutImpl(const DropoutOptions& options) : Module("Dropout"), options_(options) {
   MF_CHECK(options.p >= 0 && options.p <= 1, "Dropout: probability has to be between 0 and 1, but got {}",
            options.p);
 }
 
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, options_.p, is_training()); }
+Tensor DropoutImpl::forward(const Tensor& x) { return dropout(x, options_.p, is_training()); }
 
-std::string Dropout::extra_repr() const { return fmt::format("p={}", options_.p); }
+std::string DropoutImpl::extra_repr() const { return fmt::format("p={}", options_.p); }
 
-Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+Tensor ReLUImpl::forward(const Tensor& x) { return relu(x); }
 
-GELU::GELU(GELUOptions options) : Module("GELU"), options_(std::move(options)) {
+GELUImpl::GELUImpl(GELUOptions options) : Module("GELU"), options_(std::move(options)) {
   MF_CHECK(options_.approximate == "none" || options_.approximate == "tanh",
            "GELU: approximate must be 'none' or 'tanh', got '{}'", options_.approximate);
 }
 
-Tensor GELU::forward(const Tensor& x) { return gelu(x, options_.approximate); }
+Tensor GELUImpl::forward(const Tensor& x) { return gelu(x, options_.approximate); }
 
 }  // namespace mf::nn

@@ -1,7 +1,8 @@
 // Basic layers with PyTorch's parameter names, layouts and default initialisations (Linear's weight is
 // [out, in], as torch.nn.Linear's), so weights move between the two freely. Each builds its parameters
 // in the constructor from an options struct; forward only computes. Initialisation draws from the
-// default generator (mf::manual_seed makes it repeatable).
+// default generator (mf::manual_seed makes it repeatable). Each layer is a module class (LinearImpl)
+// and its holder (Linear), as in libtorch: see nn/module.h.
 #pragma once
 
 #include "core/tensor.h"
@@ -25,12 +26,13 @@ struct LinearOptions {
 
 /// y = x W^T + b. weight [out, in] ~ kaiming_uniform_(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in));
 /// bias [out] ~ U(-1/sqrt(in), 1/sqrt(in)). Parameters "weight", "bias" (absent when options.bias is off).
-class Linear : public Module {
+class LinearImpl : public Module {
  public:
-  explicit Linear(const LinearOptions& options);
+  using Options = LinearOptions;
+  explicit LinearImpl(const LinearOptions& options);
   /// Linear(in_features, out_features[, bias]), as torch.nn.Linear.
-  Linear(int64_t in_features, int64_t out_features, bool bias = true)
-      : Linear(LinearOptions{.in_features = in_features, .out_features = out_features, .bias = bias}) {}
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias = true)
+      : LinearImpl(LinearOptions{.in_features = in_features, .out_features = out_features, .bias = bias}) {}
   /// x [..., in] -> [..., out].
   Tensor forward(const Tensor& x) override;
   /// "in_features=4, out_features=2, bias=True".
@@ -43,6 +45,7 @@ class Linear : public Module {
  private:
   LinearOptions options_;
 };
+MF_MODULE(Linear);
 
 struct EmbeddingOptions {
   int64_t num_embeddings = 0;
@@ -52,12 +55,13 @@ struct EmbeddingOptions {
 };
 
 /// A lookup table. weight [num_embeddings, embedding_dim] ~ N(0, 1), the padding row zeroed.
-class Embedding : public Module {
+class EmbeddingImpl : public Module {
  public:
-  explicit Embedding(const EmbeddingOptions& options);
+  using Options = EmbeddingOptions;
+  explicit EmbeddingImpl(const EmbeddingOptions& options);
   /// Embedding(num_embeddings, embedding_dim), as torch.nn.Embedding.
-  Embedding(int64_t num_embeddings, int64_t embedding_dim)
-      : Embedding(EmbeddingOptions{.num_embeddings = num_embeddings, .embedding_dim = embedding_dim, .padding_idx = {}}) {}
+  EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim)
+      : EmbeddingImpl(EmbeddingOptions{.num_embeddings = num_embeddings, .embedding_dim = embedding_dim, .padding_idx = {}}) {}
   /// int64 indices [...] -> [..., embedding_dim].
   Tensor forward(const Tensor& indices) override;
   /// "13, 16, padding_idx=0".
@@ -70,6 +74,7 @@ class Embedding : public Module {
  private:
   EmbeddingOptions options_;
 };
+MF_MODULE(Embedding);
 
 struct LayerNormOptions {
   /// The trailing dims to normalise over.
@@ -80,9 +85,10 @@ struct LayerNormOptions {
 };
 
 /// (x - mean) / sqrt(var + eps) * weight + bias over the trailing normalized_shape dims (biased var).
-class LayerNorm : public Module {
+class LayerNormImpl : public Module {
  public:
-  explicit LayerNorm(const LayerNormOptions& options);
+  using Options = LayerNormOptions;
+  explicit LayerNormImpl(const LayerNormOptions& options);
   Tensor forward(const Tensor& x) override;
   /// "(16,), eps=1e-05, elementwise_affine=True".
   std::string extra_repr() const override;
@@ -94,6 +100,7 @@ class LayerNorm : public Module {
  private:
   LayerNormOptions options_;
 };
+MF_MODULE(LayerNorm);
 
 struct DropoutOptions {
   double p = 0.5;  // probability of zeroing an element
@@ -101,11 +108,12 @@ struct DropoutOptions {
 
 /// Zeroes elements with probability p and scales the rest by 1 / (1 - p) in training mode (drawing
 /// from the default generator); the identity in eval mode.
-class Dropout : public Module {
+class DropoutImpl : public Module {
  public:
-  explicit Dropout(const DropoutOptions& options);
+  using Options = DropoutOptions;
+  explicit DropoutImpl(const DropoutOptions& options);
   /// Dropout(p), as torch.nn.Dropout.
-  explicit Dropout(double p = 0.5) : Dropout(DropoutOptions{.p = p}) {}
+  explicit DropoutImpl(double p = 0.5) : DropoutImpl(DropoutOptions{.p = p}) {}
   Tensor forward(const Tensor& x) override;
   /// "p=0.5".
   std::string extra_repr() const override;
@@ -114,13 +122,15 @@ class Dropout : public Module {
  private:
   DropoutOptions options_;
 };
+MF_MODULE(Dropout);
 
 /// max(x, 0).
-class ReLU : public Module {
+class ReLUImpl : public Module {
  public:
-  ReLU() : Module("ReLU") {}
+  ReLUImpl() : Module("ReLU") {}
   Tensor forward(const Tensor& x) override;
 };
+MF_MODULE(ReLU);
 
 /// Exact GELU, x * Phi(x) (PyTorch's approximate='none').
 struct GELUOptions {
@@ -128,9 +138,10 @@ struct GELUOptions {
   std::string approximate = "none";
 };
 
-class GELU : public Module {
+class GELUImpl : public Module {
  public:
-  explicit GELU(GELUOptions options = {});
+  using Options = GELUOptions;
+  explicit GELUImpl(GELUOptions options = {});
   Tensor forward(const Tensor& x) override;
   /// "approximate='none'".
   std::string extra_repr() const override { return "approximate='" + options_.approximate + "'"; }
@@ -139,5 +150,6 @@ class GELU : public Module {
  private:
   GELUOptions options_;
 };
+MF_MODULE(GELU);
 
 }  // namespace mf::nn

@@ -122,7 +122,7 @@ std::string describe(const BCEWithLogitsOptions& options) {
                      reduction_name(options.reduction));
 }
 
-BCEWithLogitsLoss::BCEWithLogitsLoss(BCEWithLogitsOptions options) : Loss("BCEWithLogitsLoss", std::move(options)) {
+BCEWithLogitsLossImpl::BCEWithLogitsLossImpl(BCEWithLogitsOptions options) : Loss("BCEWithLogitsLoss", std::move(options)) {
   if (options_.pos_weight.defined()) options_.pos_weight = register_buffer("pos_weight", options_.pos_weight);
 }
 

@@ -75,9 +75,10 @@ std::string describe(const MSELossOptions& options);
 std::string describe(const BCEWithLogitsOptions& options);
 
 /// The module form of a loss function: holds its options and applies `Function` with them.
-template <typename Options, Tensor (*Function)(const Tensor&, const Tensor&, const Options&, Site)>
+template <typename LossOptions, Tensor (*Function)(const Tensor&, const Tensor&, const LossOptions&, Site)>
 class Loss : public Module {
  public:
+  using Options = LossOptions;
   using Module::forward;
   /// The loss of `input` against `target` with this module's options.
   Tensor forward(const Tensor& input, const Tensor& target, Site site = Site::current()) const {
@@ -87,37 +88,41 @@ class Loss : public Module {
   Tensor operator()(const Tensor& input, const Tensor& target, Site site = Site::current()) const {
     return forward(input, target, site);
   }
-  const Options& options() const { return options_; }
+  const LossOptions& options() const { return options_; }
   std::string extra_repr() const override { return describe(options_); }
 
  protected:
-  Loss(std::string type_name, Options options) : Module(std::move(type_name)), options_(std::move(options)) {}
-  Options options_;
+  Loss(std::string type_name, LossOptions options) : Module(std::move(type_name)), options_(std::move(options)) {}
+  LossOptions options_;
 };
 
 /// nn.CrossEntropyLoss: logits [..., C] against class indices [...].
-class CrossEntropyLoss : public Loss<CrossEntropyOptions, cross_entropy> {
+class CrossEntropyLossImpl : public Loss<CrossEntropyOptions, cross_entropy> {
  public:
-  explicit CrossEntropyLoss(CrossEntropyOptions options = {}) : Loss("CrossEntropyLoss", options) {}
+  explicit CrossEntropyLossImpl(CrossEntropyOptions options = {}) : Loss("CrossEntropyLoss", options) {}
 };
+MF_MODULE(CrossEntropyLoss);
 
 /// nn.NLLLoss: log-probabilities [..., C] against class indices [...].
-class NLLLoss : public Loss<NLLLossOptions, nll_loss> {
+class NLLLossImpl : public Loss<NLLLossOptions, nll_loss> {
  public:
-  explicit NLLLoss(NLLLossOptions options = {}) : Loss("NLLLoss", options) {}
+  explicit NLLLossImpl(NLLLossOptions options = {}) : Loss("NLLLoss", options) {}
 };
+MF_MODULE(NLLLoss);
 
 /// nn.MSELoss: squared error of same-shaped tensors.
-class MSELoss : public Loss<MSELossOptions, mse_loss> {
+class MSELossImpl : public Loss<MSELossOptions, mse_loss> {
  public:
-  explicit MSELoss(MSELossOptions options = {}) : Loss("MSELoss", options) {}
+  explicit MSELossImpl(MSELossOptions options = {}) : Loss("MSELoss", options) {}
 };
+MF_MODULE(MSELoss);
 
 /// nn.BCEWithLogitsLoss: logits against target probabilities of the same shape. A pos_weight is
 /// registered as the buffer "pos_weight" (as in PyTorch), so it moves with to() and is saved.
-class BCEWithLogitsLoss : public Loss<BCEWithLogitsOptions, binary_cross_entropy_with_logits> {
+class BCEWithLogitsLossImpl : public Loss<BCEWithLogitsOptions, binary_cross_entropy_with_logits> {
  public:
-  explicit BCEWithLogitsLoss(BCEWithLogitsOptions options = {});
+  explicit BCEWithLogitsLossImpl(BCEWithLogitsOptions options = {});
 };
+MF_MODULE(BCEWithLogitsLoss);
 
 }  // namespace mf::nn

@@ -208,29 +208,29 @@ std::string Module::to_string() const {
 
 // ---- containers ---------------------------------------------------------------------------------
 
-Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Sequential() {
+SequentialImpl::SequentialImpl(std::vector<std::shared_ptr<Module>> modules) : SequentialImpl() {
   for (auto& module : modules) push_back(std::move(module));
 }
 
-void Sequential::push_back(std::shared_ptr<Module> module) {
+void SequentialImpl::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));
 }
 
-Tensor Sequential::forward(const Tensor& input) {
+Tensor SequentialImpl::forward(const Tensor& input) {
   Tensor x = input;
   for (const auto& [name, child] : named_children()) x = child->forward(x);
   return x;
 }
 
-ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) : ModuleList() {
+ModuleListImpl::ModuleListImpl(std::vector<std::shared_ptr<Module>> modules) : ModuleListImpl() {
   for (auto& module : modules) push_back(std::move(module));
 }
 
-void ModuleList::push_back(std::shared_ptr<Module> module) {
+void ModuleListImpl::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));
 }
 
-std::shared_ptr<Module> ModuleList::child(size_t index) const {
+std::shared_ptr<Module> ModuleListImpl::child(size_t index) const {
   MF_CHECK(index < size(), "ModuleList::at: index {} is out of range for {} modules", index, size());
   return named_children()[index].second;
 }

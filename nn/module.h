@@ -1,13 +1,21 @@
 // nn::Module: the base of every layer and model. A module owns named parameters, buffers and child
 // modules, registered in its constructor, so every tensor has a dotted path
 // ("encoder.layers.0.self_attn.q_proj.weight") that state_dict() and checkpoints use.
+//
+// As in libtorch, each layer is a class `LinearImpl` (the module) and a holder `Linear` (a shared
+// pointer to it that is called like a function): `nn::Linear fc(2, 3); Tensor y = fc(x);`, and
+// `fc->weight` reaches the module. MF_MODULE(Name) makes the holder for a user's NameImpl.
 #pragma once
 
+#include "core/error.h"
 #include "core/tensor.h"
 
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,6 +44,29 @@ struct LoadReport {
   std::string str() const;
 };
 
+/// An mf::Error raised inside a module called as `module(x)`: the message ends with the module's type
+/// and the caller's line, "(in Linear called at gpt.cpp:42)", added once, by the innermost such call,
+/// so an error deep inside a layer still names the line of the user's code that called it.
+class ModuleCallError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+/// Runs `forward` (a module's forward) for a call made at `site`, adding the module and the site to an
+/// mf::Error that escapes it (see ModuleCallError).
+template <typename Forward>
+decltype(auto) call_forward(const std::string& type_name, const Site& site, Forward&& forward) {
+  try {
+    return std::forward<Forward>(forward)();
+  } catch (const ModuleCallError&) {
+    throw;
+  } catch (const Error& error) {
+    throw ModuleCallError(fmt::format("{} (in {} called at {})", error.what(), type_name, format_location(site)));
+  }
+}
+}  // namespace detail
+
 class Module {
  public:
   /// `type_name` is what printing shows ("Linear").
@@ -51,7 +82,10 @@ class Module {
 #pragma GCC diagnostic ignored "-Woverloaded-virtual"
   virtual Tensor forward(const Tensor& input);
 #pragma GCC diagnostic pop
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  /// forward(input); an error inside names this call's line (see ModuleCallError).
+  Tensor operator()(const Tensor& input, Site site = Site::current()) {
+    return detail::call_forward(type_name_, site, [&] { return forward(input); });
+  }
 
   // ---- traversal ------------------------------------------------------------------------------
   /// Every parameter, depth first in registration order (own first, then each child's).
@@ -107,6 +141,13 @@ class Module {
     add_child(name, module);
     return module;
   }
+  /// Registers the module a holder (nn::Linear, a MF_MODULE) points to and returns the holder.
+  template <typename Holder>
+    requires requires(const Holder& holder) { typename Holder::ContainedType; holder.ptr(); }
+  Holder register_module(const std::string& name, Holder holder) {
+    add_child(name, holder.ptr());
+    return holder;
+  }
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
@@ -120,11 +161,102 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 
-/// Modules called one after another, each on the previous one's output; children are named "0", "1", ...
-class Sequential : public Module {
+namespace detail {
+struct NoOptions {};
+template <typename Impl>
+struct OptionsOf {
+  using type = NoOptions;
+};
+template <typename Impl>
+  requires requires { typename Impl::Options; }
+struct OptionsOf<Impl> {
+  using type = typename Impl::Options;
+};
+}  // namespace detail
+
+/// Holds a shared Impl module and calls its forward: libtorch's ModuleHolder. `Name(args...)` makes
+/// a new NameImpl(args...); `Name(nullptr)` is empty until assigned (for members registered in a
+/// constructor); `->` and `*` reach the module; `name(x, ...)` calls its forward, and an error
+/// inside names the calling line. A holder converts to std::shared_ptr<Module>, so it can go into a
+/// Sequential or a ModuleList. Copies share the module.
+template <typename Impl>
+class ModuleHolder {
  public:
-  Sequential() : Module("Sequential") {}
-  explicit Sequential(std::vector<std::shared_ptr<Module>> modules);
+  using ContainedType = Impl;
+
+  /// A new Impl(), for modules that have a default constructor.
+  ModuleHolder()
+    requires std::default_initializable<Impl>
+      : impl_(std::make_shared<Impl>()) {}
+  /// Empty: no module until one is assigned.
+  ModuleHolder(std::nullptr_t) {}
+  /// A new Impl(args...).
+  template <typename First, typename... Rest>
+    requires(!std::derived_from<std::decay_t<First>, ModuleHolder> && !std::same_as<std::decay_t<First>, std::nullptr_t> &&
+             std::constructible_from<Impl, First, Rest...>)
+  explicit ModuleHolder(First&& first, Rest&&... rest)
+      : impl_(std::make_shared<Impl>(std::forward<First>(first), std::forward<Rest>(rest)...)) {}
+  /// A new Impl(options) from the module's options struct, designated initializers included:
+  /// nn::GELU({.approximate = "tanh"}).
+  explicit ModuleHolder(const typename detail::OptionsOf<Impl>::type& options)
+    requires(!std::same_as<typename detail::OptionsOf<Impl>::type, detail::NoOptions>)
+      : impl_(std::make_shared<Impl>(options)) {}
+  /// Holds an existing module.
+  ModuleHolder(std::shared_ptr<Impl> module) : impl_(std::move(module)) {}
+
+  Impl* operator->() const { return get(); }
+  Impl& operator*() const { return *get(); }
+  Impl* get() const {
+    MF_CHECK(impl_ != nullptr, "accessing an empty module holder (constructed from nullptr and never assigned)");
+    return impl_.get();
+  }
+  const std::shared_ptr<Impl>& ptr() const { return impl_; }
+  bool is_empty() const { return impl_ == nullptr; }
+  explicit operator bool() const { return impl_ != nullptr; }
+  operator std::shared_ptr<Module>() const { return impl_; }
+
+  /// The first argument of a call, with the line that made the call.
+  struct Input {
+    Input(const Tensor& tensor, Site site = Site::current()) : tensor(tensor), site(site) {}
+    const Tensor& tensor;
+    Site site;
+  };
+  /// impl->forward(input, rest...). A forward that takes a trailing Site (the losses) is given the
+  /// caller's line directly; any other has an error inside it completed with the line.
+  template <typename... Rest>
+  decltype(auto) operator()(Input input, Rest&&... rest) const {
+    Impl& module = *get();
+    if constexpr (requires { module.forward(input.tensor, std::forward<Rest>(rest)..., input.site); })
+      return module.forward(input.tensor, std::forward<Rest>(rest)..., input.site);
+    else
+      return detail::call_forward(module.type_name(), input.site, [&]() -> decltype(auto) {
+        return module.forward(input.tensor, std::forward<Rest>(rest)...);
+      });
+  }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// MF_MODULE(Net) declares Net, the holder of NetImpl, as libtorch's TORCH_MODULE does.
+#define MF_MODULE(Name)                                         \
+  class Name : public ::mf::nn::ModuleHolder<Name##Impl> {      \
+   public:                                                      \
+    using ::mf::nn::ModuleHolder<Name##Impl>::ModuleHolder;     \
+    Name() = default;                                           \
+  }
+
+/// Modules called one after another, each on the previous one's output; children are named "0", "1", ...
+class SequentialImpl : public Module {
+ public:
+  SequentialImpl() : Module("Sequential") {}
+  explicit SequentialImpl(std::vector<std::shared_ptr<Module>> modules);
+  /// Sequential(nn::Linear(2, 3), nn::ReLU(), ...): modules or holders, in order.
+  template <typename... Modules>
+    requires(sizeof...(Modules) > 0 && (std::convertible_to<Modules, std::shared_ptr<Module>> && ...))
+  explicit SequentialImpl(Modules&&... modules) : SequentialImpl() {
+    (push_back(std::forward<Modules>(modules)), ...);
+  }
   /// Appends a module (named by its position).
   void push_back(std::shared_ptr<Module> module);
   Tensor forward(const Tensor& input) override;
@@ -132,10 +264,16 @@ class Sequential : public Module {
 };
 
 /// A list of modules registered under "0", "1", ... whose forward the owner calls itself.
-class ModuleList : public Module {
+class ModuleListImpl : public Module {
  public:
-  ModuleList() : Module("ModuleList") {}
-  explicit ModuleList(std::vector<std::shared_ptr<Module>> modules);
+  ModuleListImpl() : Module("ModuleList") {}
+  explicit ModuleListImpl(std::vector<std::shared_ptr<Module>> modules);
+  /// ModuleList(nn::Linear(2, 3), nn::ReLU(), ...): modules or holders, in order.
+  template <typename... Modules>
+    requires(sizeof...(Modules) > 0 && (std::convertible_to<Modules, std::shared_ptr<Module>> && ...))
+  explicit ModuleListImpl(Modules&&... modules) : ModuleListImpl() {
+    (push_back(std::forward<Modules>(modules)), ...);
+  }
   void push_back(std::shared_ptr<Module> module);
   size_t size() const { return named_children().size(); }
   /// Iterates the modules in order, as std::shared_ptr<Module>: for (const auto& layer : *list).
@@ -156,7 +294,7 @@ class ModuleList : public Module {
   Iterator begin() const { return Iterator(named_children().begin()); }
   Iterator end() const { return Iterator(named_children().end()); }
 
-  /// The module at `index`, cast to M (throws when out of range or of another type).
+  /// The module at `index`, cast to M, an Impl class (throws when out of range or of another type).
   template <typename M = Module>
   std::shared_ptr<M> at(size_t index) const {
     auto module = std::dynamic_pointer_cast<M>(child(index));
@@ -168,5 +306,8 @@ class ModuleList : public Module {
  private:
   std::shared_ptr<Module> child(size_t index) const;
 };
+
+MF_MODULE(Sequential);
+MF_MODULE(ModuleList);
 
 }  // namespace mf::nn

@@ -9,7 +9,7 @@
 
 namespace mf::nn {
 
-PositionalEncoding::PositionalEncoding(const PositionalEncodingOptions& options)
+PositionalEncodingImpl::PositionalEncodingImpl(const PositionalEncodingOptions& options)
     : Module("PositionalEncoding"), options_(options) {
   MF_CHECK(options.d_model > 0 && options.max_len >= 0,
            "PositionalEncoding: d_model must be positive and max_len >= 0, got {} and {}", options.d_model,
@@ -28,7 +28,7 @@ PositionalEncoding::PositionalEncoding(const PositionalEncodingOptions& options)
   pe = register_buffer("pe", from_vector(table, {options.max_len, C}), /*persistent=*/false);
 }
 
-Tensor PositionalEncoding::forward(const Tensor& x, int64_t start) {
+Tensor PositionalEncodingImpl::forward(const Tensor& x, int64_t start) {
   MF_CHECK(x.defined() && x.dim() == 3 && x.size(2) == options_.d_model,
            "PositionalEncoding: input must be [B, T, {}] (d_model {}), got {}", options_.d_model, options_.d_model,
            x.defined() ? shape_str(x.shape()) : "an undefined tensor");
@@ -39,7 +39,7 @@ Tensor PositionalEncoding::forward(const Tensor& x, int64_t start) {
   return x + pe.narrow(0, start, T).to(x.dtype());  // [B, T, C] + [T, C]
 }
 
-std::string PositionalEncoding::extra_repr() const {
+std::string PositionalEncodingImpl::extra_repr() const {
   return fmt::format("d_model={}, max_len={}", options_.d_model, options_.max_len);
 }
 

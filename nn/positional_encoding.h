@@ -19,9 +19,10 @@ struct PositionalEncodingOptions {
 /// The table is the buffer "pe" [max_len, C], computed and kept in float64 so that float64 runs see
 /// it exactly (converting the module with to(Float32) rounds it); forward casts the rows it uses to
 /// the input's dtype.
-class PositionalEncoding : public Module {
+class PositionalEncodingImpl : public Module {
  public:
-  explicit PositionalEncoding(const PositionalEncodingOptions& options);
+  using Options = PositionalEncodingOptions;
+  explicit PositionalEncodingImpl(const PositionalEncodingOptions& options);
   /// x [B, T, C] + PE[start : start + T] (start > 0 for incremental decoding). Throws when
   /// start + T exceeds max_len.
   Tensor forward(const Tensor& x, int64_t start);
@@ -35,5 +36,6 @@ class PositionalEncoding : public Module {
  private:
   PositionalEncodingOptions options_;
 };
+MF_MODULE(PositionalEncoding);
 
 }  // namespace mf::nn

@@ -3,8 +3,16 @@
 // miniflow's own headers fails the build, since it would land in every user's build log.
 #include "miniflow.h"
 
+struct NetImpl : mf::nn::Module {
+  NetImpl() : Module("Net") { fc = register_module("fc", mf::nn::Linear(2, 3)); }
+  mf::Tensor forward(const mf::Tensor& x) override { return fc(x); }
+  mf::nn::Linear fc{nullptr};
+};
+MF_MODULE(Net);
+
 int main() {
-  mf::nn::Linear layer(2, 3);
-  mf::Tensor y = layer(mf::ones({1, 2}));
+  Net net;
+  mf::nn::Sequential stack(mf::nn::Linear(3, 3), mf::nn::GELU({.approximate = "tanh"}));
+  mf::Tensor y = stack(net(mf::ones({1, 2})));
   return y.shape() == mf::Shape{1, 3} ? 0 : 1;
 }

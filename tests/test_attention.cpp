@@ -41,7 +41,7 @@ struct NaiveAttention {
 
 /// Multi-head attention written out element by element from the paper's formula, with the module's
 /// separate projection weights: softmax(Q K^T / sqrt(D) + mask(b, t, s)) V per head, then out_proj.
-NaiveAttention naive_attention(const nn::MultiHeadAttention& mha, const Tensor& query, const Tensor& memory,
+NaiveAttention naive_attention(const nn::MultiHeadAttentionImpl& mha, const Tensor& query, const Tensor& memory,
                                const std::function<double(int64_t, int64_t, int64_t)>& mask) {
   int64_t B = query.size(0), T = query.size(1), S = memory.size(1), C = query.size(2);
   int64_t H = mha.options().num_heads, D = C / H;
@@ -82,15 +82,15 @@ std::vector<std::string> names(const nn::Module& module) {
 }
 
 /// A float64 attention with weights drawn by the default initialisation from a fixed seed.
-std::shared_ptr<nn::MultiHeadAttention> make_attention(const nn::MultiHeadAttentionOptions& options, uint64_t seed) {
+std::shared_ptr<nn::MultiHeadAttentionImpl> make_attention(const nn::MultiHeadAttentionOptions& options, uint64_t seed) {
   manual_seed(seed);
-  auto mha = std::make_shared<nn::MultiHeadAttention>(options);
+  auto mha = std::make_shared<nn::MultiHeadAttentionImpl>(options);
   mha->to(DType::Float64);
   return mha;
 }
 
 /// Copies separate q/k/v projections into a fused module's in_proj (rows: query, key, value).
-void copy_into_fused(const nn::MultiHeadAttention& separate, nn::MultiHeadAttention& fused) {
+void copy_into_fused(const nn::MultiHeadAttentionImpl& separate, nn::MultiHeadAttentionImpl& fused) {
   NoGradGuard no_grad;
   fused.in_proj->weight.copy_(cat({separate.q_proj->weight, separate.k_proj->weight, separate.v_proj->weight}));
   fused.in_proj->bias.copy_(cat({separate.q_proj->bias, separate.k_proj->bias, separate.v_proj->bias}));
@@ -109,11 +109,11 @@ Tensor padding_mask(const Tensor& padding) {
 // ---- MultiHeadAttention -------------------------------------------------------------------------
 
 TEST_CASE("MultiHeadAttention parameters are named as in PyTorch-style checkpoints") {
-  nn::MultiHeadAttention separate({.embed_dim = 8, .num_heads = 2});
+  nn::MultiHeadAttentionImpl separate({.embed_dim = 8, .num_heads = 2});
   CHECK(names(separate) == std::vector<std::string>{"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
                                                       "v_proj.weight", "v_proj.bias", "out_proj.weight",
                                                       "out_proj.bias"});
-  nn::MultiHeadAttention fused({.embed_dim = 8, .num_heads = 2, .bias = false, .fused_qkv = true});
+  nn::MultiHeadAttentionImpl fused({.embed_dim = 8, .num_heads = 2, .bias = false, .fused_qkv = true});
   CHECK(names(fused) == std::vector<std::string>{"in_proj.weight", "out_proj.weight"});
   CHECK(fused.in_proj->weight.shape() == Shape{24, 8});
   CHECK(separate.head_dim() == 4);
@@ -285,7 +285,7 @@ TEST_CASE("a mask that needs a gradient: the op refuses it, scaled_dot_product_a
 TEST_CASE("MultiHeadAttention reports bad options and inputs") {
   CHECK_THROWS_WITH_AS(nn::MultiHeadAttention({.embed_dim = 10, .num_heads = 3}),
                        "MultiHeadAttention: embed_dim 10 is not divisible by num_heads 3", Error);
-  nn::MultiHeadAttention mha({.embed_dim = 4, .num_heads = 2});
+  nn::MultiHeadAttentionImpl mha({.embed_dim = 4, .num_heads = 2});
   Tensor x = zeros({2, 3, 4});
   CHECK_THROWS_WITH_AS(mha.forward(zeros({2, 3, 5}), x, x),
                        "MultiHeadAttention: query must be [B, L, 4] (embed_dim 4), got [2, 3, 5]", Error);
@@ -319,7 +319,7 @@ TEST_CASE("PositionwiseFeedForward is linear2(act(linear1(x))), ReLU or GELU") {
   for (nn::Activation activation : {nn::Activation::ReLU, nn::Activation::GELU}) {
     CAPTURE(static_cast<int>(activation));
     manual_seed(71);
-    nn::PositionwiseFeedForward ffn({.d_model = 4, .d_ff = 6, .activation = activation});
+    nn::PositionwiseFeedForwardImpl ffn({.d_model = 4, .d_ff = 6, .activation = activation});
     CHECK(names(ffn) == std::vector<std::string>{"linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"});
     ffn.to(DType::Float64);
     Tensor x = randn({2, 3, 4}, DType::Float64);
@@ -339,7 +339,7 @@ TEST_CASE("PositionwiseFeedForward is linear2(act(linear1(x))), ReLU or GELU") {
 TEST_CASE("PositionalEncoding's table follows the sinusoid formula") {
   for (int64_t d_model : {6, 5}) {  // an odd width ends on a sine column
     CAPTURE(d_model);
-    nn::PositionalEncoding encoding({.d_model = d_model, .max_len = 10});
+    nn::PositionalEncodingImpl encoding({.d_model = d_model, .max_len = 10});
     CHECK(encoding.parameters().empty());
     REQUIRE(encoding.named_buffers().size() == 1);
     CHECK(encoding.named_buffers()[0].name == "pe");
@@ -354,13 +354,13 @@ TEST_CASE("PositionalEncoding's table follows the sinusoid formula") {
       }
   }
   // Hand-evaluated spot values for d = 6: PE[1, 0] = sin(1), PE[1, 3] = cos(1 / 10000^(2/6)) = cos(1 / 21.544).
-  nn::PositionalEncoding six({.d_model = 6, .max_len = 2});
+  nn::PositionalEncodingImpl six({.d_model = 6, .max_len = 2});
   CHECK(six.pe.at<double>({1, 0}) == doctest::Approx(0.8414709848078965));
   CHECK(six.pe.at<double>({1, 3}) == doctest::Approx(0.9989229760406304));
 }
 
 TEST_CASE("PositionalEncoding adds the rows from start and keeps the input's dtype") {
-  nn::PositionalEncoding encoding({.d_model = 4, .max_len = 6});
+  nn::PositionalEncodingImpl encoding({.d_model = 4, .max_len = 6});
   Tensor x = ones({2, 3, 4});
   Tensor y = encoding.forward(x, 2);
   CHECK(y.dtype() == DType::Float32);
@@ -385,16 +385,16 @@ namespace {
 class ReferenceEncoderLayer : public nn::Module {
  public:
   ReferenceEncoderLayer() : Module("ReferenceEncoderLayer") {
-    self_attn = register_module("self_attn", std::make_shared<nn::MultiHeadAttention>(
+    self_attn = register_module("self_attn", std::make_shared<nn::MultiHeadAttentionImpl>(
                                                  nn::MultiHeadAttentionOptions{.embed_dim = 16, .num_heads = 2}));
-    ffn = register_module("ffn", std::make_shared<nn::PositionwiseFeedForward>(
+    ffn = register_module("ffn", std::make_shared<nn::PositionwiseFeedForwardImpl>(
                                      nn::PositionwiseFeedForwardOptions{.d_model = 16, .d_ff = 32}));
-    norm1 = register_module("norm1", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {16}}));
-    norm2 = register_module("norm2", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{.normalized_shape = {16}}));
+    norm1 = register_module("norm1", std::make_shared<nn::LayerNormImpl>(nn::LayerNormOptions{.normalized_shape = {16}}));
+    norm2 = register_module("norm2", std::make_shared<nn::LayerNormImpl>(nn::LayerNormOptions{.normalized_shape = {16}}));
   }
-  std::shared_ptr<nn::MultiHeadAttention> self_attn;
-  std::shared_ptr<nn::PositionwiseFeedForward> ffn;
-  std::shared_ptr<nn::LayerNorm> norm1, norm2;
+  std::shared_ptr<nn::MultiHeadAttentionImpl> self_attn;
+  std::shared_ptr<nn::PositionwiseFeedForwardImpl> ffn;
+  std::shared_ptr<nn::LayerNormImpl> norm1, norm2;
 };
 
 }  // namespace
@@ -406,12 +406,12 @@ TEST_CASE("encoder attention matches PyTorch on the reference batch") {
   Tensor src = ref.at("input.src");  // [B, S] = [3, 5], PAD = 0
   int64_t B = src.size(0), S = src.size(1);
   Tensor x = index_select(ref.at("param.embed.weight"), 0, src.flatten()).view({B, S, 16}) * 4.0;  // [B, S, C]
-  nn::PositionalEncoding encoding({.d_model = 16, .max_len = 16});
+  nn::PositionalEncodingImpl encoding({.d_model = 16, .max_len = 16});
   x = encoding.forward(x);
   Tensor mask = padding_mask(src.eq(0.0));  // [B, 1, 1, S]
 
   SUBCASE("layer 0 attention probabilities") {
-    nn::MultiHeadAttention mha({.embed_dim = 16, .num_heads = 2});
+    nn::MultiHeadAttentionImpl mha({.embed_dim = 16, .num_heads = 2});
     mha.to(DType::Float64);
     mha.load_state_dict(testing::reference_with_prefix("param.encoder.layers.0.self_attn."));
     Tensor weights = mha.forward(x, x, x, mask, true).weights;  // [B, H, S, S]
@@ -440,7 +440,7 @@ TEST_CASE("causal attention in nn: causal_mask by hand, is_causal, and a causal 
   CHECK(mask.to_vector<double>() == std::vector<double>{0, m, m, 0, 0, m, 0, 0, 0});
 
   manual_seed(3);
-  nn::MultiHeadAttention attention({.embed_dim = 8, .num_heads = 2});
+  nn::MultiHeadAttentionImpl attention({.embed_dim = 8, .num_heads = 2});
   Tensor x = randn({2, 5, 8});
   Tensor causal = attention.forward(x, x, x, {}, false, true).output;
   // The same as the explicit mask, and with a key-padding mask on top the two add.
@@ -459,10 +459,10 @@ TEST_CASE("causal attention in nn: causal_mask by hand, is_causal, and a causal 
   CHECK((open_after.narrow(1, 0, 3) - open.narrow(1, 0, 3)).abs().max().item<float>() > 1e-3f);
 
   // A causal self-attention layer sits in a Sequential, which calls forward(x).
-  auto layer = std::make_shared<nn::MultiHeadAttention>(nn::MultiHeadAttentionOptions{
+  auto layer = std::make_shared<nn::MultiHeadAttentionImpl>(nn::MultiHeadAttentionOptions{
       .embed_dim = 8, .num_heads = 2, .dropout = 0, .bias = true, .fused_qkv = false, .causal = true});
-  nn::Sequential stack({layer, std::make_shared<nn::ReLU>()});
-  check_close(stack.forward(x), layer->forward(x, x, x, {}, false, true).output.relu(), 0, 0);
+  nn::Sequential stack(layer, nn::ReLU());
+  check_close(stack(x), layer->forward(x, x, x, {}, false, true).output.relu(), 0, 0);
 
   CHECK_THROWS_WITH_AS(attention.forward(x, randn({2, 4, 8}), randn({2, 4, 8}), {}, false, true),
                        doctest::Contains("is_causal needs as many queries as keys, got query [2, 5, 8] and key [2, 4, 8]"),

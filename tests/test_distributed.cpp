@@ -59,17 +59,17 @@ Tensor expected_sums(int64_t n, DType dtype) {
 class Mlp : public nn::Module {
  public:
   explicit Mlp(int64_t hidden = 16) : Module("Mlp") {
-    first = register_module("first", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 6,
+    first = register_module("first", std::make_shared<nn::LinearImpl>(nn::LinearOptions{.in_features = 6,
                                                                                      .out_features = hidden}));
-    drop = register_module("drop", std::make_shared<nn::Dropout>(nn::DropoutOptions{.p = 0.25}));
-    second = register_module("second", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = hidden,
+    drop = register_module("drop", std::make_shared<nn::DropoutImpl>(nn::DropoutOptions{.p = 0.25}));
+    second = register_module("second", std::make_shared<nn::LinearImpl>(nn::LinearOptions{.in_features = hidden,
                                                                                        .out_features = 3}));
-    spare = register_module("spare", std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 3,
+    spare = register_module("spare", std::make_shared<nn::LinearImpl>(nn::LinearOptions{.in_features = 3,
                                                                                      .out_features = 3}));
   }
   Tensor forward(const Tensor& x) override { return second->forward(drop->forward(relu(first->forward(x)))); }
-  std::shared_ptr<nn::Linear> first, second, spare;  // spare takes no part in forward
-  std::shared_ptr<nn::Dropout> drop;
+  std::shared_ptr<nn::LinearImpl> first, second, spare;  // spare takes no part in forward
+  std::shared_ptr<nn::DropoutImpl> drop;
 };
 
 /// A model with seed-fixed weights, whatever the rank (DistributedDataParallel copies rank 0's anyway).

@@ -49,7 +49,7 @@ TEST_CASE("gelu's tanh approximation matches PyTorch's approximate='tanh' and re
   check_close(f64({1}).gelu("tanh"), f64({0.8411919906082768}), 1e-14, 1e-15);
   // It differs from the exact form by about 1.5e-4 at 1 (0.8413447 against 0.8411920).
   CHECK(std::abs(gelu(f64({1})).item<double>() - gelu(f64({1}), "tanh").item<double>()) > 1e-4);
-  nn::GELU layer({.approximate = "tanh"});
+  nn::GELUImpl layer({.approximate = "tanh"});
   check_close(layer.forward(f64({1})), f64({0.8411919906082768}), 1e-14, 1e-15);
   CHECK(layer.to_string() == "GELU(approximate='tanh')");
   CHECK_THROWS_WITH_AS(gelu(f64({1}), "fast"), doctest::Contains("gelu: approximate must be 'none' or 'tanh', got 'fast' at"), Error);

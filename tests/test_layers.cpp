@@ -138,7 +138,7 @@ TEST_CASE("init works in place on parameters and replays from a generator") {
 TEST_CASE("Linear computes x W^T + b") {
   for (Device device : testing::test_devices()) {
     CAPTURE(device);
-    nn::Linear layer({.in_features = 3, .out_features = 2});
+    nn::LinearImpl layer({.in_features = 3, .out_features = 2});
     {
       NoGradGuard no_grad;
       layer.weight.copy_(tensor({1, 2, 3, 4, 5, 6}).view({2, 3}));
@@ -149,7 +149,7 @@ TEST_CASE("Linear computes x W^T + b") {
     Tensor x = tensor({1, 0, -1, 2, 1, 0}).view({2, 1, 3}).to(device);
     check_close(layer.forward(x), tensor({-1.5, -3, 4.5, 12}).view({2, 1, 2}), 0, 0);
 
-    nn::Linear no_bias({.in_features = 3, .out_features = 2, .bias = false});
+    nn::LinearImpl no_bias({.in_features = 3, .out_features = 2, .bias = false});
     CHECK_FALSE(no_bias.bias.defined());
     CHECK(no_bias.named_parameters().size() == 1);
     no_bias.to(device);
@@ -163,7 +163,7 @@ TEST_CASE("Linear computes x W^T + b") {
 
 TEST_CASE("Linear's default initialisation, names and printing") {
   manual_seed(1);
-  nn::Linear layer({.in_features = 400, .out_features = 100});
+  nn::LinearImpl layer({.in_features = 400, .out_features = 100});
   CHECK(layer.weight.shape() == Shape{100, 400});
   CHECK(layer.bias.shape() == Shape{100});
   check_uniform(layer.weight, 1.0 / 20.0);  // U(-1/sqrt(in), 1/sqrt(in))
@@ -173,14 +173,14 @@ TEST_CASE("Linear's default initialisation, names and printing") {
   REQUIRE(params.size() == 2);
   CHECK(params[0].name == "weight");
   CHECK(params[1].name == "bias");
-  CHECK(nn::Linear({.in_features = 4, .out_features = 2}).to_string() ==
+  CHECK(nn::Linear({.in_features = 4, .out_features = 2})->to_string() ==
         "Linear(in_features=4, out_features=2, bias=True)");
-  CHECK(nn::Linear({.in_features = 4, .out_features = 2, .bias = false}).extra_repr() ==
+  CHECK(nn::Linear({.in_features = 4, .out_features = 2, .bias = false})->extra_repr() ==
         "in_features=4, out_features=2, bias=False");
 }
 
 TEST_CASE("Linear rejects inputs of the wrong width") {
-  nn::Linear layer({.in_features = 3, .out_features = 2});
+  nn::LinearImpl layer({.in_features = 3, .out_features = 2});
   CHECK_THROWS_WITH_AS(layer.forward(zeros({5, 4})),
                        doctest::Contains(
                            "linear: input [5, 4] has 4 features in its last dim, but weight [2, 3] expects 3"),
@@ -188,7 +188,7 @@ TEST_CASE("Linear rejects inputs of the wrong width") {
 }
 
 TEST_CASE("Linear gradcheck over weight and bias") {
-  nn::Linear layer({.in_features = 3, .out_features = 4});
+  nn::LinearImpl layer({.in_features = 3, .out_features = 4});
   gradcheck_parameters(layer, randn({2, 5, 3}, DType::Float64));
 }
 
@@ -271,7 +271,7 @@ TEST_CASE("linear_relu equals relu(linear(x)), bit for bit, forward and backward
 TEST_CASE("Embedding looks rows up; the padding row is zero and gets no gradient") {
   for (Device device : testing::test_devices()) {
     CAPTURE(device);
-    nn::Embedding table({.num_embeddings = 4, .embedding_dim = 3, .padding_idx = 0});
+    nn::EmbeddingImpl table({.num_embeddings = 4, .embedding_dim = 3, .padding_idx = 0});
     check_close(table.weight.select(0, 0), zeros({3}), 0, 0);
     {
       NoGradGuard no_grad;
@@ -326,10 +326,10 @@ TEST_CASE("an embedding adds its rows into a tied weight's gradient in place, as
 
 TEST_CASE("Embedding initialises N(0, 1) and resolves a negative padding_idx") {
   manual_seed(2);
-  nn::Embedding big({.num_embeddings = 1000, .embedding_dim = 50});
+  nn::EmbeddingImpl big({.num_embeddings = 1000, .embedding_dim = 50});
   check_normal(big.weight, 1.0);
   CHECK(big.extra_repr() == "1000, 50");
-  nn::Embedding last({.num_embeddings = 5, .embedding_dim = 2, .padding_idx = -1});
+  nn::EmbeddingImpl last({.num_embeddings = 5, .embedding_dim = 2, .padding_idx = -1});
   CHECK(*last.options().padding_idx == 4);
   check_close(last.weight.select(0, 4), zeros({2}), 0, 0);
   CHECK_THROWS_WITH_AS(nn::Embedding({.num_embeddings = 5, .embedding_dim = 2, .padding_idx = 5}),
@@ -337,7 +337,7 @@ TEST_CASE("Embedding initialises N(0, 1) and resolves a negative padding_idx") {
 }
 
 TEST_CASE("Embedding gradcheck over weight") {
-  nn::Embedding table({.num_embeddings = 5, .embedding_dim = 3, .padding_idx = 2});
+  nn::EmbeddingImpl table({.num_embeddings = 5, .embedding_dim = 3, .padding_idx = 2});
   // The padding row is left out of the input: it is read by forward but, by design, gets no gradient.
   gradcheck_parameters(table, from_vector<int64_t>({0, 3, 4, 4, 1, 0}, {2, 3}));
 }
@@ -347,7 +347,7 @@ TEST_CASE("Embedding gradcheck over weight") {
 TEST_CASE("LayerNorm of [1, 2, 3]") {
   for (Device device : testing::test_devices()) {
     CAPTURE(device);
-    nn::LayerNorm norm({.normalized_shape = {3}});
+    nn::LayerNormImpl norm({.normalized_shape = {3}});
     check_close(norm.weight, ones({3}), 0, 0);
     check_close(norm.bias, zeros({3}), 0, 0);
     norm.to(DType::Float64);
@@ -368,7 +368,7 @@ TEST_CASE("LayerNorm of [1, 2, 3]") {
 }
 
 TEST_CASE("LayerNorm without affine parameters, over two dims") {
-  nn::LayerNorm norm({.normalized_shape = {2, 2}, .eps = 0.0, .elementwise_affine = false});
+  nn::LayerNormImpl norm({.normalized_shape = {2, 2}, .eps = 0.0, .elementwise_affine = false});
   CHECK(norm.parameters().empty());
   CHECK(norm.extra_repr() == "(2, 2), eps=0, elementwise_affine=False");
   // [0, 2, 4, 6]: mean 3, variance (9 + 1 + 1 + 9) / 4 = 5.
@@ -378,7 +378,7 @@ TEST_CASE("LayerNorm without affine parameters, over two dims") {
 }
 
 TEST_CASE("LayerNorm gradcheck over weight and bias") {
-  nn::LayerNorm norm({.normalized_shape = {4}});
+  nn::LayerNormImpl norm({.normalized_shape = {4}});
   {
     NoGradGuard no_grad;
     norm.weight.copy_(uniform({4}, 0.5, 1.5));
@@ -391,7 +391,7 @@ TEST_CASE("LayerNorm gradcheck over weight and bias") {
 
 TEST_CASE("Dropout drops in training and is the identity in eval") {
   manual_seed(3);
-  nn::Dropout drop({.p = 0.25});
+  nn::DropoutImpl drop({.p = 0.25});
   Tensor x = ones({20000});
   std::vector<double> y = drop.forward(x).to_vector<double>();
   size_t dropped = 0, other = 0;
@@ -410,8 +410,8 @@ TEST_CASE("Dropout drops in training and is the identity in eval") {
 }
 
 TEST_CASE("ReLU and GELU modules") {
-  nn::ReLU relu_module;
-  nn::GELU gelu_module;
+  nn::ReLUImpl relu_module;
+  nn::GELUImpl gelu_module;
   Tensor x = f64({-1, 0, 2});
   check_close(relu_module.forward(x), f64({0, 0, 2}), 0, 0);
   // x * Phi(x): Phi(-1) = 0.158655253931457, Phi(2) = 0.977249868051821.

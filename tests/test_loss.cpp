@@ -174,16 +174,16 @@ TEST_CASE("binary_cross_entropy_with_logits: stable at the extremes, exact gradi
 }
 
 TEST_CASE("loss modules hold their options, print them, and keep pos_weight as a buffer") {
-  nn::CrossEntropyLoss criterion({.ignore_index = 0, .label_smoothing = 0.1});
+  nn::CrossEntropyLossImpl criterion({.ignore_index = 0, .label_smoothing = 0.1});
   CHECK(criterion.to_string() == "CrossEntropyLoss(ignore_index=0, label_smoothing=0.1, reduction=mean)");
-  CHECK(nn::NLLLoss({.reduction = Reduction::Sum}).to_string() == "NLLLoss(ignore_index=-100, reduction=sum)");
-  CHECK(nn::MSELoss().to_string() == "MSELoss(reduction=mean)");
-  CHECK(nn::BCEWithLogitsLoss().named_buffers().empty());
+  CHECK(nn::NLLLoss({.reduction = Reduction::Sum})->to_string() == "NLLLoss(ignore_index=-100, reduction=sum)");
+  CHECK(nn::MSELoss()->to_string() == "MSELoss(reduction=mean)");
+  CHECK(nn::BCEWithLogitsLoss()->named_buffers().empty());
   CHECK_THROWS_WITH_AS(criterion.forward(zeros({2, 3})),
                        "CrossEntropyLoss: this module has no single-input forward (call its own forward overload)",
                        Error);
 
-  nn::BCEWithLogitsLoss weighted({.pos_weight = from_vector<float>({1, 2, 3}, {3})});
+  nn::BCEWithLogitsLossImpl weighted({.pos_weight = from_vector<float>({1, 2, 3}, {3})});
   CHECK(weighted.to_string() == "BCEWithLogitsLoss(pos_weight=[3], reduction=mean)");
   REQUIRE(weighted.named_buffers().size() == 1);
   CHECK(weighted.named_buffers()[0].name == "pos_weight");

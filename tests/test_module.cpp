@@ -24,12 +24,12 @@ class Affine : public nn::Module {
 class Net : public nn::Module {
  public:
   Net() : Module("Net") {
-    body = register_module("body", std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+    body = register_module("body", std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
                                        std::make_shared<Affine>(3, 4), std::make_shared<Affine>(4, 2)}));
     head = register_module("head", std::make_shared<Affine>(2, 1));
   }
   Tensor forward(const Tensor& x) override { return head->forward(body->forward(x)); }
-  std::shared_ptr<nn::Sequential> body;
+  std::shared_ptr<nn::SequentialImpl> body;
   std::shared_ptr<Affine> head;
 };
 
@@ -124,27 +124,120 @@ TEST_CASE("zero_grad drops gradients; printing shows the tree") {
 }
 
 TEST_CASE("layers built from positional arguments and a ModuleList in a range-for, as libtorch code writes them") {
-  auto fc = std::make_shared<nn::Linear>(2, 3);  // torch.nn.Linear(2, 3)
+  nn::Linear fc(2, 3);  // torch::nn::Linear(2, 3): a holder, called like a function
   CHECK(fc->weight.shape() == Shape{3, 2});
   CHECK(fc->bias.shape() == Shape{3});
   nn::Linear no_bias(2, 3, false);
-  CHECK_FALSE(no_bias.bias.defined());
-  CHECK(no_bias.parameters().size() == 1);
+  CHECK_FALSE(no_bias->bias.defined());
+  CHECK(no_bias->parameters().size() == 1);
   nn::Embedding embedding(10, 4);
-  CHECK(embedding.weight.shape() == Shape{10, 4});
-  CHECK_FALSE(embedding.options().padding_idx.has_value());
+  CHECK(embedding->weight.shape() == Shape{10, 4});
+  CHECK_FALSE(embedding->options().padding_idx.has_value());
   nn::Dropout dropout(0.25);
-  CHECK(dropout.options().p == 0.25);
-  CHECK(nn::Dropout().options().p == 0.5);  // torch's default
+  CHECK(dropout->options().p == 0.25);
+  CHECK(nn::Dropout()->options().p == 0.5);  // torch's default
 
-  nn::ModuleList layers({fc, std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(3, 1)});
+  nn::ModuleList layers(fc, nn::ReLU(), nn::Linear(3, 1));
   Tensor x = randn({5, 2}), h = x;
   int visited = 0;
-  for (const auto& layer : layers) {  // std::shared_ptr<nn::Module>, in registration order
+  for (const auto& layer : *layers) {  // std::shared_ptr<nn::Module>, in registration order
     h = (*layer)(h);
     ++visited;
   }
   CHECK(visited == 3);
-  Tensor expected = layers.at<nn::Linear>(2)->forward(fc->forward(x).relu());
+  Tensor expected = layers->at<nn::LinearImpl>(2)->forward(fc(x).relu());
   CHECK(h.to_vector<float>() == expected.to_vector<float>());
+}
+
+namespace {
+
+/// A user's module as libtorch code writes one: an Impl class with holder members, and MF_MODULE.
+struct TwoLayerImpl : nn::Module {
+  TwoLayerImpl(int64_t in, int64_t hidden, int64_t out) : Module("TwoLayer") {
+    fc1 = register_module("fc1", nn::Linear(in, hidden));
+    fc2 = register_module("fc2", nn::Linear(hidden, out));
+  }
+  static constexpr int kForwardLine = __LINE__ + 1;
+  Tensor forward(const Tensor& x) override { return fc2(fc1(x).relu()); }
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+MF_MODULE(TwoLayer);
+
+/// A module whose own code (not a child's) makes the bad call.
+struct BadProductImpl : nn::Module {
+  BadProductImpl() : Module("BadProduct") {}
+  static constexpr int kForwardLine = __LINE__ + 1;
+  Tensor forward(const Tensor& x) override { return matmul(x, x); }
+};
+MF_MODULE(BadProduct);
+
+std::string at_line(int line) { return fmt::format("test_module.cpp:{}", line); }
+
+}  // namespace
+
+TEST_CASE("module holders: made from positional arguments or options, called as layer(x), registered as children") {
+  manual_seed(3);
+  TwoLayer net(4, 8, 2);
+  CHECK(names(net->named_parameters()) == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  Tensor x = randn({3, 4});
+  Tensor y = net(x);
+  // The same arithmetic written out with the functional API on the registered parameters.
+  Tensor expected = linear(linear(x, net->fc1->weight, net->fc1->bias).relu(), net->fc2->weight, net->fc2->bias);
+  CHECK(y.to_vector<float>() == expected.to_vector<float>());
+
+  // A copy of a holder shares the module, as a shared_ptr does.
+  TwoLayer same = net;
+  CHECK(same.get() == net.get());
+  CHECK(net->children().size() == 2);
+  CHECK(net->children()[0].get() == net->fc1.get());
+
+  // Holders from options (designated initializers) and into a Sequential, which is a holder too.
+  nn::GELU gelu({.approximate = "tanh"});
+  CHECK(gelu->options().approximate == "tanh");
+  nn::Sequential stack(nn::Linear(4, 3), nn::ReLU(), nn::Linear(3, 1));
+  stack->push_back(nn::Dropout(0.0));
+  CHECK(stack->size() == 4);
+  CHECK(stack(x).shape() == Shape{3, 1});
+
+  // An empty holder (a member before its constructor registers it) says so when used.
+  nn::Linear empty{nullptr};
+  CHECK(empty.is_empty());
+  CHECK_FALSE(static_cast<bool>(empty));
+  CHECK_THROWS_WITH_AS(empty->weight, doctest::Contains("empty module holder"), Error);
+}
+
+TEST_CASE("an error inside a module names the line of the user's code that called it") {
+  TwoLayer net(4, 8, 2);
+  // The bad input reaches fc1's linear inside miniflow; the message ends with the layer's type and
+  // the line in TwoLayer's forward that called it, added once (not again for net(...) below).
+  std::string message;
+  try {
+    net(randn({3, 5}));
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  CHECK(message.find("linear: ") == 0);
+  CHECK(message.ends_with(fmt::format("(in Linear called at {})", at_line(TwoLayerImpl::kForwardLine))));
+  CHECK(message.find("TwoLayer") == std::string::npos);
+
+  // The same through the plain Module call operator and a shared_ptr.
+  auto embedding = std::make_shared<nn::EmbeddingImpl>(10, 4);
+  int call_line = __LINE__ + 1;
+  CHECK_THROWS_WITH_AS((*embedding)(zeros({2, 3})),
+                       doctest::Contains(fmt::format("(in Embedding called at {})", at_line(call_line)).c_str()), Error);
+
+  // An error from the module's own code keeps its own line and gains the caller's.
+  BadProduct bad;
+  call_line = __LINE__ + 1;
+  CHECK_THROWS_WITH_AS(bad(randn({2, 3})),
+                       doctest::Contains(fmt::format("at {} (in BadProduct called at {})",
+                                                     at_line(BadProductImpl::kForwardLine), at_line(call_line))
+                                             .c_str()),
+                       Error);
+
+  // Losses take the caller's line directly, as the functional form does.
+  nn::CrossEntropyLoss criterion;
+  call_line = __LINE__ + 1;
+  CHECK_THROWS_WITH_AS(criterion(randn({2, 3}), zeros({3}, DType::Int64)),
+                       doctest::Contains(fmt::format("at {}", at_line(call_line)).c_str()), Error);
 }

@@ -11,16 +11,16 @@ using namespace mf;
 namespace {
 
 struct Run {
-  std::shared_ptr<nn::Sequential> model;
+  std::shared_ptr<nn::SequentialImpl> model;
   std::unique_ptr<optim::Adam> optimizer;
   std::unique_ptr<optim::NoamLR> scheduler;
 
   explicit Run(uint64_t init_seed) {
     manual_seed(init_seed);
-    model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-        std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 4, .out_features = 16}),
-        std::make_shared<nn::ReLU>(), std::make_shared<nn::Dropout>(nn::DropoutOptions{.p = 0.3}),
-        std::make_shared<nn::Linear>(nn::LinearOptions{.in_features = 16, .out_features = 3})});
+    model = std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::LinearImpl>(nn::LinearOptions{.in_features = 4, .out_features = 16}),
+        std::make_shared<nn::ReLUImpl>(), std::make_shared<nn::DropoutImpl>(nn::DropoutOptions{.p = 0.3}),
+        std::make_shared<nn::LinearImpl>(nn::LinearOptions{.in_features = 16, .out_features = 3})});
     optimizer = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = 1.0, .beta2 = 0.98});
     scheduler = std::make_unique<optim::NoamLR>(*optimizer, 16, 4);
   }
@@ -78,7 +78,7 @@ TEST_CASE("a training state missing a piece, or of another model, is refused wit
   optim::save_training_state(path, {run.model.get(), nullptr, nullptr, nullptr, nullptr});
   CHECK_THROWS_WITH_AS(optim::load_training_state(path, run.state()),
                        doctest::Contains("has no 'miniflow.optimizer' entry"), Error);
-  nn::Linear other({.in_features = 2, .out_features = 2});
+  nn::LinearImpl other({.in_features = 2, .out_features = 2});
   CHECK_THROWS_WITH_AS(optim::load_training_state(path, {&other}),
                        doctest::Contains(doctest::String(("cannot resume from '" + path.string() + "'").c_str())),
                        Error);
