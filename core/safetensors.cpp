@@ -127,11 +127,7 @@ WritePlan plan_write(std::span<const TensorRecordView> records, const Safetensor
   ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
     ordered_json& entries = header["__metadata__"] = ordered_json::object();
-    for (const auto& [key, value] : metadata) {
-      if (!is_utf8(key)) bad_record("metadata key '{}' is not valid UTF-8", key);
-      if (!is_utf8(value)) bad_record("metadata value for key '{}' is not valid UTF-8", key);
-      entries[key] = value;
-    }
+    for (const auto& [key, value] : metadata) entries[key] = value;
   }
   std::set<std::string_view> names;
   uint64_t offset = 0;
@@ -252,7 +248,7 @@ SafetensorsMetadata parse_metadata(const json& value, std::string_view source) {
   for (const auto& [key, item] : value.items()) {
     if (!item.is_string())
       corrupt(source, "__metadata__ value of key '{}' is a JSON {}, not a string", key, item.type_name());
-    metadata.emplace(key, item.get<std::string>());
+    metadata.set(key, item.get<std::string>());
   }
   return metadata;
 }
@@ -383,6 +379,22 @@ void read_exact(int fd, uint64_t offset, std::span<std::byte> out, std::string_v
 }
 
 }  // namespace
+
+SafetensorsMetadata::SafetensorsMetadata(std::initializer_list<std::pair<const std::string, std::string>> entries) {
+  for (const auto& [key, value] : entries) set(key, value);
+}
+
+void SafetensorsMetadata::set(const std::string& key, std::string value) {
+  MF_CHECK(is_utf8(key), "safetensors metadata: key '{}' is not valid UTF-8", detail::clip_utf8(key, 80));
+  MF_CHECK(is_utf8(value), "safetensors metadata: the value for key '{}' is not valid UTF-8", key);
+  entries_[key] = std::move(value);
+}
+
+const std::string& SafetensorsMetadata::at(const std::string& key) const {
+  auto it = entries_.find(key);
+  MF_CHECK(it != entries_.end(), "safetensors metadata: there is no key '{}'", key);
+  return it->second;
+}
 
 TensorRecordView view_of(const TensorRecord& record) {
   return {.name = record.name, .dtype = record.dtype, .shape = record.shape, .data = record.data};

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <span>
 #include <string>
@@ -57,8 +58,51 @@ struct TensorRecordView {
 /// The view of a record (borrows from it).
 TensorRecordView view_of(const TensorRecord& record);
 
-/// Free-form string annotations stored under "__metadata__" (e.g. a JSON config).
-using SafetensorsMetadata = std::map<std::string, std::string>;
+/// Free-form string annotations stored under "__metadata__" (e.g. a JSON config): a map of strings
+/// whose keys and values are checked as they are set. The format's header is JSON, so both must be
+/// valid UTF-8; a bad one throws where the program sets it, not when a checkpoint is saved after
+/// training. Reads work as on a std::map.
+class SafetensorsMetadata {
+ public:
+  using Map = std::map<std::string, std::string>;
+  using const_iterator = Map::const_iterator;
+
+  /// What `metadata[key] = value` assigns through: set() with the key.
+  class Entry {
+   public:
+    Entry(SafetensorsMetadata& owner, std::string key) : owner_(owner), key_(std::move(key)) {}
+    Entry& operator=(std::string value) {
+      owner_.set(key_, std::move(value));
+      return *this;
+    }
+    operator const std::string&() const { return owner_.at(key_); }
+
+   private:
+    SafetensorsMetadata& owner_;
+    std::string key_;
+  };
+
+  SafetensorsMetadata() = default;
+  /// {{"config", json}, {"note", text}}, each entry checked.
+  SafetensorsMetadata(std::initializer_list<std::pair<const std::string, std::string>> entries);
+
+  /// Sets `key` to `value`; throws mf::Error naming the key when either is not valid UTF-8.
+  void set(const std::string& key, std::string value);
+  Entry operator[](const std::string& key) { return Entry(*this, key); }
+  /// The value of `key`; throws mf::Error naming the key when there is none.
+  const std::string& at(const std::string& key) const;
+  const_iterator find(const std::string& key) const { return entries_.find(key); }
+  bool contains(const std::string& key) const { return entries_.contains(key); }
+  bool erase(const std::string& key) { return entries_.erase(key) > 0; }
+  const_iterator begin() const { return entries_.begin(); }
+  const_iterator end() const { return entries_.end(); }
+  size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+  bool operator==(const SafetensorsMetadata& other) const = default;
+
+ private:
+  Map entries_;
+};
 
 /// A tensor left out by SafetensorsReadOptions::skip_unsupported_dtypes.
 struct SkippedTensor {

@@ -89,8 +89,8 @@ void checkpoint_seeds(const fs::path& dir) {
   mf::nn::save_tensors(dir / "not_translator.safetensors", {{"weight", mf::zeros({2, 2})}});
   // The resume file with its optimizer JSON cut short: valid safetensors, broken metadata.
   mf::nn::TensorFile file = mf::nn::load_tensors(resume);
-  std::string& optimizer = file.metadata.at("miniflow.optimizer");
-  optimizer.resize(optimizer.size() / 2);
+  const std::string& optimizer = file.metadata.at("miniflow.optimizer");
+  file.metadata.set("miniflow.optimizer", optimizer.substr(0, optimizer.size() / 2));
   mf::nn::save_tensors(dir / "bad_optimizer_json.safetensors", file.tensors, file.metadata);
 }
 

@@ -414,13 +414,28 @@ TEST_CASE("invalid records are refused before anything is written") {
   refused({{"bad\xff", DType::Float32, {}, zeros(4)}}, "tensor name 'bad\xff' is not valid UTF-8");
   refused({{"b", DType::Bool, {2}, bytes_of<uint8_t>({0, 7})}}, "tensor 'b': bool element 1 is byte 7, not 0 or 1");
   refused({{"t", DType::Int64, {int64_t{1} << 62, 4}, {}}}, "tensor 't': shape [4611686018427387904, 4] has too many");
-  CHECK_THROWS_WITH_AS(mf::write_safetensors(path, std::vector<TensorRecord>{}, {{"k", "\xc3"}}),
-                       doctest::Contains("metadata value for key 'k' is not valid UTF-8"), mf::Error);
   // The message names the file it would have written.
   const std::string names_file = "(writing '" + path.string() + "')";
-  CHECK_THROWS_WITH_AS(mf::write_safetensors(path, std::vector<TensorRecord>{}, {{"k", "\xc3"}}),
+  CHECK_THROWS_WITH_AS(mf::write_safetensors(path, std::vector<TensorRecord>{{"t", DType::Float32, {-1}, {}}}),
                        doctest::Contains(names_file.c_str()), mf::Error);
   CHECK(dir.entries().empty());
+}
+
+TEST_CASE("metadata that is not UTF-8 is refused where it is set, not when the file is written") {
+  // The header is JSON, which holds UTF-8 only: "\xc3" starts a two-byte sequence and ends there,
+  // "\xff" is never valid.
+  mf::SafetensorsMetadata metadata;
+  CHECK_THROWS_WITH_AS(metadata["chars"] = "ab\xc3", "safetensors metadata: the value for key 'chars' is not valid UTF-8",
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(metadata.set("\xff", "v"), doctest::Contains("is not valid UTF-8"), mf::Error);
+  CHECK_THROWS_WITH_AS((mf::SafetensorsMetadata{{"k", "\xc3"}}),
+                       "safetensors metadata: the value for key 'k' is not valid UTF-8", mf::Error);
+  CHECK(metadata.empty());
+  metadata["chars"] = "äöü ✓";
+  metadata.set("step", "12");
+  CHECK(metadata.at("chars") == "äöü ✓");
+  CHECK(metadata.size() == 2);
+  CHECK_THROWS_WITH_AS(metadata.at("missing"), "safetensors metadata: there is no key 'missing'", mf::Error);
 }
 
 TEST_CASE("write_safetensors is atomic") {
