@@ -63,6 +63,17 @@ std::string EmbeddingImpl::extra_repr() const {
   return text;
 }
 
+void tie_weights(LinearImpl& output, const EmbeddingImpl& embedding) {
+  const Tensor& shared = embedding.weight;
+  MF_CHECK(output.weight.shape() == shared.shape() && output.weight.dtype() == shared.dtype() &&
+               output.weight.device() == shared.device(),
+           "tie_weights: the Linear's weight is {} {} on {}, the Embedding's is {} {} on {}; they must match "
+           "(Linear(C, V) and Embedding(V, C))",
+           shape_str(output.weight.shape()), dtype_name(output.weight.dtype()), output.weight.device().str(),
+           shape_str(shared.shape()), dtype_name(shared.dtype()), shared.device().str());
+  output.weight = output.replace_parameter("weight", shared);
+}
+
 // ---- LayerNorm ----------------------------------------------------------------------------------
 
 LayerNormImpl::LayerNormImpl(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {

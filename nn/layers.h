@@ -76,6 +76,13 @@ class EmbeddingImpl : public Module {
 };
 MF_MODULE(Embedding);
 
+/// Ties an output projection to an embedding (GPT-2's head, the original Transformer's softmax
+/// weights): `output`'s weight becomes the embedding's weight tensor itself, [V, C] in both, so one
+/// parameter trains through both uses. parameters() then lists it once and state_dict() under both
+/// names. (Assigning `output->weight = embedding->weight` would change only the layer's handle and
+/// leave the old weight registered.) Throws when the shapes, dtypes or devices differ.
+void tie_weights(LinearImpl& output, const EmbeddingImpl& embedding);
+
 struct LayerNormOptions {
   /// The trailing dims to normalise over.
   Shape normalized_shape;

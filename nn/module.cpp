@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace mf::nn {
 
@@ -53,6 +54,14 @@ Tensor& Module::register_parameter(const std::string& name, Tensor tensor, bool 
   return parameters_.back().tensor;
 }
 
+Tensor& Module::replace_parameter(const std::string& name, Tensor tensor) {
+  auto entry = std::find_if(parameters_.begin(), parameters_.end(), [&](const NamedTensor& p) { return p.name == name; });
+  MF_CHECK(entry != parameters_.end(), "{}: replace_parameter: there is no parameter '{}'", type_name_, name);
+  MF_CHECK(tensor.defined(), "{}: replace_parameter: the tensor for '{}' is undefined", type_name_, name);
+  entry->tensor = std::move(tensor);
+  return entry->tensor;
+}
+
 Tensor& Module::register_buffer(const std::string& name, Tensor tensor, bool persistent) {
   check_new_name(name);
   MF_CHECK(tensor.defined(), "{}: buffer '{}' is undefined", type_name_, name);
@@ -82,8 +91,14 @@ void collect(const Module& module, const std::string& prefix, bool recurse, bool
 
 std::vector<NamedTensor> Module::named_parameters(bool recurse) const {
   if (!recurse) return parameters_;
+  std::vector<NamedTensor> all;
+  collect(*this, "", true, true, all);
+  // A parameter registered twice (tied weights, a module shared by two parents) is listed once, under
+  // its first name, so that optimizers and all-reduces see it once (PyTorch's remove_duplicate).
+  std::unordered_set<const TensorImpl*> seen;
   std::vector<NamedTensor> out;
-  collect(*this, "", true, true, out);
+  for (NamedTensor& entry : all)
+    if (seen.insert(entry.tensor.impl_ptr().get()).second) out.push_back(std::move(entry));
   return out;
 }
 

@@ -88,7 +88,8 @@ class Module {
   }
 
   // ---- traversal ------------------------------------------------------------------------------
-  /// Every parameter, depth first in registration order (own first, then each child's).
+  /// Every parameter, depth first in registration order (own first, then each child's); a tensor
+  /// registered under two names (tied weights) is listed once, under the first.
   std::vector<Tensor> parameters(bool recurse = true) const;
   std::vector<NamedTensor> named_parameters(bool recurse = true) const;
   std::vector<NamedTensor> named_buffers(bool recurse = true) const;
@@ -98,6 +99,11 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules();
   /// Total number of parameter elements.
   int64_t parameter_count() const;
+
+  /// Makes this module's own parameter `name` the given tensor itself (not a copy), as assigning a
+  /// parameter attribute does in PyTorch, and returns the stored handle: a layer's member handle
+  /// (`weight`) must be assigned it too, which nn::tie_weights does for Linear.
+  Tensor& replace_parameter(const std::string& name, Tensor tensor);
 
   // ---- modes and placement --------------------------------------------------------------------
   /// Training mode for this module and all descendants (dropout is active only in training).
@@ -113,7 +119,8 @@ class Module {
 
   // ---- state ----------------------------------------------------------------------------------
   /// Parameters and persistent buffers by dotted name, each module's own before its children's. The
-  /// tensors share storage with the module (detached).
+  /// tensors share storage with the module (detached). A tied tensor is saved under each of its names,
+  /// as PyTorch's state_dict does, so the checkpoint also loads into an untied model.
   StateDict state_dict() const;
   /// Whether this module's buffer `name` belongs in state_dict().
   bool is_persistent_buffer(const std::string& name) const;

@@ -241,3 +241,42 @@ TEST_CASE("an error inside a module names the line of the user's code that calle
   CHECK_THROWS_WITH_AS(criterion(randn({2, 3}), zeros({3}, DType::Int64)),
                        doctest::Contains(fmt::format("at {}", at_line(call_line)).c_str()), Error);
 }
+
+namespace {
+
+/// A language model's embedding and output head tied, as GPT-2 ties them.
+struct TiedImpl : nn::Module {
+  TiedImpl() : Module("Tied") {
+    wte = register_module("wte", nn::Embedding(5, 3));
+    head = register_module("head", nn::Linear(3, 5, false));
+    nn::tie_weights(*head, *wte);
+  }
+  Tensor forward(const Tensor& tokens) override { return head(wte(tokens)); }
+  nn::Embedding wte{nullptr};
+  nn::Linear head{nullptr};
+};
+MF_MODULE(Tied);
+
+}  // namespace
+
+TEST_CASE("tie_weights leaves one parameter, trained through both uses and saved under both names") {
+  manual_seed(11);
+  Tied model;
+  CHECK(model->head->weight.is_same(model->wte->weight));
+  CHECK(names(model->named_parameters()) == std::vector<std::string>{"wte.weight"});
+  CHECK(model->parameter_count() == 15);
+  CHECK(names(model->state_dict()) == std::vector<std::string>{"wte.weight", "head.weight"});
+
+  // The gradient is the sum over both uses: the same loss written with one tensor W in both places.
+  Tensor tokens = from_vector(std::vector<int>{0, 3, 3, 1}, {4});
+  Tensor weights = randn({4, 5});
+  (model(tokens) * weights).sum().backward();
+  Tensor w = model->wte->weight.detach().clone().set_requires_grad(true);
+  (linear(embedding(w, tokens), w) * weights).sum().backward();
+  check_close(model->wte->weight.grad(), w.grad(), 1e-6, 1e-6);
+
+  nn::Linear wrong(3, 4, false);
+  CHECK_THROWS_WITH_AS(nn::tie_weights(*wrong, *model->wte),
+                       doctest::Contains("tie_weights: the Linear's weight is [4, 3] float32 on cpu, the Embedding's is [5, 3]"),
+                       Error);
+}
