@@ -4,6 +4,7 @@
 #include "core/generator.h"
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
+#include "ops/sampling.h"
 
 #include <cmath>
 #include <type_traits>
@@ -124,6 +125,69 @@ void bernoulli(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs
   });
 }
 
+// ---- randperm and multinomial: the CPU's arithmetic (ops/sampling.h), so the same draws --------------
+
+/// Fisher-Yates on one thread: the shuffle is sequential.
+__global__ void randperm_kernel(DevicePlan<1> plan, uint64_t seed, uint64_t counter) {
+  auto at = [&](int64_t i) -> int64_t& {
+    int64_t off[1];
+    plan.offsets(i, off);
+    return *reinterpret_cast<int64_t*>(plan.base[0] + off[0]);
+  };
+  for (int64_t i = 0; i < plan.numel; ++i) at(i) = i;
+  for (uint64_t i = static_cast<uint64_t>(plan.numel); i-- > 1;) {
+    int64_t j = static_cast<int64_t>(sampling::scaled_below(sampling::element_bits(seed, counter, i), i + 1));
+    int64_t held = at(static_cast<int64_t>(i));
+    at(static_cast<int64_t>(i)) = at(j);
+    at(j) = held;
+  }
+}
+
+void randperm(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
+  if (out[0].numel() == 0) return;
+  const PhiloxStream& philox = std::get<RandpermParams>(attrs).stream;
+  DevicePlan<1> plan = plan_for<1>(out[0].shape(), {&out[0]});
+  randperm_kernel<<<1, 1, 0, stream(out[0].device().index)>>>(plan, philox.seed, philox.counter);
+  check_launch("randperm");
+}
+
+/// One thread per row; a draw without replacement leaves out the row's earlier picks.
+template <typename T>
+__global__ void multinomial_kernel(const char* weights, int64_t rows, int64_t categories, int64_t row_stride,
+                                   int64_t stride, int64_t* picks, int64_t out_row, int64_t out_stride,
+                                   int64_t num_samples, bool replacement, uint64_t seed, uint64_t counter) {
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < rows; b += int64_t{gridDim.x} * blockDim.x) {
+    const T* row = reinterpret_cast<const T*>(weights) + b * row_stride;
+    int64_t* drawn = picks + b * out_row;
+    for (int64_t s = 0; s < num_samples; ++s) {
+      auto taken = [&](int64_t j) {
+        if (replacement) return false;
+        for (int64_t earlier = 0; earlier < s; ++earlier)
+          if (drawn[earlier * out_stride] == j) return true;
+        return false;
+      };
+      double u = sampling::unit_interval(sampling::element_bits(seed, counter, static_cast<uint64_t>(b * num_samples + s)));
+      drawn[s * out_stride] = sampling::pick_category(row, categories, stride, u, taken);
+    }
+  }
+}
+
+void multinomial(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor& weights = in[0];
+  Tensor& drawn = out[0];
+  const auto& [num_samples, replacement, philox] = std::get<MultinomialParams>(attrs);
+  int64_t rows = weights.dim() == 2 ? weights.shape()[0] : 1, categories = weights.shape().back();
+  if (drawn.numel() == 0) return;
+  visit_floating(weights.dtype(), [&]<typename T>() {
+    multinomial_kernel<T><<<blocks_for(rows), kThreads, 0, stream(weights.device().index)>>>(
+        static_cast<const char*>(weights.raw_data()), rows, categories,
+        weights.dim() == 2 ? weights.strides()[0] : 0, weights.strides().back(), drawn.data_ptr<int64_t>(),
+        drawn.dim() == 2 ? drawn.strides()[0] : 0, drawn.strides().back(), num_samples, replacement, philox.seed,
+        philox.counter);
+  });
+  check_launch("multinomial");
+}
+
 }  // namespace
 
 void register_fill(Registry& r) {
@@ -132,6 +196,8 @@ void register_fill(Registry& r) {
   r.set_kernel(OpId::uniform, DeviceType::CUDA, uniform);
   r.set_kernel(OpId::normal, DeviceType::CUDA, normal);
   r.set_kernel(OpId::bernoulli, DeviceType::CUDA, bernoulli);
+  r.set_kernel(OpId::randperm, DeviceType::CUDA, randperm);
+  r.set_kernel(OpId::multinomial, DeviceType::CUDA, multinomial);
 }
 
 }  // namespace mf::cuda

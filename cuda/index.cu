@@ -1,9 +1,10 @@
-// CUDA kernels of the indexing and joining ops: cat, index_select, gather, scatter_add, topk, one_hot,
-// tril and triu (ops/index.cpp documents each). Operands keep their strides: gather-like kernels walk
+// CUDA kernels of the indexing and joining ops: cat, index_select, gather, scatter_add, topk, sort,
+// cumsum, one_hot, tril and triu (ops/index.cpp documents each). Operands keep their strides: gather-like kernels walk
 // the output with a DevicePlan whose x operand has the indexed dim's stride zeroed, and add
 // index * stride. Index values are checked on the host before any kernel runs (one copy of the
 // index), so a bad one raises the CPU's error. scatter_add accumulates with atomics, so its float sums
-// may round differently from run to run; topk ranks every element against its fiber in parallel.
+// may round differently from run to run; topk and sort rank every element against its fiber in
+// parallel; cumsum runs one thread per fiber, summing in the CPU's order and precision.
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
 
@@ -179,6 +180,51 @@ void topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& 
   check_launch("topk");
 }
 
+void sort(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const SortParams& params = std::get<SortParams>(attrs);
+  int64_t dim = normalize_dim(params.dim, in[0].dim());
+  topk(in, out, TopKParams{.k = in[0].shape()[dim], .dim = dim, .largest = params.descending});
+}
+
+// ---- cumsum ---------------------------------------------------------------------------------------
+
+/// One thread per fiber: the running sum along it, in Acc (double for floats, int64 otherwise).
+/// Operands {x with dim size 1 (the fiber starts), out}; sx, so the byte strides along dim.
+template <typename T, typename Out>
+__global__ void cumsum_kernel(DevicePlan<2> fibers, int64_t size, int64_t sx, int64_t so, bool reverse) {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  for (int64_t f = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; f < fibers.numel; f += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[2];
+    fibers.offsets(f, off);
+    Acc running = 0;
+    for (int64_t step = 0; step < size; ++step) {
+      int64_t j = reverse ? size - 1 - step : step;
+      running += static_cast<Acc>(*reinterpret_cast<const T*>(fibers.base[0] + off[0] + j * sx));
+      *reinterpret_cast<Out*>(fibers.base[1] + off[1] + j * so) = static_cast<Out>(running);
+    }
+  }
+}
+
+void cumsum(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const auto& [dim_attr, reverse] = std::get<CumsumParams>(attrs);
+  if (in[0].numel() == 0) return;
+  // A 0-dim tensor is one fiber of one element.
+  const Tensor x = in[0].dim() == 0 ? restrided(in[0], {1}, {1}) : in[0];
+  const Tensor o = out[0].dim() == 0 ? restrided(out[0], {1}, {1}) : out[0];
+  int64_t dim = normalize_dim(dim_attr, x.dim()), size = x.shape()[dim];
+  Shape fiber_shape = x.shape();
+  fiber_shape[dim] = 1;
+  Tensor xf = restrided(x, fiber_shape, x.strides()), of = restrided(o, fiber_shape, o.strides());
+  DevicePlan<2> fibers = plan_for<2>(fiber_shape, {&xf, &of});
+  auto bytes = [&](const Tensor& t) { return t.strides()[dim] * static_cast<int64_t>(t.element_size()); };
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    using Out = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+    cumsum_kernel<T, Out><<<blocks_for(fibers.numel), kThreads, 0, stream(x.device().index)>>>(
+        fibers, size, bytes(x), bytes(o), reverse);
+  });
+  check_launch("cumsum");
+}
+
 // ---- one_hot, tril, triu ----------------------------------------------------------------------------
 
 __global__ void one_hot_kernel(const int64_t* idx, int64_t* out, int64_t count, int64_t classes) {
@@ -231,6 +277,8 @@ void register_index(Registry& r) {
   r.set_kernel(OpId::gather, DeviceType::CUDA, gather);
   r.set_kernel(OpId::scatter_add, DeviceType::CUDA, scatter_add);
   r.set_kernel(OpId::topk, DeviceType::CUDA, topk);
+  r.set_kernel(OpId::sort, DeviceType::CUDA, sort);
+  r.set_kernel(OpId::cumsum, DeviceType::CUDA, cumsum);
   r.set_kernel(OpId::one_hot, DeviceType::CUDA, one_hot);
   r.set_kernel(OpId::tril, DeviceType::CUDA, triangle<true>);
   r.set_kernel(OpId::triu, DeviceType::CUDA, triangle<false>);

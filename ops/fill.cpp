@@ -11,9 +11,12 @@
 #include "ops/cpu/loops.h"
 #include "ops/functional.h"
 #include "ops/reference.h"
+#include "ops/sampling.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <numeric>
 
 namespace mf {
 namespace {
@@ -183,6 +186,75 @@ void cpu_bernoulli(const std::vector<Tensor>&, std::vector<Tensor>& out, const A
   });
 }
 
+// ---- randperm: Fisher-Yates from the last position down; position i swaps with
+// scaled_below(bits of element i, i + 1) (ops/sampling.h). The shuffle is one sequential pass.
+
+std::vector<OutputSpec> infer_randperm(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& t = in[0];
+  MF_CHECK(t.dim() == 1 && t.dtype() == DType::Int64, "fills a 1-D int64 tensor, got {} {}", dtype_name(t.dtype()),
+           shape_str(t.shape()));
+  return infer_in_place(in, attrs);
+}
+
+void cpu_randperm(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
+  auto [seed, counter] = std::get<RandpermParams>(attrs).stream;
+  Tensor& t = out[0];
+  std::vector<int64_t> permutation(static_cast<size_t>(t.numel()));
+  std::iota(permutation.begin(), permutation.end(), int64_t{0});
+  for (uint64_t i = permutation.size(); i-- > 1;)
+    std::swap(permutation[i], permutation[sampling::scaled_below(sampling::element_bits(seed, counter, i), i + 1)]);
+  int64_t* data = t.data_ptr<int64_t>();
+  for (size_t i = 0; i < permutation.size(); ++i) data[static_cast<int64_t>(i) * t.strides()[0]] = permutation[i];
+}
+
+// ---- multinomial (weights [N] or [B, N]) -> [num_samples] or [B, num_samples]: draw s of row b uses
+// element b * num_samples + s of the stream, through sampling::pick_category; without replacement the
+// rows' earlier draws are left out.
+
+std::vector<OutputSpec> infer_multinomial(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& weights = in[0];
+  const MultinomialParams& params = std::get<MultinomialParams>(attrs);
+  MF_CHECK(weights.dim() == 1 || weights.dim() == 2, "weights must be 1-D or 2-D, got shape {}",
+           shape_str(weights.shape()));
+  MF_CHECK(is_floating(weights.dtype()), "weights must be floating, got {} (shape {})", dtype_name(weights.dtype()),
+           shape_str(weights.shape()));
+  int64_t categories = weights.shape().back();
+  MF_CHECK(categories > 0, "needs at least one category, got shape {}", shape_str(weights.shape()));
+  MF_CHECK(params.num_samples > 0, "num_samples must be positive, got {}", params.num_samples);
+  MF_CHECK(params.replacement || params.num_samples <= categories,
+           "cannot draw {} samples without replacement from {} categories", params.num_samples, categories);
+  Shape shape = weights.shape();
+  shape.back() = params.num_samples;
+  return {{shape, DType::Int64}};
+}
+
+void cpu_multinomial(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor& weights = in[0];
+  const auto& [num_samples, replacement, stream] = std::get<MultinomialParams>(attrs);
+  int64_t categories = weights.shape().back(), rows = weights.dim() == 2 ? weights.shape()[0] : 1;
+  int64_t row_stride = weights.dim() == 2 ? weights.strides()[0] : 0, stride = weights.strides().back();
+  Tensor& drawn = out[0];
+  int64_t out_row = drawn.dim() == 2 ? drawn.strides()[0] : 0, out_stride = drawn.strides().back();
+  int64_t* picks = drawn.data_ptr<int64_t>();
+  visit_floating(weights.dtype(), [&]<typename T>() {
+    const T* base = static_cast<const T*>(weights.raw_data());
+    parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      std::vector<char> taken(static_cast<size_t>(categories));
+      for (int64_t b = begin; b < end; ++b) {
+        std::fill(taken.begin(), taken.end(), 0);
+        auto is_taken = [&](int64_t j) { return taken[static_cast<size_t>(j)] != 0; };
+        for (int64_t s = 0; s < num_samples; ++s) {
+          auto element = static_cast<uint64_t>(b * num_samples + s);
+          double u = sampling::unit_interval(sampling::element_bits(stream.seed, stream.counter, element));
+          int64_t pick = sampling::pick_category(base + b * row_stride, categories, stride, u, is_taken);
+          picks[b * out_row + s * out_stride] = pick;
+          if (!replacement && pick >= 0) taken[static_cast<size_t>(pick)] = 1;
+        }
+      }
+    });
+  });
+}
+
 /// Element i's Philox words, recomputed one element at a time for the references.
 std::array<uint32_t, 4> words_of(const PhiloxStream& stream, int64_t i) {
   return Philox::block(stream.seed, 0, stream.counter + static_cast<uint64_t>(i / 2));
@@ -225,6 +297,49 @@ std::vector<Tensor> reference_bernoulli(const std::vector<Tensor>& in, const Att
     double u = words_of(stream, i)[static_cast<size_t>(i % 2) * 2] / 4294967296.0;
     return u < p ? 1.0 : 0.0;
   });
+}
+
+// Fisher-Yates written with a 128-bit product for floor(bits * (i + 1) / 2^64).
+std::vector<Tensor> reference_randperm(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const PhiloxStream& stream = std::get<RandpermParams>(attrs).stream;
+  std::vector<double> values(static_cast<size_t>(in[0].numel()));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i);
+  for (size_t i = values.size(); i-- > 1;) {
+    std::array<uint32_t, 4> w = words_of(stream, static_cast<int64_t>(i));
+    size_t k = (i % 2) * 2;
+    unsigned __int128 bits = (static_cast<uint64_t>(w[k]) << 32) | w[k + 1];
+    std::swap(values[i], values[static_cast<size_t>((bits * (i + 1)) >> 64)]);
+  }
+  return {reference::make(in[0].shape(), DType::Int64, values)};
+}
+
+// Inverse transform over the categories still available: their cumulative weights in order, and the
+// first that exceeds u times their total.
+std::vector<Tensor> reference_multinomial(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& weights = in[0];
+  const auto& [num_samples, replacement, stream] = std::get<MultinomialParams>(attrs);
+  int64_t categories = weights.shape().back(), rows = weights.dim() == 2 ? weights.shape()[0] : 1;
+  std::vector<double> values;
+  for (int64_t b = 0; b < rows; ++b) {
+    std::vector<int64_t> available;
+    std::vector<double> row;
+    for (int64_t j = 0; j < categories; ++j) {
+      row.push_back(weights.dim() == 2 ? weights.at<double>({b, j}) : weights.at<double>({j}));
+      if (row.back() > 0) available.push_back(j);
+    }
+    for (int64_t s = 0; s < num_samples; ++s) {
+      std::vector<double> cumulative;
+      for (int64_t j : available) cumulative.push_back((cumulative.empty() ? 0.0 : cumulative.back()) + row[j]);
+      double target = reference_u(stream, b * num_samples + s) * cumulative.back();
+      size_t pick = 0;
+      while (pick + 1 < cumulative.size() && !(cumulative[pick] > target)) ++pick;
+      values.push_back(static_cast<double>(available[pick]));
+      if (!replacement) available.erase(available.begin() + static_cast<std::ptrdiff_t>(pick));
+    }
+  }
+  Shape shape = weights.shape();
+  shape.back() = num_samples;
+  return {reference::make(shape, DType::Int64, values)};
 }
 
 }  // namespace
@@ -303,6 +418,28 @@ void register_fill_ops(Registry& r) {
                   };
                 },
             .reference = reference_bernoulli});
+  r.define(OpId::randperm, {.name = "randperm", .infer = infer_randperm, .kernels = {cpu_randperm},
+                            .writes_input = true, .samples = [] {
+    return std::vector<Sample>{
+        {"ten", {reference::randint({10}, 9, 66)}, RandpermParams{.stream = {17}}},
+        {"odd count, counter", {reference::randint({7}, 9, 67)}, RandpermParams{.stream = {18, 4}}},
+        {"one", {reference::randint({1}, 9, 68)}, RandpermParams{.stream = {19}}},
+    };
+  }, .reference = reference_randperm});
+  r.define(OpId::multinomial, {.name = "multinomial", .infer = infer_multinomial, .kernels = {cpu_multinomial},
+                               .saves_inputs = false, .samples = [] {
+    Tensor zeros_inside = reference::make({2, 5}, DType::Float64, {0, 1, 0, 2, 0.5, 3, 0, 0, 1, 0});
+    return std::vector<Sample>{
+        {"one row, with replacement", {reference::uniform({6}, 0, 1, 69)},
+         MultinomialParams{.num_samples = 9, .replacement = true, .stream = {20}}},
+        {"rows, without replacement", {reference::uniform({3, 5}, 0, 1, 70)},
+         MultinomialParams{.num_samples = 4, .replacement = false, .stream = {21, 7}}},
+        {"zero weights are never drawn", {zeros_inside},
+         MultinomialParams{.num_samples = 2, .replacement = false, .stream = {22}}},
+        {"float32, every category", {reference::uniform({2, 4}, 0.1, 1, 71).to(DType::Float32)},
+         MultinomialParams{.num_samples = 4, .replacement = false, .stream = {23}}},
+    };
+  }, .reference = reference_multinomial});
 }
 
 // ---- public API -----------------------------------------------------------------------------------
@@ -384,6 +521,42 @@ Tensor bernoulli(const Shape& shape, double p, DType dtype, Device device, Gener
   Tensor out = Tensor::empty(shape, dtype, device);
   random_fill<OpId::bernoulli>(out, {.p = p}, generator, Site::current());
   return out;
+}
+
+Tensor randperm(int64_t n, Device device, Generator* generator, Site site) {
+  MF_CHECK(n >= 0, "randperm: n must be >= 0, got {} at {}", n, format_location(site));
+  Tensor out = Tensor::empty({n}, DType::Int64, device);
+  random_fill<OpId::randperm>(out, {}, generator, site);
+  return out;
+}
+
+Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement, Generator* generator, Site site) {
+  // The values are checked here, with ops that run where the weights are; the op itself checks
+  // shapes and dtypes, so a tensor it would refuse goes straight to it.
+  bool checkable = (weights.dim() == 1 || weights.dim() == 2) && is_floating(weights.dtype()) &&
+                   weights.numel() > 0 && num_samples > 0 && (replacement || num_samples <= weights.shape().back());
+  if (checkable) {
+    NoGradGuard no_grad;
+    Tensor rows = weights.detach().dim() == 1 ? weights.detach().unsqueeze(0) : weights.detach();
+    std::vector<double> totals = rows.sum({1}).to(DType::Float64).to(Device::cpu()).to_vector<double>();
+    double lowest = rows.min().to(DType::Float64).item<double>();
+    std::vector<int64_t> positive = (rows > 0.0).sum({1}).to(Device::cpu()).to_vector<int64_t>();
+    for (size_t b = 0; b < totals.size(); ++b) {
+      MF_CHECK(std::isfinite(totals[b]) && lowest >= 0 && totals[b] > 0,
+               "multinomial: weights must be finite, non-negative and not all zero in a row; row {} of {} {} sums to {} "
+               "(smallest weight {}) at {}",
+               b, dtype_name(weights.dtype()), shape_str(weights.shape()), totals[b], lowest, format_location(site));
+      MF_CHECK(replacement || positive[b] >= num_samples,
+               "multinomial: cannot draw {} samples without replacement from row {}, which has {} nonzero weights at {}",
+               num_samples, b, positive[b], format_location(site));
+    }
+  }
+  MultinomialParams params{.num_samples = num_samples, .replacement = replacement};
+  Generator& source = generator != nullptr ? *generator : default_generator();
+  int64_t rows = weights.dim() == 2 ? weights.shape()[0] : 1;
+  params.stream.seed = source.seed();
+  params.stream.counter = source.reserve(static_cast<uint64_t>(std::max<int64_t>(rows * num_samples, 0) + 1) / 2);
+  return call1<OpId::multinomial>({weights}, params, site);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device, Generator* generator) {

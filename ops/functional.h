@@ -50,6 +50,14 @@ Tensor bernoulli(const Shape& shape, double p, DType dtype = DType::Float32, Dev
 /// Integers uniform on [low, high), int64.
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Device device = Device::cpu(),
                Generator* generator = nullptr);
+/// A random permutation of 0 .. n-1, int64 (torch.randperm).
+Tensor randperm(int64_t n, Device device = Device::cpu(), Generator* generator = nullptr, Site site = Site::current());
+/// Indices drawn from each row of `weights` ([N] or [B, N], non-negative, finite, not all zero in a
+/// row; they need not sum to 1): [num_samples] or [B, num_samples], int64 (torch.multinomial).
+/// Without replacement a category is drawn at most once per row, so a row needs num_samples nonzero
+/// weights.
+Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement = false, Generator* generator = nullptr,
+                   Site site = Site::current());
 /// In-place fills from a generator (init helpers use these).
 void uniform_(Tensor& t, double low, double high, Generator* generator = nullptr, Site site = Site::current());
 void normal_(Tensor& t, double mean, double std, Generator* generator = nullptr, Site site = Site::current());
@@ -113,6 +121,14 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 /// The k largest (or smallest) values along dim, sorted, and their int64 indices.
 std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
                                 Site site = Site::current());
+/// x sorted along dim, stably (equal values keep their order; NaN counts as the largest value), and the
+/// int64 positions the values came from (torch.sort with stable=true).
+std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false, Site site = Site::current());
+/// Running sums along dim (torch.cumsum); with reverse, from the end of dim. Integer and bool tensors
+/// give int64.
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false, Site site = Site::current());
+/// The positions that sort x along dim (sort's second output).
+Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false, Site site = Site::current());
 Tensor one_hot(const Tensor& indices, int64_t num_classes, Site site = Site::current());
 /// Keeps elements on and below the `diagonal`-th diagonal of the last two dims.
 Tensor tril(const Tensor& x, int64_t diagonal = 0, Site site = Site::current());

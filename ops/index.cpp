@@ -1,4 +1,4 @@
-// Indexing and joining: cat, index_select, gather, scatter_add, topk, one_hot, tril and triu.
+// Indexing and joining: cat, index_select, gather, scatter_add, topk, sort, cumsum, one_hot, tril and triu.
 //
 // Kernels read their inputs through their own strides (one_hot aside), using one row walker: a
 // shape is visited one row (last dim) at a time, each operand's offset found from its strides.
@@ -383,6 +383,16 @@ std::vector<OutputSpec> infer_topk(const std::vector<Tensor>& in, const Attrs& a
   return {{shape, x.dtype()}, {shape, DType::Int64}};
 }
 
+/// sort is topk of the whole dim: the parameters topk would take for it.
+TopKParams as_topk(const Tensor& x, const SortParams& sort) {
+  int64_t dim = checked_dim(x, sort.dim);
+  return {.k = x.shape()[dim], .dim = dim, .largest = sort.descending};
+}
+
+std::vector<OutputSpec> infer_sort(const std::vector<Tensor>& in, const Attrs& attrs) {
+  return infer_topk(in, as_topk(in[0], std::get<SortParams>(attrs)));
+}
+
 /// Whether (value a at index ia) is listed before (b at ib): NaN counts as the largest value, as in
 /// PyTorch, and ties go to the lower index.
 template <typename T, bool Largest>
@@ -477,11 +487,23 @@ void cpu_topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Att
   });
 }
 
+void cpu_sort(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  cpu_topk(in, out, as_topk(in[0], std::get<SortParams>(attrs)));
+}
+
 // dx = zeros with dvalues put back at the chosen indices (distinct within a fiber).
-std::vector<Tensor> topk_backward(const GradContext& ctx) {
+std::vector<Tensor> scatter_back(const GradContext& ctx, int64_t dim) {
   const Tensor &x = ctx.inputs[0], &indices = ctx.outputs[1], &dvalues = ctx.grads[0];
-  int64_t dim = normalize_dim(std::get<TopKParams>(ctx.attrs).dim, x.dim());
-  return {scatter_add(zeros(x.shape(), dvalues.dtype(), dvalues.device()), dim, indices, dvalues)};
+  return {scatter_add(zeros(x.shape(), dvalues.dtype(), dvalues.device()), normalize_dim(dim, x.dim()), indices,
+                      dvalues)};
+}
+
+std::vector<Tensor> topk_backward(const GradContext& ctx) {
+  return scatter_back(ctx, std::get<TopKParams>(ctx.attrs).dim);
+}
+
+std::vector<Tensor> sort_backward(const GradContext& ctx) {
+  return scatter_back(ctx, std::get<SortParams>(ctx.attrs).dim);
 }
 
 // Selection by repeated scans: each rank takes the first best element not taken yet.
@@ -515,6 +537,85 @@ std::vector<Tensor> reference_topk(const std::vector<Tensor>& in, const Attrs& a
     }
   });
   return {reference::make(shape, x.dtype(), values), reference::make(shape, DType::Int64, indices)};
+}
+
+std::vector<Tensor> reference_sort(const std::vector<Tensor>& in, const Attrs& attrs) {
+  return reference_topk(in, as_topk(in[0], std::get<SortParams>(attrs)));
+}
+
+// ---- cumsum (x) along dim: running sums, from the end of dim with reverse. Float tensors accumulate in
+// double (as PyTorch's CPU kernel does), integers and bools in int64, which is also the output dtype
+// for them (as torch.cumsum's). A 0-dim tensor is its own sum.
+
+DType cumsum_dtype(DType dtype) { return is_floating(dtype) ? dtype : DType::Int64; }
+
+std::vector<OutputSpec> infer_cumsum(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  normalize_dim(std::get<CumsumParams>(attrs).dim, std::max<int64_t>(x.dim(), 1));
+  return {{x.shape(), cumsum_dtype(x.dtype())}};
+}
+
+template <typename T, typename Out>
+void cumsum_fibers(const Tensor& x, int64_t dim, bool reverse, Tensor& out) {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  const T* inp = static_cast<const T*>(x.raw_data());
+  Out* sums = out.data_ptr<Out>();
+  if (x.dim() == 0) {
+    sums[0] = static_cast<Out>(static_cast<Acc>(inp[0]));
+    return;
+  }
+  int64_t size = x.shape()[dim], stride = x.strides()[dim], out_stride = out.strides()[dim];
+  Shape fiber_shape = x.shape();  // one fiber per index with dim fixed at 0
+  fiber_shape[dim] = 1;
+  int64_t n = fiber_shape.back(), sx = x.strides().back(), so = out.strides().back();
+  for_each_row<2>(fiber_shape, {x.strides(), out.strides()}, 1, [&](const std::array<int64_t, 2>& off, int64_t) {
+    for (int64_t l = 0; l < n; ++l) {
+      Acc running = 0;
+      for (int64_t step = 0; step < size; ++step) {
+        int64_t j = reverse ? size - 1 - step : step;
+        running += static_cast<Acc>(inp[off[0] + l * sx + j * stride]);
+        sums[off[1] + l * so + j * out_stride] = static_cast<Out>(running);
+      }
+    }
+  }, size);
+}
+
+void cpu_cumsum(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  if (x.numel() == 0) return;
+  const auto& [dim, reverse] = std::get<CumsumParams>(attrs);
+  int64_t d = normalize_dim(dim, std::max<int64_t>(x.dim(), 1));
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      cumsum_fibers<T, T>(x, d, reverse, out[0]);
+    else
+      cumsum_fibers<T, int64_t>(x, d, reverse, out[0]);
+  });
+}
+
+// d x_j = sum of d out_i over the outputs that include x_j: the running sum from the other end.
+std::vector<Tensor> cumsum_backward(const GradContext& ctx) {
+  const auto& [dim, reverse] = std::get<CumsumParams>(ctx.attrs);
+  return {cumsum(ctx.grads[0], dim, !reverse)};
+}
+
+// Each output summed afresh over its prefix (or suffix) of the fiber.
+std::vector<Tensor> reference_cumsum(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  const auto& [dim, reverse] = std::get<CumsumParams>(attrs);
+  std::vector<double> values;
+  if (x.dim() == 0) {
+    values.push_back(x.at<double>({}));
+  } else {
+    int64_t d = normalize_dim(dim, x.dim()), size = x.shape()[d];
+    reference::for_each_index(x.shape(), [&](const Shape& i) {
+      double total = 0;
+      Shape j = i;
+      for (j[d] = reverse ? i[d] : 0; j[d] <= (reverse ? size - 1 : i[d]); ++j[d]) total += x.at<double>(j);
+      values.push_back(total);
+    });
+  }
+  return {reference::make(x.shape(), cumsum_dtype(x.dtype()), values)};
 }
 
 // ---- one_hot (indices) with num_classes classes ------------------------------------------------
@@ -700,6 +801,31 @@ void register_index_ops(Registry& r) {
         {"ties, smallest", {ties}, TopKParams{.k = 3, .dim = 1, .largest = false}, {}, false},
     };
   }, .reference = reference_topk});
+  r.define(OpId::sort, {.name = "sort", .infer = infer_sort, .kernels = {cpu_sort}, .backward = sort_backward,
+                        .saves_outputs = true, .samples = [] {
+    Tensor ties = reference::make({2, 5}, DType::Float64, {1, 3, 3, 2, 3, 0, 0, -1, 0, 5});
+    Tensor nan = reference::make({4}, DType::Float64, {2, std::nan(""), -1, 2});
+    return std::vector<Sample>{
+        {"ascending, last dim", {reference::randn({3, 6}, 960)}, SortParams{.dim = -1, .descending = false}},
+        {"descending, dim 0", {reference::randn({5, 4}, 961)}, SortParams{.dim = 0, .descending = true}},
+        {"middle dim", {reference::randn({2, 3, 4}, 962)}, SortParams{.dim = 1, .descending = false}},
+        {"int64", {reference::randint({3, 7}, 4, 963)}, SortParams{.dim = 1, .descending = true}},
+        // Ties keep their input order (stable), so finite differences cannot agree there.
+        {"ties", {ties}, SortParams{.dim = 1, .descending = false}, {}, false},
+        {"NaN", {nan}, SortParams{.dim = 0, .descending = true}, {}, false},
+    };
+  }, .reference = reference_sort});
+  r.define(OpId::cumsum, {.name = "cumsum", .infer = infer_cumsum, .kernels = {cpu_cumsum}, .backward = cumsum_backward,
+                          .saves_inputs = false, .samples = [] {
+    return std::vector<Sample>{
+        {"last dim", {reference::randn({3, 5}, 970)}, CumsumParams{.dim = -1}},
+        {"first dim", {reference::randn({4, 3}, 971)}, CumsumParams{.dim = 0}},
+        {"middle dim, reversed", {reference::randn({2, 4, 3}, 972)}, CumsumParams{.dim = 1, .reverse = true}},
+        {"int64", {reference::randint({3, 4}, 9, 973)}, CumsumParams{.dim = 1}},
+        {"bool to int64", {reference::randint({6}, 2, 974).to(DType::Bool)}, CumsumParams{.dim = 0}},
+        {"0-dim", {reference::randn({}, 975)}, CumsumParams{.dim = -1}},
+    };
+  }, .reference = reference_cumsum});
   r.define(OpId::one_hot, {.name = "one_hot", .infer = infer_one_hot, .kernels = {cpu_one_hot}, .samples = [] {
     return std::vector<Sample>{
         {"1-d", {reference::randint({5}, 4, 940)}, OneHotParams{.num_classes = 4}},
@@ -755,6 +881,19 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool largest, Site site) {
   std::vector<Tensor> out = call<OpId::topk>({x}, {.k = k, .dim = dim, .largest = largest}, site);
   return {out[0], out[1]};
+}
+
+std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim, bool descending, Site site) {
+  std::vector<Tensor> out = call<OpId::sort>({x}, {.dim = dim, .descending = descending}, site);
+  return {out[0], out[1]};
+}
+
+Tensor argsort(const Tensor& x, int64_t dim, bool descending, Site site) {
+  return std::get<1>(sort(x, dim, descending, site));
+}
+
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse, Site site) {
+  return call1<OpId::cumsum>({x}, {.dim = dim, .reverse = reverse}, site);
 }
 
 Tensor one_hot(const Tensor& indices, int64_t num_classes, Site site) {

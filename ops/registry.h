@@ -91,6 +91,18 @@ struct BernoulliParams {
   PhiloxStream stream;  ///< where the random bits come from
 };
 
+/// multinomial: draws from each row of non-negative weights.
+struct MultinomialParams {
+  int64_t num_samples = 1;   ///< draws per row, >= 1 (without replacement, at most the row's nonzero weights); default 1
+  bool replacement = false;  ///< whether a category can be drawn again; default false
+  PhiloxStream stream;       ///< where the random bits come from
+};
+
+/// randperm: a random permutation of 0 .. n-1 written into a 1-D int64 tensor.
+struct RandpermParams {
+  PhiloxStream stream;  ///< where the random bits come from
+};
+
 /// dropout, and the dropout on attention's weights (attention, attention_backward).
 struct DropoutParams {
   double p = 0;         ///< probability that an element is zeroed, in [0, 1]; default 0
@@ -150,6 +162,18 @@ struct TopKParams {
   bool largest = true;   ///< the largest values, largest first (else the smallest, smallest first); default true
 };
 
+/// sort: a stable sort along dim, with the input positions it took.
+struct SortParams {
+  int64_t dim = -1;         ///< negative counted from the end; default -1
+  bool descending = false;  ///< largest first (NaN first) instead of smallest first (NaN last); default false
+};
+
+/// cumsum: running sums along dim.
+struct CumsumParams {
+  int64_t dim = 0;       ///< negative counted from the end; default 0
+  bool reverse = false;  ///< sum from the end of dim towards its start (cumsum's backward); default false
+};
+
 /// one_hot.
 struct OneHotParams {
   int64_t num_classes = 0;  ///< the output's last dim, positive, above every index; default 0
@@ -189,7 +213,8 @@ struct CrossEntropyParams {
   X(PowParams) X(ClampParams) X(FillParams) X(CastParams) X(ToDeviceParams) X(ArangeParams) X(UniformParams) \
   X(NormalParams) X(BernoulliParams) X(DropoutParams) X(ReduceParams) X(VarParams) X(ReduceDimParams)      \
   X(DimParams) X(ShapeParams) X(PermuteParams) X(SliceParams) X(SelectParams) X(TopKParams) X(OneHotParams) \
-  X(TriangleParams) X(LayerNormParams) X(EmbeddingParams) X(EmbeddingBackwardParams) X(CrossEntropyParams)
+  X(TriangleParams) X(LayerNormParams) X(EmbeddingParams) X(EmbeddingBackwardParams) X(CrossEntropyParams) \
+  X(MultinomialParams) X(RandpermParams) X(SortParams) X(CumsumParams)
 
 #define MF_OP_PARAMS_TYPE(type) , type
 /// An op's parameters: the struct its MF_OPS entry names. Default-constructed, NoParams.
@@ -239,17 +264,19 @@ constexpr size_t params_index() {
   X(to_device, 1, ToDeviceParams)                                                                  \
   /* in-place fills */                                                                             \
   X(fill, 1, FillParams) X(arange, 1, ArangeParams) X(uniform, 1, UniformParams)                   \
-  X(normal, 1, NormalParams) X(bernoulli, 1, BernoulliParams)                                      \
+  X(normal, 1, NormalParams) X(bernoulli, 1, BernoulliParams) X(randperm, 1, RandpermParams)        \
+  X(multinomial, 1, MultinomialParams)                                                             \
   /* reductions */                                                                                 \
   X(sum, 1, ReduceParams) X(mean, 1, ReduceParams) X(var, 1, VarParams) X(amax, 1, ReduceParams)   \
   X(amin, 1, ReduceParams) X(max_dim, 1, ReduceDimParams) X(min_dim, 1, ReduceDimParams)           \
-  X(argmax, 1, ReduceDimParams)                                                                    \
+  X(argmax, 1, ReduceDimParams) X(cumsum, 1, CumsumParams)                                         \
   /* views */                                                                                      \
   X(view, 1, ShapeParams) X(permute, 1, PermuteParams) X(slice, 1, SliceParams)                    \
   X(select, 1, SelectParams) X(expand, 1, ShapeParams)                                             \
   /* indexing and joining */                                                                       \
   X(cat, -1, DimParams) X(index_select, 2, DimParams) X(gather, 2, DimParams)                      \
   X(scatter_add, 3, DimParams) X(topk, 1, TopKParams) X(one_hot, 1, OneHotParams)                  \
+  X(sort, 1, SortParams)                                                                           \
   X(tril, 1, TriangleParams) X(triu, 1, TriangleParams)                                            \
   /* linear algebra and fused nn ops */                                                            \
   X(matmul, 2, NoParams) X(linear, 3, NoParams) X(linear_relu, 3, NoParams)                        \

@@ -30,6 +30,7 @@ LAYERS = {
 PUBLISHED_TO_LAYERS = {
     "ops/kernel_api.h",   # for kernel authors: layouts, input checks, registration
     "ops/cpu/simd.h",     # for CPU kernel authors: vector types and with_widest_isa
+    "ops/sampling.h",     # the sampling ops' arithmetic, shared with their CUDA kernels
     "ops/anomaly.h",      # the anomaly scan the autograd engine runs after each backward rule
     "core/json_brief.h",  # JSON values quoted briefly in error messages
     "cuda/runtime.h",     # a device's stream and CUDA error checks, for the NCCL backend

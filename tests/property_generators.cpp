@@ -291,6 +291,40 @@ Case topk_case(const Sample& s, Rng& rng, bool small) {
   return {.inputs = {draw(s, 0, shape, rng)}, .attrs = params, .gradcheck = s.gradcheck};
 }
 
+Case sort_case(const Sample& s, Rng& rng, bool small) {
+  Shape shape = random_shape(rng, 1, 4, small);
+  auto rank = static_cast<int64_t>(shape.size());
+  SortParams params{.dim = random_alias(rng, rng.integer(0, rank - 1), rank), .descending = rng.chance(0.5)};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = params, .gradcheck = s.gradcheck};
+}
+
+Case cumsum_case(const Sample& s, Rng& rng, bool small) {
+  Shape shape = random_shape(rng, 0, 4, small);
+  auto rank = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);
+  CumsumParams params{.dim = random_alias(rng, rng.integer(0, rank - 1), rank), .reverse = rng.chance(0.5)};
+  return {.inputs = {draw(s, 0, shape, rng)}, .attrs = params};
+}
+
+/// Weights [N] or [B, N] in [0.1, 1) with some zeros, each row keeping enough nonzero ones for the draws.
+Case multinomial_case(const Sample& s, Rng& rng, bool small) {
+  MultinomialParams params = std::get<MultinomialParams>(s.attrs);
+  params.replacement = rng.chance(0.5);
+  int64_t categories = rng.integer(1, small ? 4 : 7), rows = rng.integer(0, 3);
+  params.num_samples = rng.integer(1, params.replacement ? 6 : categories);
+  params.stream = {.seed = rng.seed(), .counter = static_cast<uint64_t>(rng.integer(0, 100))};
+  Shape shape = rng.chance(0.3) ? Shape{categories} : Shape{rows, categories};
+  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
+  for (size_t row = 0; row < values.size(); row += static_cast<size_t>(categories)) {
+    int64_t zeros = rng.integer(0, categories - (params.replacement ? 1 : params.num_samples));
+    for (int64_t j = 0; j < categories; ++j)
+      values[row + static_cast<size_t>(j)] = j < zeros ? 0.0 : 0.1 + 0.9 * static_cast<double>(rng.integer(0, 999)) / 1000;
+    std::shuffle(values.begin() + static_cast<std::ptrdiff_t>(row),
+                 values.begin() + static_cast<std::ptrdiff_t>(row) + categories, std::mt19937_64(rng.seed()));
+  }
+  // Not expandable: a stride-0 category dim would repeat a row's first weight, maybe a zero.
+  return {.inputs = {reference::make(shape, s.inputs[0].dtype(), values)}, .attrs = params, .expandable = false};
+}
+
 Case one_hot_case(const Sample&, Rng& rng, bool small) {
   int64_t classes = rng.integer(1, 6);
   return {.inputs = {random_indices(random_shape(rng, 0, 3, small), classes, rng)},
@@ -507,6 +541,7 @@ ValidGenerator valid_generator(OpId id) {
       };
     }
     case arange:
+    case randperm:
       return [](const Sample& s, Rng& rng, bool small) {
         Case c = arange_case(s, rng, small);
         c.expandable = false;
@@ -548,6 +583,9 @@ ValidGenerator valid_generator(OpId id) {
     case gather: return gather_case;
     case scatter_add: return scatter_add_case;
     case topk: return topk_case;
+    case sort: return sort_case;
+    case cumsum: return cumsum_case;
+    case multinomial: return multinomial_case;
     case one_hot: return one_hot_case;
     case tril:
     case triu: return triangle_case;

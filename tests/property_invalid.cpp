@@ -379,6 +379,24 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       c.dtype("bool input", 0, DType::Bool).input("0-dim input", 0, filled({}, x.dtype())).bad_dim("dim out of range");
       return c.take();
     }
+    case sort:
+      c.dtype("bool input", 0, DType::Bool).input("0-dim input", 0, filled({}, x.dtype())).bad_dim("dim out of range");
+      return c.take();
+    case cumsum: c.bad_dim("dim out of range"); return c.take();
+    case randperm:
+      c.expanded_output().input("2-d tensor", 0, filled({2, 2}, DType::Int64)).dtype("float tensor", 0, DType::Float64);
+      return c.take();
+    case multinomial: {
+      int64_t categories = x.shape().back();
+      c.input("3-d weights", 0, filled({1, 2, categories}, x.dtype())).input("0-dim weights", 0, filled({}, x.dtype()));
+      c.dtype("int64 weights", 0, DType::Int64).input("no categories", 0, filled({2, 0}, x.dtype()));
+      c.attrs("no samples", with<MultinomialParams>(v.attrs, [](auto& a) { a.num_samples = 0; }));
+      c.attrs("more samples than categories, without replacement", with<MultinomialParams>(v.attrs, [&](auto& a) {
+                a.num_samples = categories + 1;
+                a.replacement = false;
+              }));
+      return c.take();
+    }
     case one_hot:
       c.dtype("float indices", 0, DType::Float64);
       for (int64_t k : {int64_t{0}, int64_t{-3}}) c.attrs("num_classes <= 0", OneHotParams{.num_classes = k});
