@@ -22,6 +22,8 @@
 
 #include "autograd/autograd.h"
 
+#include "data/data_loader.h"
+
 #include "nn/checkpoint.h"
 #include "nn/loss.h"
 #include "nn/module.h"

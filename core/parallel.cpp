@@ -171,4 +171,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
   });
 }
 
+SerialThreadGuard::SerialThreadGuard() : previous_(inside_parallel_region) { inside_parallel_region = true; }
+SerialThreadGuard::~SerialThreadGuard() { inside_parallel_region = previous_; }
+
 }  // namespace mf

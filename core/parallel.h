@@ -20,4 +20,18 @@ void set_intra_op_threads(int n);
 /// are reproducible run after run. Calls from inside a chunk run serially. Exceptions propagate.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+/// While alive, parallel_for on this thread runs every range serially on the thread itself. For
+/// threads besides the one that drives the model (a DataLoader's background thread): the pool
+/// serves one caller at a time.
+class SerialThreadGuard {
+ public:
+  SerialThreadGuard();
+  ~SerialThreadGuard();
+  SerialThreadGuard(const SerialThreadGuard&) = delete;
+  SerialThreadGuard& operator=(const SerialThreadGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace mf

@@ -19,11 +19,12 @@ LAYERS = {
     "ops": ["core"],
     "cuda": ["core", "ops"],
     "autograd": ["core", "ops", "cuda"],
-    "nn": ["core", "ops", "cuda", "autograd"],
-    "optim": ["core", "ops", "cuda", "autograd", "nn"],
-    "distributed": ["core", "ops", "cuda", "autograd", "nn", "optim"],
-    "models": ["core", "text", "ops", "cuda", "autograd", "nn", "optim"],
-    "train": ["core", "text", "ops", "cuda", "autograd", "nn", "optim", "distributed", "models"],
+    "data": ["core", "ops"],
+    "nn": ["core", "ops", "cuda", "autograd", "data"],
+    "optim": ["core", "ops", "cuda", "autograd", "data", "nn"],
+    "distributed": ["core", "ops", "cuda", "autograd", "data", "nn", "optim"],
+    "models": ["core", "text", "ops", "cuda", "autograd", "data", "nn", "optim"],
+    "train": ["core", "text", "ops", "cuda", "autograd", "data", "nn", "optim", "distributed", "models"],
 }
 # Headers a layer publishes to the layers above it but not to users (not installed): what kernel authors
 # outside ops need (the CUDA kernels, the fused Adam step), and helpers the library's layers share.
