@@ -32,6 +32,7 @@
 #include "nn/attention.h"
 #include "nn/feed_forward.h"
 #include "nn/positional_encoding.h"
+#include "nn/kv_cache.h"
 
 #include "optim/adam.h"
 #include "optim/clip.h"
@@ -52,6 +53,7 @@
 #include "text/subword.h"
 #include "models/decoding.h"
 #include "models/generation.h"
+#include "models/sampling.h"
 #include "text/tokenizer.h"
 #include "models/transformer.h"
 #include "models/translation.h"

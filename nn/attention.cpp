@@ -128,6 +128,32 @@ AttentionOutput MultiHeadAttentionImpl::forward(const Tensor& query, const Tenso
   return attend(project_query(query), k, v, mask, need_weights);
 }
 
-Tensor MultiHeadAttentionImpl::forward(const Tensor& x) { return forward(x, x, x, {}, false, options_.causal).output; }
+Tensor MultiHeadAttentionImpl::forward(const Tensor& x) {
+  if (KVCache* cache = KVCache::active()) return forward_cached(x, *cache);
+  return forward(x, x, x, {}, false, options_.causal).output;
+}
+
+Tensor MultiHeadAttentionImpl::forward_cached(const Tensor& x, KVCache& cache) {
+  check_input("x", x, options_.embed_dim);
+  KVCache::Entry& entry = cache.entry(this);
+  int64_t past = entry.keys.defined() ? entry.keys.size(2) : 0, T = x.size(1);
+  MF_CHECK(past == cache.position(),
+           "MultiHeadAttention: its key/value cache holds {} positions, but the cache is at position {} (is the "
+           "layer called more than once per model call, or the cache advanced by the wrong count?)",
+           past, cache.position());
+  MF_CHECK(past == 0 || entry.keys.size(0) == x.size(0),
+           "MultiHeadAttention: the key/value cache holds {} rows, but x {} has {}", entry.keys.size(0),
+           shape_str(x.shape()), x.size(0));
+  auto [k, v] = project_key_value(x, x);  // [B, H, T, D] each
+  if (past > 0) {
+    k = cat({entry.keys, k}, 2);  // [B, H, past + T, D]
+    v = cat({entry.values, v}, 2);
+  }
+  entry.keys = k;
+  entry.values = v;
+  // New position t (absolute past + t) sees keys up to past + t: rows past .. past + T of the full mask.
+  Tensor mask = options_.causal && T > 1 ? causal_mask(past + T, x.dtype(), x.device()).narrow(2, past, T) : Tensor();
+  return attend(project_query(x), k, v, mask).output;
+}
 
 }  // namespace mf::nn

@@ -10,6 +10,7 @@
 // The feed-forward block and the positional encoding lived in this header until their own; kept
 // included for one release, for code that reaches them through it.
 #include "nn/feed_forward.h"
+#include "nn/kv_cache.h"
 #include "nn/positional_encoding.h"
 
 #include <memory>
@@ -66,6 +67,7 @@ class MultiHeadAttentionImpl : public Module {
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask = {},
                           bool need_weights = false, bool is_causal = false);
   /// Self-attention of x [B, T, C] -> [B, T, C], causal with options().causal: what Sequential calls.
+  /// With a KVCache in use on this thread, x holds only the new positions (see nn/kv_cache.h).
   Tensor forward(const Tensor& x) override;
 
   /// Queries split into heads: query [B, T, C] -> Q [B, H, T, D].
@@ -90,6 +92,8 @@ class MultiHeadAttentionImpl : public Module {
   Tensor in_projection(const Tensor& x, int64_t first, int64_t count) const;
   /// [B, L, C] -> [B, H, L, D].
   Tensor split_heads(const Tensor& x) const;
+  /// forward(x) with the keys and values of earlier positions taken from `cache`.
+  Tensor forward_cached(const Tensor& x, KVCache& cache);
 
   MultiHeadAttentionOptions options_;
 };

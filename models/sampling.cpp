@@ -1,0 +1,108 @@
+#include "models/sampling.h"
+
+#include "core/graph.h"
+#include "nn/kv_cache.h"
+#include "ops/functional.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+namespace mf::generation {
+
+namespace {
+
+void check_sampling(const SamplingOptions& options) {
+  if (!options.do_sample) return;
+  MF_CHECK(std::isfinite(options.temperature) && options.temperature > 0,
+           "generation: temperature must be positive and finite, got {}", options.temperature);
+  MF_CHECK(options.top_k >= 0, "generation: top_k must be >= 0, got {}", options.top_k);
+  MF_CHECK(options.top_p > 0 && options.top_p <= 1, "generation: top_p must be in (0, 1], got {}", options.top_p);
+}
+
+Tensor choose(const Tensor& logits, const SamplingOptions& options) {
+  if (!options.do_sample) return logits.argmax(-1);
+  constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
+  Tensor scores = logits.to(DType::Float32) / options.temperature;  // [B, V]
+  int64_t vocabulary = scores.size(1);
+  if (options.top_k > 0 && options.top_k < vocabulary) {
+    Tensor kth = std::get<0>(topk(scores, options.top_k, -1)).narrow(1, options.top_k - 1, 1);  // [B, 1]
+    scores = scores.masked_fill(scores < kth, kNegativeInfinity);
+  }
+  if (options.top_p < 1) {
+    auto [sorted, order] = sort(softmax(scores, -1), -1, true);  // [B, V], largest first
+    // A token goes when the tokens ranked above it already reach top_p (so the first always stays).
+    Tensor above = cumsum(sorted, -1) - sorted;
+    Tensor dropped_sorted = (above >= options.top_p).to(DType::Float32);
+    Tensor dropped = scatter_add(zeros_like(dropped_sorted), -1, order, dropped_sorted) > 0.5;  // back to token order
+    scores = scores.masked_fill(dropped, kNegativeInfinity);
+  }
+  return multinomial(softmax(scores, -1), 1, false, options.generator).view({scores.size(0)});
+}
+
+}  // namespace
+
+Tensor sample_next(const Tensor& logits, const SamplingOptions& options) {
+  check_sampling(options);
+  MF_CHECK(logits.defined() && logits.dim() == 2 && is_floating(logits.dtype()) && logits.size(1) > 0,
+           "sample_next: logits must be [B, V] floats, got {} {}", logits.defined() ? dtype_name(logits.dtype()) : "",
+           logits.defined() ? shape_str(logits.shape()) : "undefined");
+  NoGradGuard no_grad;
+  return choose(logits, options);
+}
+
+Tensor generate(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options) {
+  check_sampling(options);
+  MF_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.dtype() == DType::Int64 && prompt.size(0) > 0 &&
+               prompt.size(1) > 0,
+           "generate: the prompt must be [B, T] int64 with B, T >= 1, got {} {}",
+           prompt.defined() ? dtype_name(prompt.dtype()) : "", prompt.defined() ? shape_str(prompt.shape()) : "undefined");
+  MF_CHECK(options.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got {}", options.max_new_tokens);
+  MF_CHECK(options.context_length >= 0, "generate: context_length must be >= 0, got {}", options.context_length);
+  int64_t rows = prompt.size(0);
+  MF_CHECK(!options.use_cache || options.context_length == 0 ||
+               prompt.size(1) + options.max_new_tokens <= options.context_length,
+           "generate: with the key/value cache, the prompt ({} tokens) and max_new_tokens ({}) must fit in "
+           "context_length {}",
+           prompt.size(1), options.max_new_tokens, options.context_length);
+  NoGradGuard no_grad;
+  nn::KVCache cache;
+  std::optional<nn::KVCache::Use> use;
+  if (options.use_cache) use.emplace(cache);
+
+  Tensor sequence = prompt, fed = prompt;
+  std::vector<int64_t> ended(static_cast<size_t>(rows), -1);  // a row's stop token once it has one
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    Tensor logits = model(fed);
+    MF_CHECK(logits.defined() && logits.dim() == 3 && logits.size(0) == rows && logits.size(1) == fed.size(1),
+             "generate: the model returned {} for tokens {}; expected logits [B, T, V] = [{}, {}, V]",
+             logits.defined() ? shape_str(logits.shape()) : "an undefined tensor", shape_str(fed.shape()), rows,
+             fed.size(1));
+    if (options.use_cache) cache.advance(fed.size(1));
+    std::vector<int64_t> next =
+        choose(logits.select(1, -1), options).to(Device::cpu()).to_vector<int64_t>();  // [B]
+    bool all_ended = true;
+    for (size_t b = 0; b < next.size(); ++b) {
+      if (ended[b] >= 0) {
+        next[b] = ended[b];
+      } else if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next[b]) !=
+                 options.stop_tokens.end()) {
+        ended[b] = next[b];
+      }
+      all_ended = all_ended && ended[b] >= 0;
+    }
+    Tensor column = from_vector(next, {rows, 1}, prompt.device());
+    sequence = cat({sequence, column}, 1);
+    if (all_ended) break;
+    if (options.use_cache) {
+      fed = column;
+    } else {
+      int64_t length = sequence.size(1), window = options.context_length > 0 ? options.context_length : length;
+      fed = sequence.narrow(1, std::max<int64_t>(length - window, 0), std::min(window, length));
+    }
+  }
+  return sequence;
+}
+
+}  // namespace mf::generation

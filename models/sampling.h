@@ -1,0 +1,64 @@
+// Decoder-only generation (GPT-style): a prompt extended token by token, greedy or sampled with
+// temperature, top-k and top-p, batched, seeded, with stop tokens, and with a key/value cache
+// (nn::KVCache) so that each step feeds only the newest token. Hugging Face's generate() is the model
+// for its options.
+#pragma once
+
+#include "core/generator.h"
+#include "core/tensor.h"
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace mf::generation {
+
+/// How the next token is chosen from a row's logits.
+struct SamplingOptions {
+  /// Draw the token from the distribution; false takes the most probable one (greedy; the lowest id
+  /// on a tie), and the options below do not apply.
+  bool do_sample = true;
+  /// Logits are divided by it before anything else; > 0. Below 1 sharpens the distribution.
+  double temperature = 1.0;
+  /// Keep only the k most probable tokens (ties at the k-th value stay in); 0 keeps all.
+  int64_t top_k = 0;
+  /// Keep the most probable tokens whose probabilities, added from the largest, first reach top_p
+  /// (nucleus sampling; the most probable token always stays); in (0, 1], 1 keeps all.
+  double top_p = 1.0;
+  /// The random stream (the default generator when null).
+  Generator* generator = nullptr;
+};
+
+/// The next token of each row of `logits` ([B, V], any float dtype and device): [B] int64 on the
+/// logits' device. Runs with autograd off. Throws mf::Error for options out of range or logits that
+/// are not [B, V] floats.
+Tensor sample_next(const Tensor& logits, const SamplingOptions& options = {});
+
+struct GenerateOptions : SamplingOptions {
+  /// At most this many tokens are added to each row; >= 0.
+  int64_t max_new_tokens = 64;
+  /// A row ends at the first of these it generates; later positions of an ended row repeat that token.
+  /// Generation stops once every row has ended.
+  std::vector<int64_t> stop_tokens;
+  /// Keep each attention layer's keys and values between steps (nn::KVCache), feeding only the newest
+  /// token. Off, every step feeds the whole sequence (the last context_length tokens of it): the cost
+  /// the cache saves.
+  bool use_cache = true;
+  /// The most positions the model takes (its position table); 0 for no limit. With the cache the
+  /// prompt plus max_new_tokens must fit; without it, longer sequences feed their last context_length
+  /// tokens.
+  int64_t context_length = 0;
+};
+
+/// A decoder-only model: tokens [B, T] int64 -> logits [B, T, V]. With a cache in use it is fed only
+/// the new positions, and numbers them from nn::cache_position().
+using LanguageModel = std::function<Tensor(const Tensor& tokens)>;
+
+/// Extends every row of `prompt` ([B, T] int64, T >= 1, rows of equal length) by up to max_new_tokens
+/// tokens chosen by sample_next from the model's logits at the last position: [B, T + n] int64 on the
+/// prompt's device, n <= max_new_tokens. The same generator state gives the same tokens, with or without
+/// the cache, on any thread count. Runs with autograd off. Throws mf::Error for bad options, a bad
+/// prompt, or a model whose logits are not [B, fed, V].
+Tensor generate(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options = {});
+
+}  // namespace mf::generation

@@ -1,0 +1,180 @@
+// Decoder-only generation (models/sampling.h) and the key/value cache (nn/kv_cache.h): a small GPT
+// built from nn layers generates the same tokens with and without the cache, sample_next's draws
+// follow the distributions temperature, top-k and top-p define (worked out by hand below, checked
+// within five standard deviations), and stop tokens end rows.
+#include <doctest/doctest.h>
+
+#include "helpers.h"
+
+#include <cmath>
+
+using namespace mf;
+using mf::testing::check_close;
+
+namespace {
+
+/// A pre-norm block: causal self-attention and a GELU MLP, each added to the residual stream.
+struct BlockImpl : nn::Module {
+  explicit BlockImpl(int64_t width) : Module("Block") {
+    norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {width}}));
+    attention = register_module("attention", nn::MultiHeadAttention(nn::MultiHeadAttentionOptions{
+                                                 .embed_dim = width, .num_heads = 2, .causal = true}));
+    norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {width}}));
+    mlp = register_module("mlp", nn::Sequential(nn::Linear(width, 4 * width), nn::GELU(), nn::Linear(4 * width, width)));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x + attention(norm1(x));
+    return h + mlp(norm2(h));
+  }
+  nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  nn::MultiHeadAttention attention{nullptr};
+  nn::Sequential mlp{nullptr};
+};
+MF_MODULE(Block);
+
+/// Token and learned position embeddings, two blocks, a final norm and a head: GPT's shape in small.
+struct TinyGptImpl : nn::Module {
+  TinyGptImpl() : Module("TinyGpt") {
+    tokens = register_module("tokens", nn::Embedding(kVocabulary, kWidth));
+    positions = register_module("positions", nn::Embedding(32, kWidth));
+    blocks = register_module("blocks", nn::ModuleList(Block(kWidth), Block(kWidth)));
+    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {kWidth}}));
+    head = register_module("head", nn::Linear(kWidth, kVocabulary));
+  }
+  Tensor forward(const Tensor& ids) override {
+    int64_t start = nn::cache_position();  // 0 without a cache
+    Tensor x = tokens(ids) + positions(arange(start, start + ids.size(1), 1, DType::Int64));
+    for (const auto& block : *blocks) x = (*block)(x);
+    return head(norm(x));
+  }
+  static constexpr int64_t kVocabulary = 11, kWidth = 16;
+  nn::Embedding tokens{nullptr}, positions{nullptr};
+  nn::ModuleList blocks{nullptr};
+  nn::LayerNorm norm{nullptr};
+  nn::Linear head{nullptr};
+};
+MF_MODULE(TinyGpt);
+
+/// Frequencies of each token over the rows of one draw.
+std::vector<double> frequencies(const Tensor& drawn, int64_t vocabulary) {
+  std::vector<double> counts(static_cast<size_t>(vocabulary), 0);
+  std::vector<int64_t> values = drawn.to_vector<int64_t>();
+  for (int64_t v : values) counts[static_cast<size_t>(v)] += 1.0 / static_cast<double>(values.size());
+  return counts;
+}
+
+/// Each frequency within five standard deviations sqrt(p (1 - p) / n) of its probability.
+void check_distribution(const std::vector<double>& observed, const std::vector<double>& expected, double n) {
+  for (size_t k = 0; k < expected.size(); ++k) {
+    CAPTURE(k);
+    CHECK(std::abs(observed[k] - expected[k]) <= 5 * std::sqrt(expected[k] * (1 - expected[k]) / n) + 1e-12);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the key/value cache gives the logits of the whole sequence, and generate the same tokens") {
+  manual_seed(1);
+  TinyGpt model;
+  model->eval();
+  NoGradGuard no_grad;
+  Tensor sequence = from_vector(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, {2, 6});
+  Tensor full = model(sequence);  // [2, 6, V]
+  // Fed a prompt of 3 positions, then one position at a time.
+  nn::KVCache cache;
+  nn::KVCache::Use use(cache);
+  std::vector<Tensor> pieces{model(sequence.narrow(1, 0, 3))};
+  cache.advance(3);
+  for (int64_t t = 3; t < 6; ++t) {
+    pieces.push_back(model(sequence.narrow(1, t, 1)));
+    cache.advance(1);
+  }
+  check_close(cat(pieces, 1), full, 1e-5, 1e-5);
+
+  // A second call without advancing would attend to a cache that ran ahead of the positions.
+  model(sequence.narrow(1, 0, 1));
+  CHECK_THROWS_WITH_AS(model(sequence.narrow(1, 0, 1)), doctest::Contains("key/value cache holds 7 positions, but the cache is at position 6"),
+                       Error);
+}
+
+TEST_CASE("generate: greedy and sampled tokens are the same with and without the cache, and seeded") {
+  manual_seed(2);
+  TinyGpt model;
+  model->eval();
+  auto lm = [&](const Tensor& ids) { return model(ids); };
+  Tensor prompt = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  generation::GenerateOptions greedy;
+  greedy.do_sample = false;
+  greedy.max_new_tokens = 20;
+  Tensor cached = generation::generate(lm, prompt, greedy);
+  CHECK(cached.shape() == Shape{2, 23});
+  CHECK(cached.narrow(1, 0, 3).to_vector<int64_t>() == prompt.to_vector<int64_t>());
+  greedy.use_cache = false;
+  CHECK(generation::generate(lm, prompt, greedy).to_vector<int64_t>() == cached.to_vector<int64_t>());
+
+  Generator first(9), second(9);
+  generation::GenerateOptions sampled;
+  sampled.max_new_tokens = 20;
+  sampled.top_k = 5;
+  sampled.generator = &first;
+  Tensor a = generation::generate(lm, prompt, sampled);
+  sampled.generator = &second;
+  sampled.use_cache = false;
+  CHECK(generation::generate(lm, prompt, sampled).to_vector<int64_t>() == a.to_vector<int64_t>());
+
+  sampled.use_cache = true;
+  sampled.context_length = 20;
+  CHECK_THROWS_WITH_AS(generation::generate(lm, prompt, sampled),
+                       doctest::Contains("prompt (3 tokens) and max_new_tokens (20) must fit in context_length 20"), Error);
+}
+
+TEST_CASE("sample_next draws from softmax(logits / temperature), cut by top-k and top-p") {
+  // Probabilities 0.1, 0.2, 0.7 for tokens 0, 1, 2, in 20000 rows drawn at once.
+  constexpr int64_t kRows = 20000;
+  Tensor logits = tensor({std::log(0.1), std::log(0.2), std::log(0.7)}).unsqueeze(0).expand({kRows, 3}).contiguous();
+  Generator generator(4);
+  auto draw = [&](generation::SamplingOptions options) {
+    options.generator = &generator;
+    return frequencies(generation::sample_next(logits, options), 3);
+  };
+  check_distribution(draw({}), {0.1, 0.2, 0.7}, kRows);
+  // Temperature 0.5 squares the probabilities: 0.01, 0.04, 0.49 over 0.54.
+  check_distribution(draw({.temperature = 0.5}), {0.01 / 0.54, 0.04 / 0.54, 0.49 / 0.54}, kRows);
+  // top_k 2 keeps tokens 2 and 1: 0.7 / 0.9 and 0.2 / 0.9.
+  check_distribution(draw({.top_k = 2}), {0, 0.2 / 0.9, 0.7 / 0.9}, kRows);
+  // top_p 0.75: token 2 alone holds 0.7 < 0.75, so token 1 joins; 0.7 + 0.2 reaches it, token 0 goes
+  // (Hugging Face keeps the same set). top_p 0.7: token 2 alone reaches it.
+  check_distribution(draw({.top_p = 0.75}), {0, 0.2 / 0.9, 0.7 / 0.9}, kRows);
+  check_distribution(draw({.top_p = 0.7}), {0, 0, 1}, kRows);
+  CHECK(generation::sample_next(logits, {.do_sample = false}).to_vector<int64_t>() == std::vector<int64_t>(kRows, 2));
+
+  CHECK_THROWS_WITH_AS(generation::sample_next(logits, {.temperature = 0}), doctest::Contains("temperature must be positive"),
+                       Error);
+  CHECK_THROWS_WITH_AS(generation::sample_next(logits, {.top_p = 1.5}), doctest::Contains("top_p must be in (0, 1]"), Error);
+  CHECK_THROWS_WITH_AS(generation::sample_next(zeros({3}), {}), doctest::Contains("logits must be [B, V] floats"), Error);
+}
+
+TEST_CASE("generate: a row ends at its stop token and repeats it; generation ends when every row has") {
+  // A counting model: after token t comes t + 1 (mod 10), at every position it is fed.
+  auto counting = [](const Tensor& ids) {
+    std::vector<int64_t> next;
+    for (int64_t t : ids.to_vector<int64_t>()) next.push_back((t + 1) % 10);
+    return one_hot(from_vector(next, ids.shape()), 10).to(DType::Float32) * 20.0;  // [B, T, 10]
+  };
+  generation::GenerateOptions options;
+  options.do_sample = false;
+  options.max_new_tokens = 10;
+  options.stop_tokens = {7};
+  Tensor out = generation::generate(counting, from_vector(std::vector<int64_t>{1, 5}, {2, 1}), options);
+  CHECK(out.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 5, 6, 7, 7, 7, 7, 7});
+  options.stop_tokens = {};
+  options.max_new_tokens = 3;
+  CHECK(generation::generate(counting, from_vector(std::vector<int64_t>{8}, {1, 1}), options).to_vector<int64_t>() ==
+        std::vector<int64_t>{8, 9, 0, 1});
+
+  auto wrong = [](const Tensor& ids) { return zeros({ids.size(0), 10}); };
+  CHECK_THROWS_WITH_AS(generation::generate(wrong, from_vector(std::vector<int64_t>{1}, {1, 1}), options),
+                       doctest::Contains("the model returned [1, 10] for tokens [1, 1]"), Error);
+  CHECK_THROWS_WITH_AS(generation::generate(counting, zeros({1, 2}), options),
+                       doctest::Contains("the prompt must be [B, T] int64"), Error);
+}
