@@ -54,7 +54,7 @@ struct DataLoaderOptions {
   bool drop_last = false;
   /// The shuffle's seed. Unset, the loader draws one from the default generator when it is made, so
   /// mf::manual_seed makes the orders repeatable.
-  std::optional<uint64_t> seed;
+  std::optional<uint64_t> seed = std::nullopt;
   /// Build the next batch on a background thread while the program uses the current one.
   bool prefetch = true;
 };

@@ -53,7 +53,7 @@ Tensor sample_next(const Tensor& logits, const SamplingOptions& options) {
 }
 
 Tensor generate(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options) {
-  check_sampling(options);
+  check_sampling(options.sampling);
   MF_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.dtype() == DType::Int64 && prompt.size(0) > 0 &&
                prompt.size(1) > 0,
            "generate: the prompt must be [B, T] int64 with B, T >= 1, got {} {}",
@@ -81,7 +81,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
              fed.size(1));
     if (options.use_cache) cache.advance(fed.size(1));
     std::vector<int64_t> next =
-        choose(logits.select(1, -1), options).to(Device::cpu()).to_vector<int64_t>();  // [B]
+        choose(logits.select(1, -1), options.sampling).to(Device::cpu()).to_vector<int64_t>();  // [B]
     bool all_ended = true;
     for (size_t b = 0; b < next.size(); ++b) {
       if (ended[b] >= 0) {

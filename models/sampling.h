@@ -34,12 +34,14 @@ struct SamplingOptions {
 /// are not [B, V] floats.
 Tensor sample_next(const Tensor& logits, const SamplingOptions& options = {});
 
-struct GenerateOptions : SamplingOptions {
+struct GenerateOptions {
   /// At most this many tokens are added to each row; >= 0.
   int64_t max_new_tokens = 64;
+  /// How each token is chosen.
+  SamplingOptions sampling;
   /// A row ends at the first of these it generates; later positions of an ended row repeat that token.
   /// Generation stops once every row has ended.
-  std::vector<int64_t> stop_tokens;
+  std::vector<int64_t> stop_tokens = {};
   /// Keep each attention layer's keys and values between steps (nn::KVCache), feeding only the newest
   /// token. Off, every step feeds the whole sequence (the last context_length tokens of it): the cost
   /// the cache saves.

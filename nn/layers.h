@@ -51,10 +51,12 @@ struct EmbeddingOptions {
   int64_t num_embeddings = 0;
   int64_t embedding_dim = 0;
   /// A row that stays zero and gets no gradient (negative counts from the end, as in PyTorch).
-  std::optional<int64_t> padding_idx;
+  std::optional<int64_t> padding_idx = std::nullopt;
 };
 
-/// A lookup table. weight [num_embeddings, embedding_dim] ~ N(0, 1), the padding row zeroed.
+/// A lookup table. weight [num_embeddings, embedding_dim] ~ N(0, 1) (torch.nn.Embedding's default), the
+/// padding row zeroed. For another scale, draw it again: nn::init::normal_(embedding->weight, 0, 0.02)
+/// (GPT-2's, usual when the table is tied to an output layer).
 class EmbeddingImpl : public Module {
  public:
   using Options = EmbeddingOptions;

@@ -41,7 +41,7 @@ struct MSELossOptions {
 
 struct BCEWithLogitsOptions {
   /// Weight of the positive term per class (broadcast against the input's last dim), or undefined.
-  Tensor pos_weight;
+  Tensor pos_weight = {};
   Reduction reduction = Reduction::Mean;
 };
 

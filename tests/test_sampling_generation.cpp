@@ -104,7 +104,7 @@ TEST_CASE("generate: greedy and sampled tokens are the same with and without the
   auto lm = [&](const Tensor& ids) { return model(ids); };
   Tensor prompt = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
   generation::GenerateOptions greedy;
-  greedy.do_sample = false;
+  greedy.sampling.do_sample = false;
   greedy.max_new_tokens = 20;
   Tensor cached = generation::generate(lm, prompt, greedy);
   CHECK(cached.shape() == Shape{2, 23});
@@ -115,10 +115,10 @@ TEST_CASE("generate: greedy and sampled tokens are the same with and without the
   Generator first(9), second(9);
   generation::GenerateOptions sampled;
   sampled.max_new_tokens = 20;
-  sampled.top_k = 5;
-  sampled.generator = &first;
+  sampled.sampling.top_k = 5;
+  sampled.sampling.generator = &first;
   Tensor a = generation::generate(lm, prompt, sampled);
-  sampled.generator = &second;
+  sampled.sampling.generator = &second;
   sampled.use_cache = false;
   CHECK(generation::generate(lm, prompt, sampled).to_vector<int64_t>() == a.to_vector<int64_t>());
 
@@ -162,7 +162,7 @@ TEST_CASE("generate: a row ends at its stop token and repeats it; generation end
     return one_hot(from_vector(next, ids.shape()), 10).to(DType::Float32) * 20.0;  // [B, T, 10]
   };
   generation::GenerateOptions options;
-  options.do_sample = false;
+  options.sampling.do_sample = false;
   options.max_new_tokens = 10;
   options.stop_tokens = {7};
   Tensor out = generation::generate(counting, from_vector(std::vector<int64_t>{1, 5}, {2, 1}), options);
