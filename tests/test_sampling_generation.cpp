@@ -13,21 +13,22 @@ using mf::testing::check_close;
 
 namespace {
 
-/// A pre-norm block: causal self-attention and a GELU MLP, each added to the residual stream.
+/// A post-norm block (the original Transformer's order) with fused query / key / value projections:
+/// norm1(x + attention(x)), then norm2(h + mlp(h)).
 struct BlockImpl : nn::Module {
   explicit BlockImpl(int64_t width) : Module("Block") {
-    norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {width}}));
-    attention = register_module("attention", nn::MultiHeadAttention(nn::MultiHeadAttentionOptions{
-                                                 .embed_dim = width, .num_heads = 2, .causal = true}));
-    norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {width}}));
-    mlp = register_module("mlp", nn::Sequential(nn::Linear(width, 4 * width), nn::GELU(), nn::Linear(4 * width, width)));
+    attention = register_module("attention", nn::MultiHeadAttention({.embed_dim = width, .num_heads = 2,
+                                                                     .fused_qkv = true, .causal = true}));
+    norm1 = register_module("norm1", nn::LayerNorm({.normalized_shape = {width}}));
+    mlp = register_module("mlp", nn::Sequential(nn::Linear(width, 2 * width), nn::ReLU(), nn::Linear(2 * width, width)));
+    norm2 = register_module("norm2", nn::LayerNorm({.normalized_shape = {width}}));
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = x + attention(norm1(x));
-    return h + mlp(norm2(h));
+    Tensor h = norm1(x + attention(x));
+    return norm2(h + mlp(h));
   }
-  nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   nn::MultiHeadAttention attention{nullptr};
+  nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   nn::Sequential mlp{nullptr};
 };
 MF_MODULE(Block);
