@@ -194,6 +194,11 @@ class Tensor {
   std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false, Site site = Site::current()) const;
   std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false, Site site = Site::current()) const;
   Tensor argmax(int64_t dim, bool keepdim = false, Site site = Site::current()) const;
+  /// Running sums along `dim` (mf::cumsum).
+  Tensor cumsum(int64_t dim, Site site = Site::current()) const;
+  /// Sorted along `dim`, stably, and the positions the values came from (mf::sort).
+  std::tuple<Tensor, Tensor> sort(int64_t dim = -1, bool descending = false, Site site = Site::current()) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false, Site site = Site::current()) const;
 
   // ---- linear algebra and fused ops -----------------------------------------------------------
   Tensor matmul(const Tensor& other, Site site = Site::current()) const;

@@ -896,6 +896,12 @@ Tensor cumsum(const Tensor& x, int64_t dim, bool reverse, Site site) {
   return call1<OpId::cumsum>({x}, {.dim = dim, .reverse = reverse}, site);
 }
 
+Tensor Tensor::cumsum(int64_t dim, Site site) const { return mf::cumsum(*this, dim, false, site); }
+std::tuple<Tensor, Tensor> Tensor::sort(int64_t dim, bool descending, Site site) const {
+  return mf::sort(*this, dim, descending, site);
+}
+Tensor Tensor::argsort(int64_t dim, bool descending, Site site) const { return mf::argsort(*this, dim, descending, site); }
+
 Tensor one_hot(const Tensor& indices, int64_t num_classes, Site site) {
   return call1<OpId::one_hot>({indices}, {.num_classes = num_classes}, site);
 }

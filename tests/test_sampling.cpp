@@ -29,6 +29,8 @@ TEST_CASE("sort is stable, puts NaN last ascending and first descending, and arg
   CHECK(std::isnan(descending.to_vector<double>()[0]));
   CHECK(from_descending.to_vector<int64_t>() == std::vector<int64_t>{2, 0, 4, 1, 3});
   CHECK(argsort(x, -1, true).to_vector<int64_t>() == from_descending.to_vector<int64_t>());
+  CHECK(x.argsort(0, true).to_vector<int64_t>() == from_descending.to_vector<int64_t>());  // the method forms
+  CHECK(std::get<1>(x.sort()).to_vector<int64_t>() == from.to_vector<int64_t>());
 
   // Along dim 0 of a matrix, each column on its own.
   auto [columns, rows] = sort(f64({4, 1, 2, 5, 3, 0}, {3, 2}), 0);
@@ -51,6 +53,7 @@ TEST_CASE("cumsum: running sums along a dim, from either end, integers and bools
   Tensor x = f64({1, 2, 3, 4, 5, 6}, {2, 3});
   CHECK(cumsum(x, 1).to_vector<double>() == std::vector<double>{1, 3, 6, 4, 9, 15});
   CHECK(cumsum(x, 0).to_vector<double>() == std::vector<double>{1, 2, 3, 5, 7, 9});
+  CHECK(x.cumsum(0).to_vector<double>() == std::vector<double>{1, 2, 3, 5, 7, 9});
   CHECK(cumsum(x, -1, true).to_vector<double>() == std::vector<double>{6, 5, 3, 15, 11, 6});
   Tensor counts = cumsum(from_vector(std::vector<int>{1, 0, 1, 1}), 0);
   CHECK(counts.dtype() == DType::Int64);
