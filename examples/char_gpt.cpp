@@ -14,10 +14,10 @@ struct Config { int64_t vocabulary, width = 128, heads = 4, layers = 2, context 
 
 struct BlockImpl : nn::Module {  // pre-norm: x + attention(norm(x)), then x + mlp(norm(x))
   explicit BlockImpl(const Config& c) : Module("Block") {
-    norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {c.width}}));
-    attention = register_module("attention", nn::MultiHeadAttention(nn::MultiHeadAttentionOptions{
-                                                 .embed_dim = c.width, .num_heads = c.heads, .causal = true}));
-    norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {c.width}}));
+    norm1 = register_module("norm1", nn::LayerNorm(c.width));
+    attention = register_module("attention", nn::MultiHeadAttention({.embed_dim = c.width, .num_heads = c.heads,
+                                                                     .causal = true}));
+    norm2 = register_module("norm2", nn::LayerNorm(c.width));
     mlp = register_module("mlp", nn::Sequential(nn::Linear(c.width, 4 * c.width), nn::GELU({.approximate = "tanh"}),
                                                 nn::Linear(4 * c.width, c.width)));
   }
@@ -37,7 +37,7 @@ struct GptImpl : nn::Module {
     positions = register_module("positions", nn::Embedding(c.context, c.width));
     blocks = register_module("blocks", nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c));
-    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions{.normalized_shape = {c.width}}));
+    norm = register_module("norm", nn::LayerNorm(c.width));
     head = register_module("head", nn::Linear(c.width, c.vocabulary, false));
     nn::tie_weights(*head, *tokens);  // one [V, C] matrix embeds and predicts
     for (Tensor* table : {&tokens->weight, &positions->weight}) nn::init::normal_(*table, 0.0, 0.02);  // GPT-2's

@@ -59,6 +59,9 @@ class MultiHeadAttentionImpl : public Module {
  public:
   using Options = MultiHeadAttentionOptions;
   explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options);
+  /// MultiHeadAttention(embed_dim, num_heads), as torch.nn.MultiheadAttention; other options default.
+  MultiHeadAttentionImpl(int64_t embed_dim, int64_t num_heads)
+      : MultiHeadAttentionImpl(MultiHeadAttentionOptions{.embed_dim = embed_dim, .num_heads = num_heads}) {}
 
   /// query [B, T, C], key and value [B, S, C]; attn_mask an additive float mask (0 to keep, a large
   /// negative value to drop) broadcastable to [B, H, T, S], such as a key padding [B, 1, 1, S], or

@@ -98,6 +98,9 @@ class LayerNormImpl : public Module {
  public:
   using Options = LayerNormOptions;
   explicit LayerNormImpl(const LayerNormOptions& options);
+  /// LayerNorm(size[, eps]) over the last dim, as torch.nn.LayerNorm(size).
+  explicit LayerNormImpl(int64_t normalized_size, double eps = 1e-5)
+      : LayerNormImpl(LayerNormOptions{.normalized_shape = {normalized_size}, .eps = eps}) {}
   Tensor forward(const Tensor& x) override;
   /// "(16,), eps=1e-05, elementwise_affine=True".
   std::string extra_repr() const override;

@@ -136,6 +136,12 @@ TEST_CASE("layers built from positional arguments and a ModuleList in a range-fo
   nn::Dropout dropout(0.25);
   CHECK(dropout->options().p == 0.25);
   CHECK(nn::Dropout()->options().p == 0.5);  // torch's default
+  nn::LayerNorm norm(4);  // torch.nn.LayerNorm(4)
+  CHECK(norm->options().normalized_shape == Shape{4});
+  CHECK(norm->options().eps == 1e-5);
+  nn::MultiHeadAttention attention(8, 2);  // torch.nn.MultiheadAttention(8, 2)
+  CHECK(attention->head_dim() == 4);
+  CHECK_FALSE(attention->options().causal);
 
   nn::ModuleList layers(fc, nn::ReLU(), nn::Linear(3, 1));
   Tensor x = randn({5, 2}), h = x;
