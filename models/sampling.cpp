@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 
 namespace mf::generation {
@@ -103,6 +104,36 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
     }
   }
   return sequence;
+}
+
+std::vector<std::vector<int64_t>> generate(const LanguageModel& model, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerateOptions& options, Device device) {
+  std::map<size_t, std::vector<size_t>> rows_of_length;
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    MF_CHECK(!prompts[row].empty(), "generate: prompt {} is empty (each needs at least one token)", row);
+    rows_of_length[prompts[row].size()].push_back(row);
+  }
+  std::vector<std::vector<int64_t>> results(prompts.size());
+  for (const auto& [length, rows] : rows_of_length) {
+    std::vector<int64_t> batch;
+    for (size_t row : rows) batch.insert(batch.end(), prompts[row].begin(), prompts[row].end());
+    auto shape = Shape{static_cast<int64_t>(rows.size()), static_cast<int64_t>(length)};
+    Tensor out = generate(model, from_vector(batch, shape, device), options).to(Device::cpu());
+    std::vector<int64_t> tokens = out.to_vector<int64_t>();
+    auto width = static_cast<size_t>(out.size(1));
+    for (size_t k = 0; k < rows.size(); ++k) {
+      std::vector<int64_t>& result = results[rows[k]];
+      result.assign(tokens.begin() + static_cast<std::ptrdiff_t>(k * width),
+                    tokens.begin() + static_cast<std::ptrdiff_t>((k + 1) * width));
+      // Cut after the first stop token among the new ones: what follows repeats it.
+      for (size_t t = length; t < result.size(); ++t)
+        if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), result[t]) != options.stop_tokens.end()) {
+          result.resize(t + 1);
+          break;
+        }
+    }
+  }
+  return results;
 }
 
 }  // namespace mf::generation

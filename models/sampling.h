@@ -63,4 +63,10 @@ using LanguageModel = std::function<Tensor(const Tensor& tokens)>;
 /// prompt, or a model whose logits are not [B, fed, V].
 Tensor generate(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options = {});
 
+/// Prompts of any lengths (each at least one token): rows of equal length are generated together, one
+/// generate() call per length, shortest first, and each result is its prompt followed by its new
+/// tokens up to and including its stop token (no repeats). Results come back in the prompts' order.
+std::vector<std::vector<int64_t>> generate(const LanguageModel& model, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerateOptions& options = {}, Device device = Device::cpu());
+
 }  // namespace mf::generation

@@ -173,6 +173,15 @@ TEST_CASE("generate: a row ends at its stop token and repeats it; generation end
   CHECK(generation::generate(counting, from_vector(std::vector<int64_t>{8}, {1, 1}), options).to_vector<int64_t>() ==
         std::vector<int64_t>{8, 9, 0, 1});
 
+  // Prompts of different lengths: each as if generated alone, cut after its stop token.
+  options.stop_tokens = {7};
+  options.max_new_tokens = 10;
+  std::vector<std::vector<int64_t>> ragged =
+      generation::generate(counting, std::vector<std::vector<int64_t>>{{4, 5}, {6}, {1, 2, 3}, {9, 0}}, options);
+  CHECK(ragged == std::vector<std::vector<int64_t>>{{4, 5, 6, 7}, {6, 7}, {1, 2, 3, 4, 5, 6, 7}, {9, 0, 1, 2, 3, 4, 5, 6, 7}});
+  CHECK_THROWS_WITH_AS(generation::generate(counting, std::vector<std::vector<int64_t>>{{1}, {}}, options),
+                       "generate: prompt 1 is empty (each needs at least one token)", Error);
+
   auto wrong = [](const Tensor& ids) { return zeros({ids.size(0), 10}); };
   CHECK_THROWS_WITH_AS(generation::generate(wrong, from_vector(std::vector<int64_t>{1}, {1, 1}), options),
                        doctest::Contains("the model returned [1, 10] for tokens [1, 1]"), Error);
