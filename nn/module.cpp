@@ -223,11 +223,12 @@ std::string Module::to_string() const {
 
 // ---- containers ---------------------------------------------------------------------------------
 
-SequentialImpl::SequentialImpl(std::vector<std::shared_ptr<Module>> modules) : SequentialImpl() {
+ModuleSequence::ModuleSequence(std::string type_name, std::vector<std::shared_ptr<Module>> modules)
+    : Module(std::move(type_name)) {
   for (auto& module : modules) push_back(std::move(module));
 }
 
-void SequentialImpl::push_back(std::shared_ptr<Module> module) {
+void ModuleSequence::push_back(std::shared_ptr<Module> module) {
   register_module(std::to_string(size()), std::move(module));
 }
 
@@ -235,14 +236,6 @@ Tensor SequentialImpl::forward(const Tensor& input) {
   Tensor x = input;
   for (const auto& [name, child] : named_children()) x = child->forward(x);
   return x;
-}
-
-ModuleListImpl::ModuleListImpl(std::vector<std::shared_ptr<Module>> modules) : ModuleListImpl() {
-  for (auto& module : modules) push_back(std::move(module));
-}
-
-void ModuleListImpl::push_back(std::shared_ptr<Module> module) {
-  register_module(std::to_string(size()), std::move(module));
 }
 
 std::shared_ptr<Module> ModuleListImpl::child(size_t index) const {

@@ -253,36 +253,43 @@ class ModuleHolder {
     Name() = default;                                           \
   }
 
-/// Modules called one after another, each on the previous one's output; children are named "0", "1", ...
-class SequentialImpl : public Module {
+/// Modules held in order under the names "0", "1", ...: what Sequential and ModuleList share.
+class ModuleSequence : public Module {
  public:
-  SequentialImpl() : Module("Sequential") {}
-  explicit SequentialImpl(std::vector<std::shared_ptr<Module>> modules);
+  /// Appends a module (named by its position).
+  void push_back(std::shared_ptr<Module> module);
+  size_t size() const { return named_children().size(); }
+
+ protected:
+  explicit ModuleSequence(std::string type_name) : Module(std::move(type_name)) {}
+  ModuleSequence(std::string type_name, std::vector<std::shared_ptr<Module>> modules);
+};
+
+/// Modules called one after another, each on the previous one's output; children are named "0", "1", ...
+class SequentialImpl : public ModuleSequence {
+ public:
+  SequentialImpl() : ModuleSequence("Sequential") {}
+  explicit SequentialImpl(std::vector<std::shared_ptr<Module>> modules)
+      : ModuleSequence("Sequential", std::move(modules)) {}
   /// Sequential(nn::Linear(2, 3), nn::ReLU(), ...): modules or holders, in order.
   template <typename... Modules>
     requires(sizeof...(Modules) > 0 && (std::convertible_to<Modules, std::shared_ptr<Module>> && ...))
-  explicit SequentialImpl(Modules&&... modules) : SequentialImpl() {
-    (push_back(std::forward<Modules>(modules)), ...);
-  }
-  /// Appends a module (named by its position).
-  void push_back(std::shared_ptr<Module> module);
+  explicit SequentialImpl(Modules&&... modules)
+      : SequentialImpl(std::vector<std::shared_ptr<Module>>{std::forward<Modules>(modules)...}) {}
   Tensor forward(const Tensor& input) override;
-  size_t size() const { return named_children().size(); }
 };
 
 /// A list of modules registered under "0", "1", ... whose forward the owner calls itself.
-class ModuleListImpl : public Module {
+class ModuleListImpl : public ModuleSequence {
  public:
-  ModuleListImpl() : Module("ModuleList") {}
-  explicit ModuleListImpl(std::vector<std::shared_ptr<Module>> modules);
+  ModuleListImpl() : ModuleSequence("ModuleList") {}
+  explicit ModuleListImpl(std::vector<std::shared_ptr<Module>> modules)
+      : ModuleSequence("ModuleList", std::move(modules)) {}
   /// ModuleList(nn::Linear(2, 3), nn::ReLU(), ...): modules or holders, in order.
   template <typename... Modules>
     requires(sizeof...(Modules) > 0 && (std::convertible_to<Modules, std::shared_ptr<Module>> && ...))
-  explicit ModuleListImpl(Modules&&... modules) : ModuleListImpl() {
-    (push_back(std::forward<Modules>(modules)), ...);
-  }
-  void push_back(std::shared_ptr<Module> module);
-  size_t size() const { return named_children().size(); }
+  explicit ModuleListImpl(Modules&&... modules)
+      : ModuleListImpl(std::vector<std::shared_ptr<Module>>{std::forward<Modules>(modules)...}) {}
   /// Iterates the modules in order, as std::shared_ptr<Module>: for (const auto& layer : *list).
   class Iterator {
    public:
