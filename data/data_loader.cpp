@@ -3,6 +3,7 @@
 #include "core/graph.h"
 #include "core/parallel.h"
 #include "ops/functional.h"
+#include "ops/sampling.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -133,8 +134,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     seed_ = *options_.seed;
   } else {
     Generator& source = default_generator();
-    std::array<uint32_t, 4> words = Philox::block(source.seed(), 0, source.reserve(1));
-    seed_ = uint64_t{words[0]} << 32 | words[1];
+    seed_ = sampling::element_bits(source.seed(), source.reserve(1), 0);  // words 0 and 1 of the next block
   }
 }
 

@@ -14,6 +14,10 @@ namespace mf::generation {
 
 namespace {
 
+bool is_stop(const GenerateOptions& options, int64_t token) {
+  return std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end();
+}
+
 void check_sampling(const SamplingOptions& options) {
   if (!options.do_sample) return;
   MF_CHECK(std::isfinite(options.temperature) && options.temperature > 0,
@@ -87,8 +91,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
     for (size_t b = 0; b < next.size(); ++b) {
       if (ended[b] >= 0) {
         next[b] = ended[b];
-      } else if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next[b]) !=
-                 options.stop_tokens.end()) {
+      } else if (is_stop(options, next[b])) {
         ended[b] = next[b];
       }
       all_ended = all_ended && ended[b] >= 0;
@@ -127,7 +130,7 @@ std::vector<std::vector<int64_t>> generate(const LanguageModel& model, const std
                     tokens.begin() + static_cast<std::ptrdiff_t>((k + 1) * width));
       // Cut after the first stop token among the new ones: what follows repeats it.
       for (size_t t = length; t < result.size(); ++t)
-        if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), result[t]) != options.stop_tokens.end()) {
+        if (is_stop(options, result[t])) {
           result.resize(t + 1);
           break;
         }

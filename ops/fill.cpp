@@ -538,17 +538,17 @@ Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement,
   if (checkable) {
     NoGradGuard no_grad;
     Tensor rows = weights.detach().dim() == 1 ? weights.detach().unsqueeze(0) : weights.detach();
-    std::vector<double> totals = rows.sum({1}).to(DType::Float64).to(Device::cpu()).to_vector<double>();
-    double lowest = rows.min().to(DType::Float64).item<double>();
-    std::vector<int64_t> positive = (rows > 0.0).sum({1}).to(Device::cpu()).to_vector<int64_t>();
+    auto per_row = [](const Tensor& t) { return t.to(DType::Float64).to(Device::cpu()).to_vector<double>(); };
+    std::vector<double> totals = per_row(rows.sum({1})), lowest = per_row(amin(rows, {1}));
+    std::vector<double> positive = per_row((rows > 0.0).sum({1}));
     for (size_t b = 0; b < totals.size(); ++b) {
-      MF_CHECK(std::isfinite(totals[b]) && lowest >= 0 && totals[b] > 0,
+      MF_CHECK(std::isfinite(totals[b]) && lowest[b] >= 0 && totals[b] > 0,
                "multinomial: weights must be finite, non-negative and not all zero in a row; row {} of {} {} sums to {} "
                "(smallest weight {}) at {}",
-               b, dtype_name(weights.dtype()), shape_str(weights.shape()), totals[b], lowest, format_location(site));
-      MF_CHECK(replacement || positive[b] >= num_samples,
+               b, dtype_name(weights.dtype()), shape_str(weights.shape()), totals[b], lowest[b], format_location(site));
+      MF_CHECK(replacement || positive[b] >= static_cast<double>(num_samples),
                "multinomial: cannot draw {} samples without replacement from row {}, which has {} nonzero weights at {}",
-               num_samples, b, positive[b], format_location(site));
+               num_samples, b, static_cast<int64_t>(positive[b]), format_location(site));
     }
   }
   MultinomialParams params{.num_samples = num_samples, .replacement = replacement};

@@ -19,8 +19,10 @@ MF_HOST_DEVICE inline uint64_t element_bits(uint64_t seed, uint64_t counter, uin
   return (uint64_t{words[k]} << 32) | words[k + 1];
 }
 
-/// Uniform in [0, 1) from the top 53 bits.
-MF_HOST_DEVICE inline double unit_interval(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+/// Uniform in [0, 1) from the top 53 bits (core/generator.h's uniform_double of the two words).
+MF_HOST_DEVICE inline double unit_interval(uint64_t bits) {
+  return uniform_double(static_cast<uint32_t>(bits >> 32), static_cast<uint32_t>(bits));
+}
 
 /// floor(bits * n / 2^64), an integer in [0, n): the high half of the 128-bit product, from 32-bit
 /// halves (Lemire's multiply-shift without its rejection step; the bias is below n / 2^64).

@@ -136,6 +136,9 @@ TEST_CASE("multinomial draws in proportion to the weights, never a zero weight, 
   CHECK_THROWS_WITH_AS(multinomial(f64({0, 0, 1, 1}, {2, 2}), 1),
                        doctest::Contains("row 0 of float64 [2, 2] sums to 0"), Error);
   CHECK_THROWS_WITH_AS(multinomial(f64({1, std::nan("")}), 1), doctest::Contains("sums to nan"), Error);
+  // The row named is the bad one: row 0 is fine, row 1 holds -1.
+  CHECK_THROWS_WITH_AS(multinomial(f64({1, 2, 3, -1}, {2, 2}), 1),
+                       doctest::Contains("row 1 of float64 [2, 2] sums to 2 (smallest weight -1)"), Error);
   CHECK_THROWS_WITH_AS(multinomial(f64({1, 0, 1}), 3),
                        doctest::Contains("cannot draw 3 samples without replacement from row 0, which has 2 nonzero"),
                        Error);
