@@ -1,5 +1,6 @@
-// One registration function per CUDA op family (one .cu file each); runtime.cpp's
-// register_cuda_kernels calls them all. Each sets the CUDA slot of the ops it implements.
+// One registration function per CUDA op family (one .cu file each); the backend's register_kernels
+// (runtime.cpp) calls them all when cuda/loader.cpp loads it. Each sets the CUDA slot of the ops it
+// implements.
 #pragma once
 
 #include "ops/registry.h"

@@ -1,9 +1,10 @@
-// Device discovery, the caching cudaMalloc allocator behind core's cuda_allocator_hook, one stream
-// and one cuBLAS handle per device, error translation, and the to_device copies.
+// Device discovery, the caching cudaMalloc allocator, one stream and one cuBLAS handle per device,
+// error translation, the to_device copies, and the entry point through which cuda/loader.cpp finds
+// them all in libminiflow_cuda.so.
 #include "cuda/runtime.h"
 
 #include "core/allocator.h"
-#include "cuda/cuda.h"
+#include "cuda/backend.h"
 #include "cuda/kernels.h"
 #include "ops/kernel_api.h"
 
@@ -15,11 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace mf {
-
-extern Allocator* (*cuda_allocator_hook)(int device_index);  // core/storage.cpp
-
-namespace cuda {
+namespace mf::cuda {
 namespace {
 
 /// What cudaGetDeviceCount said, asked once: no driver or no GPU gives 0 devices, never an error.
@@ -110,8 +107,13 @@ DeviceState& state(int device) {
 
 Allocator* allocator_for_device(int device) { return state(device).allocator.get(); }
 
-// Installed at load time, so that Tensor::empty on a CUDA device works before any op has run.
-const bool kHookInstalled = (cuda_allocator_hook = &allocator_for_device, true);
+int visible_devices() { return discovery().count; }
+const char* no_device_reason() { return discovery().reason.c_str(); }
+
+void synchronize_device(int device) {
+  check_device(device);  // a wrong index would otherwise time nothing, silently
+  MF_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
+}
 
 // ---- to_device ------------------------------------------------------------------------------------
 // The dispatcher picks a kernel by the input's device: cpu -> cuda arrives in the CPU slot (which also
@@ -173,29 +175,32 @@ void copy_across(const Tensor& src, Tensor& dst) {
   }
 }
 
-bool is_available() { return discovery().count > 0; }
-int device_count() { return discovery().count; }
-bool is_built() { return true; }
-void synchronize(int device) {
-  if (device_count() == 0) return;
-  check_device(device);  // a wrong index would otherwise time nothing, silently
-  MF_CUDA_CHECK(cudaStreamSynchronize(stream(device)));
+namespace {
+
+void register_kernels(Registry& registry) {
+  registry.set_kernel(OpId::to_device, DeviceType::CUDA, to_device);
+  register_elementwise(registry);
+  register_fill(registry);
+  register_reduce(registry);
+  register_matmul(registry);
+  register_softmax(registry);
+  register_nn(registry);
+  register_loss(registry);
+  register_index(registry);
 }
 
-}  // namespace cuda
+}  // namespace
+}  // namespace mf::cuda
 
-void register_cuda_kernels(Registry& registry) {
-  (void)cuda::kHookInstalled;
-  registry.set_kernel(OpId::to_device, DeviceType::CPU, cuda::to_device);
-  registry.set_kernel(OpId::to_device, DeviceType::CUDA, cuda::to_device);
-  cuda::register_elementwise(registry);
-  cuda::register_fill(registry);
-  cuda::register_reduce(registry);
-  cuda::register_matmul(registry);
-  cuda::register_softmax(registry);
-  cuda::register_nn(registry);
-  cuda::register_loss(registry);
-  cuda::register_index(registry);
+extern "C" const mf::cuda::detail::Backend* miniflow_cuda_backend() {
+  using namespace mf::cuda;
+  static const detail::Backend table{
+      .device_count = visible_devices,
+      .no_device_reason = no_device_reason,
+      .synchronize = synchronize_device,
+      .allocator = allocator_for_device,
+      .copy_across = copy_across,
+      .register_kernels = register_kernels,
+  };
+  return &table;
 }
-
-}  // namespace mf

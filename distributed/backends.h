@@ -11,7 +11,9 @@ namespace mf::distributed::detail {
 /// MPI_COMM_WORLD, initialising MPI when nothing has yet.
 std::shared_ptr<ProcessGroup> make_mpi_process_group(const ProcessGroupOptions& options);
 
-/// An NCCL communicator over the ranks of MPI_COMM_WORLD, on the current CUDA device.
-std::shared_ptr<ProcessGroup> make_nccl_process_group(const ProcessGroupOptions& options);
+/// Makes an NCCL communicator over the ranks of MPI_COMM_WORLD, one GPU per rank. The NCCL group lives
+/// in the CUDA backend (libminiflow_cuda.so, which links the CUDA runtime it needs) and sets this when
+/// the backend is loaded; null until then, and in builds without NCCL.
+extern std::shared_ptr<ProcessGroup> (*make_nccl_process_group)(const ProcessGroupOptions& options);
 
 }  // namespace mf::distributed::detail

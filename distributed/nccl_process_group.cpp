@@ -239,10 +239,7 @@ class NcclProcessGroup : public ProcessGroup {
 
 void NcclWork::wait() { group_.wait_for(collective_, done_); }
 
-}  // namespace
-
-std::shared_ptr<ProcessGroup> make_nccl_process_group(const ProcessGroupOptions& options) {
-  MF_CHECK(cuda::is_available(), "init_process_group: the NCCL backend needs a GPU, and CUDA sees none");
+std::shared_ptr<ProcessGroup> make_group(const ProcessGroupOptions& options) {
   std::shared_ptr<ProcessGroup> bootstrap;
   int rank = 0, world_size = 1;
 #ifdef MF_DISTRIBUTED_MPI
@@ -257,4 +254,8 @@ std::shared_ptr<ProcessGroup> make_nccl_process_group(const ProcessGroupOptions&
   return std::make_shared<NcclProcessGroup>(rank, world_size, device, std::move(bootstrap), options);
 }
 
+// Set when the dynamic loader runs this library's initializers, before init_process_group can ask.
+[[maybe_unused]] const bool kFactoryInstalled = (make_nccl_process_group = &make_group, true);
+
+}  // namespace
 }  // namespace mf::distributed::detail

@@ -1,6 +1,7 @@
 #include "distributed/process_group.h"
 
 #include "core/error.h"
+#include "cuda/cuda.h"
 #include "distributed/backends.h"
 #include "ops/functional.h"
 
@@ -169,6 +170,8 @@ ShardRange shard_range(size_t count, int64_t shard, int64_t shards) {
   return {bound(shard), bound(shard + 1)};
 }
 
+std::shared_ptr<ProcessGroup> (*detail::make_nccl_process_group)(const ProcessGroupOptions& options) = nullptr;
+
 bool backend_available(Backend backend) {
   switch (backend) {
     case Backend::Local: return true;
@@ -200,6 +203,10 @@ std::shared_ptr<ProcessGroup> init_process_group(Backend backend, ProcessGroupOp
 #endif
     case Backend::Nccl:
 #ifdef MF_DISTRIBUTED_NCCL
+      MF_CHECK(cuda::is_available(), "init_process_group: the NCCL backend needs a GPU, and CUDA has none: {}",
+               cuda::unavailable_reason());
+      MF_CHECK(detail::make_nccl_process_group != nullptr, "init_process_group: the CUDA backend was loaded "
+               "without its NCCL process group (libminiflow_cuda.so comes from another build)");
       return detail::make_nccl_process_group(options);
 #else
       fail("init_process_group: this build of miniflow has no NCCL backend; it needs CUDA, NCCL and MPI (rebuild "

@@ -22,8 +22,8 @@ void Registry::set_kernel(OpId id, DeviceType device, KernelFn kernel) {
   defs_[static_cast<size_t>(id)].kernels[static_cast<size_t>(device)] = kernel;
 }
 
-const Registry& registry() {
-  static const Registry instance = [] {
+Registry& detail::registry_to_extend() {
+  static Registry instance = [] {
     Registry r;
     register_elementwise_ops(r);
     register_fill_ops(r);
@@ -35,7 +35,7 @@ const Registry& registry() {
     register_nn_ops(r);
     register_loss_ops(r);
     register_attention_ops(r);
-    register_cuda_kernels(r);
+    register_cross_device_copy(r);
     for (size_t i = 0; i < kOpCount; ++i)
       MF_CHECK(r.is_defined(static_cast<OpId>(i)), "op registry: {} is declared in MF_OPS but no op family defines it",
                kOpNames[i]);
@@ -43,6 +43,8 @@ const Registry& registry() {
   }();
   return instance;
 }
+
+const Registry& registry() { return detail::registry_to_extend(); }
 
 namespace {
 

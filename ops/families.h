@@ -1,5 +1,5 @@
 // One registration function per op family; dispatch.cpp calls each once to build the registry, then
-// register_cuda_kernels (ops/kernel_api.h).
+// register_cross_device_copy (ops/kernel_api.h).
 #pragma once
 
 #include "ops/registry.h"

@@ -13,11 +13,16 @@
 
 namespace mf {
 
-/// Adds the CUDA kernels to the registry's ops (cuda/runtime.cpp; a no-op in builds without CUDA,
-/// cuda/stub.cpp). The dispatcher calls it once, after the op families have registered.
-void register_cuda_kernels(Registry& registry);
+/// Routes to_device's copies from the CPU to a GPU through the CUDA backend (cuda/loader.cpp). The
+/// dispatcher calls it once, after the op families have registered; the backend's kernels come later.
+void register_cross_device_copy(Registry& registry);
 
 namespace detail {
+
+/// The registry, for the CUDA backend to fill its ops' CUDA slots when it is loaded, after the
+/// registry was built. Only CUDA slots are written then, and none is read before a CUDA tensor
+/// exists, which needs the backend loaded.
+Registry& registry_to_extend();
 
 /// A contiguous version of t (t itself when it already is), made without recording autograd.
 inline Tensor dense(const Tensor& t) {

@@ -409,7 +409,8 @@ class Registry {
   std::array<OpDef, kOpCount> defs_{};
 };
 
-/// The registry, built on first use from every op family (and the CUDA kernels when built with CUDA).
+/// The registry, built on first use from every op family; the CUDA backend adds its kernels when it is
+/// loaded (cuda/loader.cpp).
 const Registry& registry();
 
 /// Runs an op: validates, allocates outputs on the inputs' device, runs the device's kernel, and

@@ -39,9 +39,7 @@ inline const std::vector<Device>& test_devices() {
     if (cuda::is_available()) {
       found.push_back(Device::cuda(0));
     } else {
-      const std::string why = cuda::is_built() ? "no GPU (cuda::is_available() is false)"
-                                               : "this miniflow was built without CUDA";
-      MESSAGE(("SKIPPED device cuda: " + why));
+      MESSAGE(("SKIPPED device cuda: " + cuda::unavailable_reason()));
     }
     return found;
   }();

@@ -28,7 +28,11 @@ TEST_CASE("the build says whether it includes CUDA") {
   CHECK(cuda::device_count() >= 0);
   CHECK(cuda::is_available() == (cuda::device_count() > 0));
   if (!cuda::is_built()) CHECK(cuda::device_count() == 0);
-  MESSAGE("CUDA built: ", cuda::is_built(), ", GPUs visible: ", cuda::device_count());
+  // The reason is empty exactly when CUDA is available, and names the missing build where that is why.
+  CHECK(cuda::unavailable_reason().empty() == cuda::is_available());
+  if (!cuda::is_built()) CHECK(cuda::unavailable_reason().find("built without CUDA") != std::string::npos);
+  MESSAGE("CUDA built: ", cuda::is_built(), ", GPUs visible: ", cuda::device_count(), ", ",
+          cuda::is_available() ? "available" : "unavailable: " + cuda::unavailable_reason());
 }
 
 TEST_CASE("without a GPU, CUDA tensors fail with a clear error and the CPU path is unaffected") {
@@ -38,6 +42,8 @@ TEST_CASE("without a GPU, CUDA tensors fail with a clear error and the CPU path 
   }
   CHECK_THROWS_WITH_AS(Tensor::empty({2, 3}, DType::Float32, kGpu), doctest::Contains("cuda:0 is not available"),
                        Error);
+  CHECK_THROWS_WITH_AS(Tensor::empty({2, 3}, DType::Float32, kGpu),
+                       doctest::Contains(cuda::unavailable_reason().c_str()), Error);
   Tensor x = ones({2, 3});
   CHECK_THROWS_WITH_AS(x.to(kGpu), doctest::Contains("to_device: device cuda:0 is not available"), Error);
   Tensor y = x.to(Device::cpu()).add(x);  // the CPU to_device and add still work

@@ -633,9 +633,11 @@ TEST_CASE("CUDA tensors give a clear error in a build without CUDA") {
   CHECK_FALSE(mf::cuda::is_available());
   CHECK(mf::cuda::device_count() == 0);
   CHECK_THROWS_WITH_AS(mf::zeros({2, 3}, mf::DType::Float32, mf::Device::cuda()),
-                       "device cuda:0 is not available: miniflow was built without CUDA", mf::Error);
+                       "device cuda:0 is not available: miniflow was built without CUDA (rebuild with meson setup "
+                       "-Dcuda=enabled)", mf::Error);
   CHECK_THROWS_WITH_AS(mf::Tensor::empty({4}, mf::DType::Int64, mf::Device::cuda(1)),
-                       "device cuda:1 is not available: miniflow was built without CUDA", mf::Error);
+                       "device cuda:1 is not available: miniflow was built without CUDA (rebuild with meson setup "
+                       "-Dcuda=enabled)", mf::Error);
 }
 
 TEST_CASE("dtype errors name the op, the dtypes and the call site") {

@@ -138,8 +138,7 @@ void check_device_available(Device device, const std::string& flag) {
   const std::string text = device.str() == "cuda:0" ? "cuda" : device.str();
   MF_CHECK(cuda::is_built(), "{} {}: this miniflow was built without CUDA (rebuild with meson setup -Dcuda=enabled)",
            flag, text);
-  MF_CHECK(cuda::is_available(), "{} {}: no CUDA device is available (cuda::is_available() is false: no driver or "
-           "no GPU)", flag, text);
+  MF_CHECK(cuda::is_available(), "{} {}: no CUDA device is available: {}", flag, text, cuda::unavailable_reason());
   MF_CHECK(device.index < cuda::device_count(), "{} {}: only {} CUDA device(s) are visible (cuda:0 to cuda:{})", flag,
            text, cuda::device_count(), cuda::device_count() - 1);
 }

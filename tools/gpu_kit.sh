@@ -6,11 +6,11 @@
 #   bash gpu-kit/gpu_kit.sh run OUTDIR [--deadline SECONDS] [--parts LIST]    on the GPU machine
 #
 # pack builds the CUDA variant (sm_80 and sm_90) in build-gpu/ (or DIR) and gathers into gpu-kit/ (git-
-# ignored) one compressed payload: the CUDA test suites, the tools, libminiflow, the shared libraries
-# they load that such a machine lacks (from ldd: OpenBLAS, fmt, libstdc++, ...; glibc too, used only
-# where the machine's is older), the reference data the tests read, and this script. Prebuilt rather
-# than built there: no build minutes on the GPU's clock and no dependence on its compilers. CUDA's own
-# libraries (cudart, cuBLAS) are the GPU machine's, from its CUDA toolkit.
+# ignored) one compressed payload: the CUDA test suites, the tools, libminiflow and its CUDA backend,
+# the shared libraries they load that such a machine lacks (from ldd: OpenBLAS, fmt, libstdc++, ...;
+# glibc too, used only where the machine's is older), the reference data the tests read, and this
+# script. Prebuilt rather than built there: no build minutes on the GPU's clock and no dependence on its
+# compilers. CUDA's own libraries (cudart, cuBLAS) are the GPU machine's, from its CUDA toolkit.
 #
 # run unpacks the payload and runs each part under its own time limit, never stopping at a failure,
 # all within --deadline seconds (default 540, inside the device tool's 10-minute command limit): the
@@ -75,16 +75,16 @@ EOF
   for name in $kTests; do cp "$build/tests/$name" "$stage/libexec/" || die "missing $build/tests/$name"; done
   for name in $kTools; do cp "$build/tools/$name" "$stage/libexec/" || die "missing $build/tools/$name"; done
   cp "$build/tests/make_toy_checkpoint" "$stage/libexec/" || exit 1
-  cp "$build/libminiflow.so" "$stage/lib/" || exit 1
+  cp "$build/libminiflow.so" "$build/libminiflow_cuda.so" "$stage/lib/" || exit 1
   for name in $(ls "$stage/libexec"); do write_wrapper "$stage/bin/$name" "$name"; done
 
   # Every library the binaries load, as ldd resolves it here: the GPU machine's own CUDA stays out.
   local soname path dir
   while read -r soname path; do
-    [[ -z "$path" || "$soname" =~ $kHostLibraries || "$soname" == libminiflow.so ]] && continue
+    [[ -z "$path" || "$soname" =~ $kHostLibraries || "$soname" =~ ^libminiflow ]] && continue
     if [[ "$soname" =~ $kGlibc ]]; then dir=lib/glibc; else dir=lib; fi
     cp -L "$path" "$stage/$dir/$soname" || die "cannot copy $path"
-  done < <(for f in "$stage"/libexec/* "$stage/lib/libminiflow.so"; do ldd "$f"; done |
+  done < <(for f in "$stage"/libexec/* "$stage"/lib/libminiflow*.so; do ldd "$f"; done |
            awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 } $1 ~ /^\/.*ld-linux/ { n = split($1, p, "/"); print p[n], $1 }' |
            sort -u)
   [ -f "$stage/lib/glibc/libc.so.6" ] || die "ldd did not name libc.so.6"
