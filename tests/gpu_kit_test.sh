@@ -25,9 +25,9 @@ bytes=$(du -sb "$work/kit" | cut -f1)
 check "the kit is under 60 MiB ($bytes bytes)" test "$bytes" -le $((60 * 1024 * 1024))
 tar -tzf "$work/kit/payload.tar.gz" >"$work/contents"
 for file in bin/test_cuda libexec/test_cuda bin/test_cuda_training bin/train_transformer bin/translate \
-            bin/bench_transformer lib/libminiflow.so lib/libopenblas.so.0 lib/libfmt.so.9 lib/glibc/libc.so.6 \
-            lib/glibc/ld-linux-x86-64.so.2 tests/data/transformer_tiny.safetensors scripts/tools_train.sh \
-            scripts/bench_pytorch.py bin/test_distributed glibc_needed; do
+            bin/bench_transformer lib/libminiflow.so lib/libminiflow_cuda.so lib/libopenblas.so.0 lib/libfmt.so.9 \
+            lib/glibc/libc.so.6 lib/glibc/ld-linux-x86-64.so.2 tests/data/transformer_tiny.safetensors \
+            scripts/tools_train.sh scripts/bench_pytorch.py bin/test_distributed glibc_needed; do
   check "the kit holds $file" grep -qx "./$file" "$work/contents"
 done
 check "the kit leaves cuBLAS to the GPU machine" bash -c "! grep -q libcublas '$work/contents'"
