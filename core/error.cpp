@@ -1,6 +1,7 @@
 #include "core/error.h"
 
 #include "core/device.h"
+#include "core/dtype.h"
 
 #include <string_view>
 #include <system_error>
@@ -24,6 +25,11 @@ Device Device::parse(const std::string& text) {
       return cuda(std::stoi(std::string(digits)));
   }
   fail("unknown device '{}' (expected cpu, cuda or cuda:N)", text);
+}
+
+void detail::fail_bfloat16_not_computed() {
+  fail("bfloat16 is a storage type so far: this computes in float32, float64, int64 or bool only (cast "
+       "with .to(mf::DType::Float32) first)");
 }
 
 }  // namespace mf

@@ -99,11 +99,11 @@ class Formatter {
 class Printer {
  public:
   explicit Printer(const Tensor& host) : t_(host), summarize_(host.numel() > kThreshold) {
-    visit_dtype(t_.dtype(), [&]<typename T>() {
+    visit_any_dtype(t_.dtype(), [&]<typename T>() {
       const T* base = static_cast<const T*>(t_.raw_data());
       read_ = [base](int64_t position) {
         Element e;
-        if constexpr (std::is_floating_point_v<T>)
+        if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16>)
           e.real = readable(static_cast<double>(base[position]));  // PyTorch prints every NaN as "nan"
         else
           e.integer = static_cast<int64_t>(base[position]);

@@ -44,7 +44,7 @@ struct FormatDType {
 constexpr FormatDType kFormatDTypes[] = {
     {"BOOL", 1, DType::Bool},  {"U8", 1, {}},  {"I8", 1, {}},   {"F8_E5M2", 1, {}},
     {"F8_E4M3", 1, {}},        {"F8_E8M0", 1, {}},              {"I16", 2, {}},
-    {"U16", 2, {}},            {"F16", 2, {}}, {"BF16", 2, {}}, {"I32", 4, {}},
+    {"U16", 2, {}},            {"F16", 2, {}}, {"BF16", 2, DType::BFloat16}, {"I32", 4, {}},
     {"U32", 4, {}},            {"F32", 4, DType::Float32},      {"F64", 8, DType::Float64},
     {"I64", 8, DType::Int64},  {"U64", 8, {}}, {"C64", 8, {}},
 };
@@ -344,7 +344,7 @@ SafetensorsContents build_contents(Header header, const SafetensorsReadOptions& 
     for (const Entry& e : header.entries)
       if (!e.format->dtype)
         corrupt(source,
-                "unsupported dtype {} for tensor '{}' (miniflow reads F32, F64, I64 and BOOL; "
+                "unsupported dtype {} for tensor '{}' (miniflow reads F32, F64, BF16, I64 and BOOL; "
                 "SafetensorsReadOptions::skip_unsupported_dtypes skips such tensors)",
                 e.format->name, e.name);
   SafetensorsContents contents;

@@ -48,7 +48,7 @@ std::vector<T> Tensor::to_vector() const {
   Tensor host = device().is_cpu() ? *this : to(Device::cpu());
   std::vector<T> out;
   out.reserve(static_cast<size_t>(host.numel()));
-  visit_dtype(host.dtype(), [&]<typename S>() {
+  visit_any_dtype(host.dtype(), [&]<typename S>() {
     const S* base = static_cast<const S*>(host.raw_data());
     Shape index(host.shape().size(), 0);
     for (int64_t n = 0; n < host.numel(); ++n) {
@@ -92,6 +92,7 @@ MF_INSTANTIATE_ACCESS(float)
 MF_INSTANTIATE_ACCESS(double)
 MF_INSTANTIATE_ACCESS(int64_t)
 MF_INSTANTIATE_ACCESS(bool)
+MF_INSTANTIATE_ACCESS(bfloat16)
 MF_INSTANTIATE_ACCESS(int)
 #undef MF_INSTANTIATE_ACCESS
 

@@ -48,6 +48,7 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::Float64: return MPI_DOUBLE;
     case DType::Int64: return MPI_INT64_T;
     case DType::Bool: return MPI_C_BOOL;
+    case DType::BFloat16: break;  // check_tensor refuses it first
   }
   fail("mpi: unsupported dtype {}", dtype_name(dtype));
 }

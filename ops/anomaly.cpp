@@ -21,6 +21,7 @@ Scan scan(const Tensor& t) {
   if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return s;
   NoGradGuard no_grad;
   Tensor c = t.to(Device::cpu()).contiguous();
+  if (c.dtype() == DType::BFloat16) c = c.to(DType::Float32);  // exact: NaN and infinities stay
   visit_floating(c.dtype(), [&]<typename T>() {
     const T* data = c.data_ptr<T>();
     for (int64_t i = 0, n = c.numel(); i < n; ++i) {

@@ -170,6 +170,23 @@ Device common_device(const OpDef& def, const std::vector<Tensor>& inputs) {
   return device;
 }
 
+/// bfloat16 is a storage type so far: the ops that move or convert elements take it (takes_bfloat16),
+/// on the CPU; the rest refuse it here, before any kernel could read its bits as another type.
+void check_bfloat16(const OpDef& def, DType dtype, Device device) {
+  if (dtype != DType::BFloat16) return;
+  MF_CHECK(def.takes_bfloat16, "bfloat16 tensors are stored, cast, copied, filled and viewed so far, not computed "
+           "with (cast with .to(mf::DType::Float32) first)");
+  MF_CHECK(device.is_cpu(), "bfloat16 tensors stay on the CPU so far, got one for {}", device.str());
+}
+
+void check_bfloat16(const OpDef& def, const std::vector<Tensor>& inputs, Device device) {
+  for (const Tensor& t : inputs) check_bfloat16(def, t.dtype(), device);
+}
+
+void check_bfloat16(const OpDef& def, const std::vector<OutputSpec>& specs, Device device) {
+  for (const OutputSpec& spec : specs) check_bfloat16(def, spec.dtype, device);
+}
+
 KernelFn kernel_for(const OpDef& def, Device device) {
   KernelFn kernel = def.kernels[static_cast<size_t>(device.type)];
   MF_CHECK(kernel != nullptr, "no kernel for device {}{}", device.str(),
@@ -275,13 +292,15 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
     if (def.view) {
       outputs.push_back(def.view(inputs[0], attrs));
     } else {
+      Device out_device = def.mixes_devices ? std::get<ToDeviceParams>(attrs).device : device;
+      check_bfloat16(def, inputs, device);
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
+      check_bfloat16(def, specs, out_device);
       KernelFn kernel = kernel_for(def, device);
       if (def.writes_input) {
         check_writable(inputs[0]);
         outputs.push_back(inputs[0]);
       } else {
-        Device out_device = def.mixes_devices ? std::get<ToDeviceParams>(attrs).device : device;
         for (const OutputSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, out_device));
       }
       // Nothing to compute for empty outputs (and the CPU loops cannot plan a zero-size dim).
@@ -315,7 +334,10 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
     MF_CHECK(self.device() == device, "in-place target is on {} but the inputs are on {}", self.device().str(),
              device.str());
     check_writable(self);
+    check_bfloat16(def, inputs, device);
+    check_bfloat16(def, self.dtype(), device);
     std::vector<OutputSpec> specs = def.infer(inputs, attrs);
+    check_bfloat16(def, specs, device);
     MF_CHECK(specs.size() == 1 && specs[0].shape == self.shape(),
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));

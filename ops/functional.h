@@ -24,7 +24,7 @@ Tensor scalar_tensor(double value, DType dtype = DType::Float32, Device device =
 Tensor arange(double start, double end, double step = 1, DType dtype = DType::Int64, Device device = Device::cpu());
 Tensor arange(int64_t end, DType dtype = DType::Int64, Device device = Device::cpu());
 /// Copies `values` into a new tensor of `shape` (1-D of all values when shape is empty and values has
-/// more than one element): float32, float64, int64 or bool, as T is.
+/// more than one element): float32, float64, int64, bool or bfloat16, as T is.
 template <ElementType T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, Device device = Device::cpu());
 /// Integers of other types (int, unsigned, long long, ...) become int64, miniflow's integer dtype.

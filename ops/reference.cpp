@@ -42,7 +42,7 @@ Tensor make(const Shape& shape, DType dtype, const std::vector<double>& values) 
   MF_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "reference::make: {} values for shape {}",
            values.size(), shape_str(shape));
   Tensor out = Tensor::empty(shape, dtype);
-  visit_dtype(dtype, [&]<typename T>() {
+  visit_any_dtype(dtype, [&]<typename T>() {
     T* data = out.data_ptr<T>();
     for (size_t i = 0; i < values.size(); ++i) data[i] = static_cast<T>(values[i]);
   });

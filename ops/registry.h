@@ -388,6 +388,9 @@ struct OpDef {
   bool writes_input = false;
   /// Inputs may live on different devices (to_device).
   bool mixes_devices = false;
+  /// Takes and gives bfloat16 tensors (on the CPU): the ops that move or convert elements. The
+  /// dispatcher refuses bfloat16 for every other op (views take any dtype).
+  bool takes_bfloat16 = false;
   /// Test samples and the naive reference the suite holds the kernels against.
   SamplesFn samples = nullptr;
   ReferenceFn reference = nullptr;

@@ -19,8 +19,9 @@ void Optimizer::register_params(const std::vector<Tensor>& params) {
     for (const Tensor& p : group_params(g)) seen.insert(&p.impl());
   for (const Tensor& p : params) {
     MF_CHECK(p.defined(), "{}: parameter group holds an undefined tensor", name_);
-    MF_CHECK(is_floating(p.dtype()), "{}: can only optimize floating tensors, got a {} parameter of shape {}", name_,
-             dtype_name(p.dtype()), shape_str(p.shape()));
+    MF_CHECK(p.dtype() == DType::Float32 || p.dtype() == DType::Float64,
+             "{}: can only optimize float32 or float64 tensors (keep master weights in float32), got a {} "
+             "parameter of shape {}", name_, dtype_name(p.dtype()), shape_str(p.shape()));
     MF_CHECK(seen.insert(&p.impl()).second, "{}: a parameter of shape {} appears in more than one place", name_,
              shape_str(p.shape()));
   }

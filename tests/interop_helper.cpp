@@ -3,6 +3,8 @@
 //   interop_helper write PATH   writes a fixed set of tensors (values the script recomputes with numpy)
 //   interop_helper check PATH   loads the file the script wrote and checks every name, shape, dtype
 //                               and value; exit status 0 when all match, 1 with the differences listed.
+//   interop_helper write-bf16 PATH, check-bf16 PATH: the same for bfloat16 tensors, in files of their
+//                               own (numpy, which the script reads the others with, has no bfloat16).
 #include "miniflow.h"
 
 #include <fmt/core.h>
@@ -47,6 +49,22 @@ mf::nn::StateDict expected_from_python() {
   };
 }
 
+// bfloat16, written by miniflow: float32 values cast with rounding to nearest, ties to even. Keep in
+// step with MINIFLOW_WRITES_BF16 in interop_safetensors.py, which holds the bits worked out by hand.
+mf::nn::StateDict written_bfloat16() {
+  // 1 + 2^-8 and 1 + 3 * 2^-8 are ties (to the even neighbour); 0.1f rounds up.
+  const std::vector<float> values = {1.0f, -2.5f, 0.1f, 1.00390625f, 1.01171875f,
+                                     std::numeric_limits<float>::infinity(), -0.0f};
+  return {{"bf16.rounded", mf::from_vector<float>(values).to(DType::BFloat16)}};
+}
+
+// bfloat16, written by Python from raw bits. Keep in step with PYTHON_WRITES_BF16 in interop_safetensors.py.
+mf::nn::StateDict expected_bfloat16_from_python() {
+  std::vector<mf::bfloat16> values;
+  for (uint16_t bits : {0x4049, 0xBF80, 0x0001, 0xFF80, 0x7FC0}) values.push_back(mf::bfloat16::from_bits(bits));
+  return {{"py.bf16", mf::from_vector<mf::bfloat16>(values, {1, 5})}};
+}
+
 // Differences between what was loaded and what was expected, one line each.
 std::vector<std::string> compare(const mf::nn::TensorFile& file, const mf::nn::StateDict& expected) {
   std::vector<std::string> problems;
@@ -74,18 +92,19 @@ std::vector<std::string> compare(const mf::nn::TensorFile& file, const mf::nn::S
 
 int main(int argc, char** argv) {
   const std::string mode = argc == 3 ? argv[1] : "";
-  if (mode != "write" && mode != "check") {
-    fmt::print(stderr, "usage: interop_helper write|check PATH\n");
+  if (mode != "write" && mode != "check" && mode != "write-bf16" && mode != "check-bf16") {
+    fmt::print(stderr, "usage: interop_helper write|check|write-bf16|check-bf16 PATH\n");
     return 2;
   }
   try {
-    if (mode == "write") {
-      mf::nn::save_tensors(argv[2], written_tensors(), {{"writer", "miniflow"}});
+    if (mode.starts_with("write")) {
+      mf::nn::save_tensors(argv[2], mode == "write" ? written_tensors() : written_bfloat16(), {{"writer", "miniflow"}});
       return 0;
     }
-    const std::vector<std::string> problems = compare(mf::nn::load_tensors(argv[2]), expected_from_python());
+    const mf::nn::StateDict expected = mode == "check" ? expected_from_python() : expected_bfloat16_from_python();
+    const std::vector<std::string> problems = compare(mf::nn::load_tensors(argv[2]), expected);
     for (const std::string& problem : problems) fmt::print("check: {}\n", problem);
-    if (problems.empty()) fmt::print("check: {} tensors match\n", expected_from_python().size());
+    if (problems.empty()) fmt::print("check: {} tensors match\n", expected.size());
     return problems.empty() ? 0 : 1;
   } catch (const mf::Error& e) {
     fmt::print(stderr, "interop_helper {}: {}\n", mode, e.what());

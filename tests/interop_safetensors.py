@@ -8,6 +8,9 @@ Usage: interop_safetensors.py INTEROP_HELPER
    with numpy; re-serialising them with Python's writer must give the very bytes miniflow wrote.
 2. Python writes a file with safetensors.numpy.save_file; INTEROP_HELPER check PATH loads it with
    miniflow and compares it with its own copy of the expected tensors.
+3. and 4. The same for bfloat16 (INTEROP_HELPER write-bf16 / check-bf16), in files of their own:
+   numpy has no bfloat16, so Python's safetensors reads and writes them as raw bytes (deserialize,
+   serialize), and the bits to expect are worked out by hand.
 
 Exits 77 (meson's "skipped") when numpy or safetensors cannot be imported, unless it runs in the
 project's .venv-interop (made by `bash tools/setup.sh --with-python-interop`), where that is a failure.
@@ -22,7 +25,7 @@ VENV = Path(__file__).resolve().parent.parent / ".venv-interop"
 
 try:
     import numpy as np
-    from safetensors import safe_open
+    from safetensors import deserialize, safe_open, serialize
     from safetensors.numpy import load_file, save, save_file
 except ImportError as error:
     in_venv = Path(sys.prefix).resolve() == VENV.resolve()
@@ -51,6 +54,21 @@ PYTHON_WRITES = {
     "py.bool": np.array([[True, False, True]]),
     "py.scalar": np.array(-1.5, dtype=np.float32),
     "py.cube": np.arange(8, dtype=np.float64).reshape(2, 2, 2),
+}
+
+# Keep in step with written_bfloat16() in interop_helper.cpp: float32 values rounded to bfloat16 (the
+# top 16 bits of a float32) to nearest, ties to even, worked out by hand: 1.0 -> 0x3F80; -2.5 ->
+# 0xC020; 0.1f = 0x3DCCCCCD, whose dropped half 0xCCCD is over 0x8000 -> 0x3DCD; 1 + 2^-8 = 0x3F808000,
+# a tie -> the even 0x3F80; 1 + 3 * 2^-8 = 0x3F818000, a tie -> the even 0x3F82; inf -> 0x7F80;
+# -0.0 -> 0x8000.
+MINIFLOW_WRITES_BF16 = {
+    "bf16.rounded": np.array([0x3F80, 0xC020, 0x3DCD, 0x3F80, 0x3F82, 0x7F80, 0x8000], dtype="<u2"),
+}
+
+# Keep in step with expected_bfloat16_from_python() in interop_helper.cpp: 3.140625, -1, 2^-133 (the
+# smallest subnormal), -inf and a quiet NaN, as bits.
+PYTHON_WRITES_BF16 = {
+    "py.bf16": np.array([[0x4049, 0xBF80, 0x0001, 0xFF80, 0x7FC0]], dtype="<u2"),
 }
 
 results = {"passed": 0, "failed": 0}
@@ -88,6 +106,44 @@ def python_reads_miniflow(helper, path):
     check(python_bytes == path.read_bytes(), "miniflow's bytes are the bytes Python's writer produces")
 
 
+def serialize_bfloat16(tensors, metadata):
+    """The bytes of a safetensors file of BF16 tensors given as uint16 bit patterns, from Python's
+    writer: its TensorSpec where the package has one (0.8 on), the dict form before."""
+    try:
+        from safetensors import TensorSpec
+    except ImportError:
+        return serialize({name: {"dtype": "bfloat16", "shape": list(bits.shape), "data": bits.tobytes()}
+                          for name, bits in tensors.items()}, metadata=metadata)
+    return serialize({name: TensorSpec(dtype="bfloat16", shape=list(bits.shape), data_ptr=bits.ctypes.data,
+                                        data_len=bits.nbytes)
+                      for name, bits in tensors.items()}, metadata=metadata)
+
+
+def python_reads_miniflow_bfloat16(helper, path):
+    run = subprocess.run([helper, "write-bf16", str(path)], capture_output=True, text=True)
+    check(run.returncode == 0, f"interop_helper write-bf16 exits 0 {run.stdout}{run.stderr}".strip())
+    if run.returncode != 0:
+        return
+    tensors = dict(deserialize(path.read_bytes()))
+    check(sorted(tensors) == sorted(MINIFLOW_WRITES_BF16), f"bfloat16 names: {sorted(tensors)}")
+    for name, want in MINIFLOW_WRITES_BF16.items():
+        got = tensors.get(name, {})
+        ok = got.get("dtype") == "BF16" and got.get("shape") == list(want.shape) and bytes(got.get("data", b"")) == \
+            want.tobytes()
+        check(ok, f"{name}: BF16{list(want.shape)}" if ok else
+              f"{name}: got {got.get('dtype')}{got.get('shape')} "
+              f"{np.frombuffer(bytes(got.get('data', b'')), dtype='<u2').tolist()}, expected BF16{list(want.shape)} "
+              f"{want.tolist()}")
+    python_bytes = serialize_bfloat16(MINIFLOW_WRITES_BF16, {"writer": "miniflow"})
+    check(python_bytes == path.read_bytes(), "miniflow's BF16 bytes are the bytes Python's writer produces")
+
+
+def miniflow_reads_python_bfloat16(helper, path):
+    path.write_bytes(serialize_bfloat16(PYTHON_WRITES_BF16, {"writer": "python"}))
+    run = subprocess.run([helper, "check-bf16", str(path)], capture_output=True, text=True)
+    check(run.returncode == 0, f"interop_helper check-bf16: {run.stdout}{run.stderr}".strip())
+
+
 def miniflow_reads_python(helper, path):
     save_file(PYTHON_WRITES, str(path), metadata={"writer": "python"})
     run = subprocess.run([helper, "check", str(path)], capture_output=True, text=True)
@@ -101,6 +157,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="miniflow_interop_") as tmp:
         python_reads_miniflow(helper, Path(tmp) / "from_miniflow.safetensors")
         miniflow_reads_python(helper, Path(tmp) / "from_python.safetensors")
+        python_reads_miniflow_bfloat16(helper, Path(tmp) / "bf16_from_miniflow.safetensors")
+        miniflow_reads_python_bfloat16(helper, Path(tmp) / "bf16_from_python.safetensors")
     print(f"interop: {results['passed']} passed, {results['failed']} failed")
     sys.exit(1 if results["failed"] else 0)
 

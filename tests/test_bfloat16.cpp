@@ -1,0 +1,146 @@
+// bfloat16 as a storage dtype: the conversions against bit patterns worked out by hand (a bfloat16 is
+// the top 16 bits of a float32: sign, 8 exponent bits, 7 fraction bits), then tensors holding it:
+// casts, fills, views, printing, checkpoints, and the ops that refuse it.
+#include <doctest/doctest.h>
+
+#include "miniflow.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+using namespace mf;
+
+namespace {
+
+uint16_t bits_of(float value) { return bfloat16(value).bits; }
+uint16_t bits_of(double value) { return bfloat16(value).bits; }
+float from_float_bits(uint32_t bits) { return std::bit_cast<float>(bits); }
+float float_of(uint16_t bits) { return static_cast<float>(bfloat16::from_bits(bits)); }
+
+}  // namespace
+
+TEST_CASE("float32 to bfloat16 rounds to nearest, ties to even") {
+  CHECK(bits_of(1.0f) == 0x3F80);
+  CHECK(bits_of(-2.5f) == 0xC020);
+  // 1 + 2^-8 lies halfway between 1 (0x3F80) and 1 + 2^-7 (0x3F81): the even one, 0x3F80.
+  CHECK(bits_of(from_float_bits(0x3F808000)) == 0x3F80);
+  // 1 + 3 * 2^-8 lies halfway between 0x3F81 and 0x3F82: the even one, 0x3F82.
+  CHECK(bits_of(from_float_bits(0x3F818000)) == 0x3F82);
+  // One float ulp above the halfway point rounds up, one below rounds down.
+  CHECK(bits_of(from_float_bits(0x3F808001)) == 0x3F81);
+  CHECK(bits_of(from_float_bits(0x3F807FFF)) == 0x3F80);
+  // The largest bfloat16 (0x7F7F, (2 - 2^-7) 2^127) stays; float32's largest lies past the halfway point
+  // (2 - 2^-8) 2^127 to infinity, so it rounds to infinity.
+  CHECK(bits_of(from_float_bits(0x7F7F0000)) == 0x7F7F);
+  CHECK(bits_of(std::numeric_limits<float>::max()) == 0x7F80);
+  CHECK(bits_of(std::numeric_limits<float>::infinity()) == 0x7F80);
+  CHECK(bits_of(-std::numeric_limits<float>::infinity()) == 0xFF80);
+  CHECK(bits_of(-0.0f) == 0x8000);
+}
+
+TEST_CASE("NaN stays NaN and subnormals are rounded, not flushed") {
+  CHECK(bits_of(from_float_bits(0x7FC00000)) == 0x7FC0);  // the quiet NaN
+  CHECK(bits_of(from_float_bits(0xFFC00000)) == 0xFFC0);  // its sign is kept
+  // A NaN whose payload lies only in the dropped bits: truncated it would read as infinity.
+  CHECK(bits_of(from_float_bits(0x7F800001)) == 0x7FC0);
+  CHECK(std::isnan(float_of(bits_of(from_float_bits(0x7F800001)))));
+  // 2^-133 is the smallest bfloat16 subnormal (0x0001); half of it ties to the even 0x0000, one and
+  // a half ties to the even 0x0002.
+  CHECK(bits_of(from_float_bits(0x00010000)) == 0x0001);
+  CHECK(bits_of(from_float_bits(0x00008000)) == 0x0000);
+  CHECK(bits_of(from_float_bits(0x00018000)) == 0x0002);
+  // float32's largest subnormal rounds up to the smallest normal bfloat16.
+  CHECK(bits_of(from_float_bits(0x007FFFFF)) == 0x0080);
+}
+
+TEST_CASE("float64 to bfloat16 is rounded once, not through float32's rounding") {
+  // 1 + 2^-8 + 2^-30: float32 would round it to 1 + 2^-8 (the 2^-30 is below its ulp), and that tie
+  // to 1. Rounded once, it lies above the halfway point: 1 + 2^-7.
+  CHECK(bits_of(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30)) == 0x3F81);
+  CHECK(bits_of(1.0 + std::ldexp(1.0, -8) - std::ldexp(1.0, -30)) == 0x3F80);
+  CHECK(bits_of(1.0 + std::ldexp(1.0, -8)) == 0x3F80);  // an exact tie still goes to even
+  CHECK(bits_of(1e300) == 0x7F80);
+  CHECK(bits_of(-1e-300) == 0x8000);
+  CHECK(bits_of(std::nan("")) == 0x7FC0);
+}
+
+TEST_CASE("bfloat16 to float32 is exact") {
+  CHECK(float_of(0x3F81) == 1.0078125f);  // 1 + 2^-7
+  CHECK(float_of(0x0001) == std::ldexp(1.0f, -133));
+  CHECK(float_of(0xFF80) == -std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(float_of(0x7FC0)));
+  CHECK(std::signbit(float_of(0x8000)));
+}
+
+TEST_CASE("tensors hold bfloat16: casts both ways, fills, views and printing") {
+  Tensor x = from_vector<float>({1.0f, -2.5f, 3.0f, 1.00390625f, 65536.0f, 0.1f}, {2, 3});
+  Tensor b = x.to(DType::BFloat16);
+  CHECK(b.dtype() == DType::BFloat16);
+  CHECK(b.element_size() == 2);
+  CHECK(is_floating(b.dtype()));
+  // 1 + 2^-8 ties to 1; 0.1f (0x3DCCCCCD) rounds to 0x3DCD = 0.10009765625.
+  CHECK(b.to(DType::Float32).to_vector<float>() ==
+        std::vector<float>{1.0f, -2.5f, 3.0f, 1.0f, 65536.0f, 0.10009765625f});
+  CHECK(b.to_vector<bfloat16>()[5].bits == 0x3DCD);
+  CHECK(b.at<double>({1, 2}) == 0.10009765625);
+  // 257 lies halfway between the neighbours 256 and 258: the even one, 256 (0x4380).
+  CHECK(from_vector<int64_t>({257, -3}).to(DType::BFloat16).to_vector<bfloat16>()[0].bits == 0x4380);
+  CHECK(from_vector<bool>({true, false}).to(DType::BFloat16).to_vector<double>() == std::vector<double>{1, 0});
+  CHECK(b.to(DType::Int64).to_vector<int64_t>() == std::vector<int64_t>{1, -2, 3, 1, 65536, 0});
+  CHECK(b[1][2].item<double>() == 0.10009765625);
+  CHECK(b.to(DType::Float64).to_vector<double>()[1] == -2.5);
+  CHECK(b.t().contiguous().to(DType::Float32).to_vector<float>() ==
+        std::vector<float>{1.0f, 1.0f, -2.5f, 65536.0f, 3.0f, 0.10009765625f});
+  CHECK(full({2}, 0.1, DType::BFloat16).to_vector<bfloat16>()[0].bits == 0x3DCD);  // 0.1 as a double, rounded once
+  CHECK(zeros({3}, DType::BFloat16).to_vector<double>() == std::vector<double>{0, 0, 0});
+  CHECK(to_string(from_vector<float>({1.0f, 2.5f}).to(DType::BFloat16)) == "tensor([1.0000, 2.5000], dtype=bfloat16)");
+  CHECK(promote_types(DType::BFloat16, DType::Float32) == DType::Float32);
+  CHECK(promote_types(DType::BFloat16, DType::Int64) == DType::BFloat16);
+}
+
+TEST_CASE("casts through bfloat16 carry gradients back in float32") {
+  Tensor x = from_vector<float>({1.5f, -2.0f, 0.1f});
+  x.set_requires_grad(true);
+  Tensor y = x.to(DType::BFloat16).to(DType::Float32).mul(2.0).sum();
+  y.backward();
+  CHECK(x.grad().dtype() == DType::Float32);
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{2.0f, 2.0f, 2.0f});
+}
+
+TEST_CASE("ops that compute refuse bfloat16, naming the op and what to do") {
+  Tensor b = ones({2, 2}, DType::BFloat16);
+  CHECK_THROWS_WITH_AS(b.add(b), doctest::Contains("add: bfloat16 tensors are stored, cast, copied, filled and viewed "
+                                                    "so far, not computed with"),
+                       Error);
+  CHECK_THROWS_WITH_AS(b.matmul(b), doctest::Contains("cast with .to(mf::DType::Float32) first"), Error);
+  CHECK_THROWS_WITH_AS(b.softmax(-1), doctest::Contains("softmax: bfloat16"), Error);
+  CHECK_THROWS_WITH_AS(arange(0, 4, 1, DType::BFloat16), doctest::Contains("arange: bfloat16"), Error);
+  CHECK_THROWS_WITH_AS(b.to(Device::cuda()), doctest::Contains("bfloat16 tensors stay on the CPU so far"), Error);
+  Tensor weight = ones({2}, DType::BFloat16);
+  weight.set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(optim::SGD({weight}, {.lr = 0.1}), doctest::Contains("keep master weights in float32"), Error);
+  // Views need no kernel and take any dtype.
+  CHECK(b.view({4}).narrow(0, 1, 2).to_vector<double>() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("bfloat16 tensors round-trip through safetensors as BF16") {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "mf_bfloat16_test.safetensors";
+  Tensor b = from_vector<float>({0.1f, -3.0f, 1e30f, std::numeric_limits<float>::infinity()}, {2, 2})
+                 .to(DType::BFloat16);
+  nn::save_tensors(path.string(), {{"b", b}});
+  nn::TensorFile file = nn::load_tensors(path.string());
+  std::filesystem::remove(path);
+  REQUIRE(file.tensors.size() == 1);
+  const Tensor& loaded = file.tensors[0].tensor;
+  CHECK(loaded.dtype() == DType::BFloat16);
+  CHECK(loaded.shape() == Shape{2, 2});
+  std::vector<uint16_t> got, want;
+  for (bfloat16 v : loaded.to_vector<bfloat16>()) got.push_back(v.bits);
+  for (bfloat16 v : b.to_vector<bfloat16>()) want.push_back(v.bits);
+  CHECK(got == want);
+  CHECK(nn::to_record("b", b).dtype == DType::BFloat16);
+}
