@@ -191,4 +191,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 void set_num_threads(int n);
 int get_num_threads();
 
+/// How float32 matrix products may compute (torch.set_float32_matmul_precision): "highest" (the
+/// default) and "high" in float32; "medium" with the operands rounded to bfloat16 and the products
+/// summed in float32, on CPUs whose AVX512-BF16 dot products make that faster (Intel Cooper Lake,
+/// AMD Zen 4; elsewhere, or with MINIFLOW_ISA narrower than avx512, it stays float32). It covers
+/// the float32 GEMMs on the CPU (matmul, linear, attention's products, and their gradients) except
+/// linear layers over 32 rows or fewer, whose float32 kernel is the faster. Any other value throws
+/// mf::Error.
+void set_float32_matmul_precision(const std::string& precision);
+std::string get_float32_matmul_precision();
+
 }  // namespace mf

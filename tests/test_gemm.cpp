@@ -2,7 +2,10 @@
 // paths this CPU runs, and its AVX2 path against its AVX-512 one bit for bit.
 #include "ops/cpu/sgemm.h"
 
+#include "core/dtype.h"
 #include "core/isa.h"
+#include "miniflow.h"
+#include "ops/cpu/gemm_bf16.h"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -153,4 +156,101 @@ TEST_CASE("miniflow's GEMM gives the same bits on its AVX2 path as on its AVX-51
                                               b.ld, c->values.data(), c->ld, epilogue));
           CHECK(std::memcmp(c512.values.data(), c2.values.data(), c2.values.size() * sizeof(float)) == 0);
         }
+}
+
+// The bfloat16 GEMM (ops/cpu/gemm_bf16.h) against float64 sums of the bfloat16-rounded operands.
+// Each product of two bfloat16 values is exact in float32 (8 + 8 significant bits), so a path errs
+// only in its float32 additions: k of them per element (one per product, one per block of k added to
+// C) each with relative error at most u = 2^-24, which bounds the result's error by
+// gamma_{k+1} = (k+1)u / (1 - (k+1)u) times the sum of |products| (Higham, Accuracy and Stability of
+// Numerical Algorithms, 2nd ed., section 3.1). Against the unrounded float32 operands each product is
+// off by at most (2 * 2^-8 + 2^-16) of its size besides.
+TEST_CASE("the bfloat16 GEMM sums the rounded operands' products to float32 accuracy, on each path") {
+  std::mt19937 rng(20261126);
+  auto rounded = [](float x) { return static_cast<double>(static_cast<float>(mf::bfloat16(x))); };
+  std::vector<bool> paths{false};
+  if (mf::cpu::gemm_bf16_uses_dot_products()) paths.push_back(true);
+  else MESSAGE("the AVX512-BF16 path is not checked: this CPU (or MINIFLOW_ISA) does not run vdpbf16ps");
+  struct Shape3 {
+    int64_t rows, cols, depth;
+  };
+  // Strips of 12 rows and panels of 32 columns with remainders, 512 columns and 256 pairs of k per block
+  // with remainders, an odd depth (a zero pads the last pair), single elements.
+  for (Shape3 s : {Shape3{1, 1, 1}, Shape3{13, 33, 3}, Shape3{25, 515, 64}, Shape3{7, 40, 1031}, Shape3{30, 17, 530}})
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true})
+        for (bool accumulate : {false, true})
+          for (bool dot_products : paths) {
+            CAPTURE(s.rows);
+            CAPTURE(s.cols);
+            CAPTURE(s.depth);
+            CAPTURE(trans_a);
+            CAPTURE(trans_b);
+            CAPTURE(accumulate);
+            CAPTURE(dot_products);
+            const float nan = std::numeric_limits<float>::quiet_NaN();
+            Operand a = trans_a ? random_matrix(s.depth, s.rows, 3, nan, rng) : random_matrix(s.rows, s.depth, 3, nan, rng);
+            Operand b = trans_b ? random_matrix(s.cols, s.depth, 2, nan, rng) : random_matrix(s.depth, s.cols, 2, nan, rng);
+            Operand c = random_matrix(s.rows, s.cols, 1, nan, rng);
+            const std::vector<float> c_before = c.values;
+            mf::cpu::detail::gemm_bf16_on(dot_products, trans_a, trans_b, s.rows, s.cols, s.depth, a.values.data(),
+                                          a.ld, b.values.data(), b.ld, c.values.data(), c.ld,
+                                          {.beta = accumulate ? 1.0f : 0.0f});
+            const double u = std::ldexp(1.0, -24), gamma = (s.depth + 1) * u / (1 - (s.depth + 1) * u);
+            int bad = 0;
+            for (int64_t i = 0; i < s.rows; ++i)
+              for (int64_t j = 0; j < s.cols; ++j) {
+                const double start = accumulate ? c_before[static_cast<size_t>(i * c.ld + j)] : 0.0;
+                double sum = start, magnitude = std::fabs(start);
+                for (int64_t p = 0; p < s.depth; ++p) {
+                  const double x = rounded(a.values[static_cast<size_t>(trans_a ? p * a.ld + i : i * a.ld + p)]);
+                  const double y = rounded(b.values[static_cast<size_t>(trans_b ? j * b.ld + p : p * b.ld + j)]);
+                  sum += x * y;
+                  magnitude += std::fabs(x * y);
+                }
+                const double got = c.values[static_cast<size_t>(i * c.ld + j)];
+                if (!(std::fabs(got - sum) <= gamma * magnitude) && bad++ < 3)
+                  FAIL_CHECK(fmt::format("c[{}][{}] = {} but the rounded operands' sum is {} (bound {})", i, j, got,
+                                         sum, gamma * magnitude));
+              }
+            CHECK(bad == 0);
+            for (int64_t i = 0; i < s.rows; ++i)  // the padding between C's rows is never written
+              CHECK(std::isnan(c.values[static_cast<size_t>(i * c.ld + s.cols)]));
+          }
+}
+
+TEST_CASE("set_float32_matmul_precision(\"medium\") takes float32 products to bfloat16 where AVX512-BF16 runs") {
+  CHECK(mf::get_float32_matmul_precision() == "highest");
+  CHECK_THROWS_WITH_AS(mf::set_float32_matmul_precision("low"),
+                       "set_float32_matmul_precision: expected \"highest\", \"high\" or \"medium\", got \"low\"",
+                       mf::Error);
+  mf::Tensor x = mf::randn({40, 70}), w = mf::randn({50, 70}), bias = mf::randn({50});
+  auto round_trip = [](const mf::Tensor& t) { return t.to(mf::DType::BFloat16).to(mf::DType::Float32); };
+  const mf::Tensor exact = mf::linear(x, w, bias);
+  const mf::Tensor from_rounded = mf::linear(round_trip(x), round_trip(w), bias);  // float32 sums, rounded inputs
+  mf::set_float32_matmul_precision("medium");
+  CHECK(mf::get_float32_matmul_precision() == "medium");
+  const mf::Tensor medium = mf::linear(x, w, bias);
+  const mf::Tensor medium_product = mf::matmul(x, w.t());
+  mf::set_float32_matmul_precision("highest");
+  const std::vector<float> got = medium.to_vector<float>(), exact_values = exact.to_vector<float>(),
+                           rounded_values = from_rounded.to_vector<float>();
+  if (!mf::cpu::gemm_bf16_uses_dot_products()) {
+    CHECK(got == exact_values);  // no AVX512-BF16 here: float32 products stay float32
+    return;
+  }
+  // Against float32 sums of the rounded inputs only the order of the float32 additions differs: 70
+  // products of magnitude ~1 each, so a few float32 ulps of ~10. Against the exact inputs, bfloat16's
+  // rounding (2^-9 relative per input) shows.
+  double largest_from_rounded = 0, largest_from_exact = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    largest_from_rounded = std::max(largest_from_rounded, std::fabs(double(got[i]) - rounded_values[i]));
+    largest_from_exact = std::max(largest_from_exact, std::fabs(double(got[i]) - exact_values[i]));
+  }
+  CHECK(largest_from_rounded < 1e-4);
+  CHECK(largest_from_exact > 1e-3);
+  const std::vector<float> product_plus_bias = medium_product.add(bias).to_vector<float>();
+  double largest_gap = 0;  // the same products, the bias added after the GEMM instead of in it
+  for (size_t i = 0; i < got.size(); ++i) largest_gap = std::max(largest_gap, std::fabs(double(got[i]) - product_plus_bias[i]));
+  CHECK(largest_gap < 1e-5);
 }

@@ -195,7 +195,7 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool
 
 int main(int argc, char** argv) {
   return mf::tools::run_tool("bench_transformer", [&] {
-    std::string only;
+    std::string only, precision = "highest";
     int threads = mf::get_num_threads();
     int64_t steps = 10;
     bool json = false;
@@ -206,8 +206,14 @@ int main(int argc, char** argv) {
     args.add("threads", &threads, "intra-op threads (OpenBLAS runs single-threaded inside them)");
     args.add("steps", &steps, "timed steps per config, after 2 warm-up steps");
     args.add("device", &device, "where to run: cpu, cuda or cuda:N");
+    args.add("float32-matmul-precision", &precision,
+             "highest (float32 products) or medium (bfloat16 operands where AVX512-BF16 runs), as "
+             "mf::set_float32_matmul_precision");
     args.add_switch("json", &json, "print one JSON object per config instead of a table");
     if (!args.parse(argc, argv)) return 0;
+    if (precision != "highest" && precision != "medium")
+      throw mf::tools::UsageError(fmt::format("unknown --float32-matmul-precision '{}' (highest or medium)", precision));
+    mf::set_float32_matmul_precision(precision);
     if (steps < 1) throw mf::tools::UsageError("--steps must be at least 1");
     bool known = only.empty();
     for (const BenchConfig& c : mf::tools::kBenchConfigs) known = known || only == c.name;
@@ -215,7 +221,9 @@ int main(int argc, char** argv) {
     mf::tools::check_device_available(device, "--device");
     mf::set_num_threads(threads);
 
-    if (!json) fmt::print("CPU {}: {}\n{}, threads {}\n", mf::cpu_model_name(), mf::describe_kernel_isa(), device.str(), threads);
+    if (!json)
+      fmt::print("CPU {}: {}\n{}, threads {}, float32 matmul precision {}\n", mf::cpu_model_name(),
+                 mf::describe_kernel_isa(), device.str(), threads, precision);
     for (const BenchConfig& c : mf::tools::kBenchConfigs) {
       if (!only.empty() && only != c.name) continue;
       auto result = bench_config(c, static_cast<int>(steps), std::string(c.name) == "small", device);
@@ -223,6 +231,7 @@ int main(int argc, char** argv) {
         std::string fields =
             fmt::format("\"config\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"kernels\": \"{}\"", c.name,
                         device.str(), threads, mf::isa_name(mf::kernel_isa()));
+        fields += fmt::format(", \"float32_matmul_precision\": \"{}\"", precision);
         for (const auto& [key, value] : result) fields += fmt::format(", \"{}\": {:.6g}", key, value);
         fmt::print("{{{}}}\n", fields);
         continue;

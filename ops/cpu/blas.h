@@ -1,9 +1,10 @@
 // The one typed entry to GEMM, shared by matmul, linear and the fused attention kernels: float
-// products run miniflow's own kernel where the CPU has AVX-512 or AVX2 (ops/cpu/sgemm.h), the rest
-// OpenBLAS.
+// products run miniflow's own kernel where the CPU has AVX-512 or AVX2 (ops/cpu/sgemm.h), or its
+// bfloat16 one under set_float32_matmul_precision("medium") (ops/cpu/gemm_bf16.h), the rest OpenBLAS.
 #pragma once
 
 #include "ops/math.h"
+#include "ops/cpu/gemm_bf16.h"
 #include "ops/cpu/sgemm.h"
 
 #include <cblas.h>
@@ -13,11 +14,15 @@
 
 namespace mf::cpu {
 
-/// c = op(a) op(b) through `epilogue` (sgemm.h: alpha, beta, bias, relu), row-major, op(a) rows x
-/// depth, op(b) depth x cols, for float or double.
+/// Whether float32 products take the bfloat16 GEMM: set_float32_matmul_precision("medium") on a CPU
+/// where it runs on AVX512-BF16 (ops/threads.cpp).
+bool products_in_bfloat16();
+
+/// gemm below, always in the operands' own precision.
 template <typename T>
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t rows, int64_t cols, int64_t depth, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T* c, int64_t ldc, const GemmEpilogue<T>& epilogue = {}) {
+void gemm_full_precision(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t rows, int64_t cols, int64_t depth,
+                         const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
+                         const GemmEpilogue<T>& epilogue = {}) {
   if constexpr (std::is_same_v<T, float>)
     if (sgemm(ta != CblasNoTrans, tb != CblasNoTrans, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue)) return;
   T beta = epilogue.beta;
@@ -34,6 +39,17 @@ void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t rows, int64_t cols, in
   if (epilogue.relu)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = math::Relu{}(c[i * ldc + j]);
+}
+
+/// c = op(a) op(b) through `epilogue` (sgemm.h: alpha, beta, bias, relu), row-major, op(a) rows x
+/// depth, op(b) depth x cols, for float or double.
+template <typename T>
+void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t rows, int64_t cols, int64_t depth, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T* c, int64_t ldc, const GemmEpilogue<T>& epilogue = {}) {
+  if constexpr (std::is_same_v<T, float>)
+    if (products_in_bfloat16())
+      return gemm_bf16(ta != CblasNoTrans, tb != CblasNoTrans, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
+  gemm_full_precision(ta, tb, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
 }
 
 }  // namespace mf::cpu

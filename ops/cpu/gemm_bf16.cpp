@@ -1,0 +1,265 @@
+// The bfloat16 GEMM (ops/cpu/gemm_bf16.h). Its AVX512-BF16 kernel follows the float32 one's blocking
+// (ops/cpu/sgemm_kernel.inc) with pairs of k as the unit:
+//
+//   for each block of kBlockPairs pairs of k (c accumulates across them)
+//     pack op(A) for those pairs, strips of kStripRows rows, each pair of a row one 32-bit word
+//     for each block of kBlockColumns columns of op(B)
+//       pack them into panels of kPanelColumns columns, per pair one word per column
+//       for each strip, for each panel: the micro-kernel
+//
+// vdpbf16ps adds, in each of 16 float32 lanes, the products of two bfloat16 pairs; the micro-kernel
+// keeps a kStripRows x 32 tile of c in 24 registers, loads a panel's two vectors per pair, broadcasts
+// a row's pair, and issues two dot products per row. Packing converts with vcvtne2ps2bf16 (to nearest,
+// ties to even; subnormal inputs read as zero), so every operand element is converted once per block.
+#include "ops/cpu/gemm_bf16.h"
+
+#include "core/dtype.h"
+#include "ops/cpu/blas.h"
+#include "ops/cpu/float_vectors.h"
+#include "ops/math.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+namespace mf::cpu {
+namespace {
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return has;
+#else
+  return false;
+#endif
+}
+
+/// The other path: op(a) and op(b) rounded to bfloat16 values (held as floats, which they fit
+/// exactly), then the float32 GEMM.
+void gemm_rounded_float32(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a,
+                          int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                          const GemmEpilogue<float>& epilogue) {
+  auto rounded = [](float x) { return static_cast<float>(bfloat16(x)); };
+  std::vector<float> a_rounded(static_cast<size_t>(rows * depth)), b_rounded(static_cast<size_t>(depth * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t p = 0; p < depth; ++p)
+      a_rounded[static_cast<size_t>(i * depth + p)] = rounded(trans_a ? a[p * lda + i] : a[i * lda + p]);
+  for (int64_t p = 0; p < depth; ++p)
+    for (int64_t j = 0; j < cols; ++j)
+      b_rounded[static_cast<size_t>(p * cols + j)] = rounded(trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+  gemm_full_precision<float>(CblasNoTrans, CblasNoTrans, rows, cols, depth, a_rounded.data(), depth, b_rounded.data(),
+                             cols, c, ldc, epilogue);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+MF_BEGIN_TARGET("avx512f,avx512bw,avx512bf16")
+
+constexpr int64_t kStripRows = 12;
+constexpr int64_t kPanelColumns = 32;
+constexpr int64_t kBlockPairs = 256;     // 512 values of k
+constexpr int64_t kBlockColumns = 512;   // a packed block of B: 256 pairs x 512 columns x 4 bytes = 512 KiB
+
+/// A 64-byte aligned buffer of `words` words, kept between calls (one per thread).
+inline uint32_t* aligned_words(std::vector<uint32_t>& buffer, int64_t words) {
+  if (buffer.size() < static_cast<size_t>(words + 16)) buffer.resize(static_cast<size_t>(words + 16));
+  void* start = buffer.data();
+  size_t space = buffer.size() * sizeof(uint32_t);
+  return static_cast<uint32_t*>(std::align(64, static_cast<size_t>(words) * sizeof(uint32_t), start, space));
+}
+
+/// 16 pairs (lo[t], hi[t]) as bfloat16, one 32-bit word each: the low half of each word is lo's.
+inline __m512i interleaved_pairs(__m512 lo, __m512 hi) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+/// 16 consecutive pairs of a row, x[2t], x[2t + 1] for t < 16, from `count` (<= 32) floats at x.
+inline __m512i row_pairs(const float* x, int64_t count) {
+  __m512 first = _mm512_maskz_loadu_ps(Avx512Floats::first_lanes(count), x);
+  __m512 second = _mm512_maskz_loadu_ps(Avx512Floats::first_lanes(count - 16), x + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(second, first);  // bfloat16 k order: word t holds k = 2t, 2t + 1
+}
+
+/// Packs op(a)'s rows [0, rows) over pairs [0, pairs) of the block starting at k = k0 (depth values of k
+/// in all): strip s holds, per pair q, kStripRows words at packed + (s * pairs + q) * kStripRows.
+void pack_a(bool trans_a, int64_t rows, int64_t pairs, int64_t k0, int64_t depth, const float* a, int64_t lda,
+            uint32_t* packed) {
+  alignas(64) uint32_t words[16];
+  if (!trans_a) {  // row i's pairs are runs of its values
+    for (int64_t i = 0; i < rows; ++i) {
+      uint32_t* strip = packed + (i / kStripRows) * pairs * kStripRows + i % kStripRows;
+      for (int64_t q = 0; q < pairs; q += 16) {
+        _mm512_store_si512(words, row_pairs(a + i * lda + k0 + 2 * q, depth - (k0 + 2 * q)));
+        for (int64_t t = 0; t < std::min<int64_t>(16, pairs - q); ++t) strip[(q + t) * kStripRows] = words[t];
+      }
+    }
+    return;
+  }
+  // op(a) = a^T: row i's pair q is a[k][i], a[k + 1][i]: 16 rows of one pair come from two runs of a.
+  for (int64_t q = 0; q < pairs; ++q) {
+    const int64_t k = k0 + 2 * q;
+    for (int64_t i = 0; i < rows; i += 16) {
+      __mmask16 present = Avx512Floats::first_lanes(rows - i);
+      __m512 lo = _mm512_maskz_loadu_ps(present, a + k * lda + i);
+      __m512 hi = k + 1 < depth ? _mm512_maskz_loadu_ps(present, a + (k + 1) * lda + i) : _mm512_setzero_ps();
+      _mm512_store_si512(words, interleaved_pairs(lo, hi));
+      for (int64_t t = 0; t < std::min<int64_t>(16, rows - i); ++t) {
+        const int64_t row = i + t;
+        packed[((row / kStripRows) * pairs + q) * kStripRows + row % kStripRows] = words[t];
+      }
+    }
+  }
+}
+
+/// Packs op(b)'s columns [0, width) over pairs [0, pairs) of the block starting at k = k0 into panels
+/// of kPanelColumns columns: panel n holds, per pair q, one word per column at packed + (n * pairs + q)
+/// * kPanelColumns; columns past width are zero.
+void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t depth, const float* b, int64_t ldb,
+            uint32_t* packed) {
+  for (int64_t j = 0; j < width; j += 16) {
+    uint32_t* panel = packed + (j / kPanelColumns) * pairs * kPanelColumns + j % kPanelColumns;
+    const __mmask16 present = Avx512Floats::first_lanes(width - j);
+    if (!trans_b) {  // pair q of 16 columns: two runs of b's rows k and k + 1
+      for (int64_t q = 0; q < pairs; ++q) {
+        const int64_t k = k0 + 2 * q;
+        __m512 lo = k < depth ? _mm512_maskz_loadu_ps(present, b + k * ldb + j) : _mm512_setzero_ps();
+        __m512 hi = k + 1 < depth ? _mm512_maskz_loadu_ps(present, b + (k + 1) * ldb + j) : _mm512_setzero_ps();
+        _mm512_store_si512(panel + q * kPanelColumns, interleaved_pairs(lo, hi));
+      }
+      continue;
+    }
+    // op(b) = b^T: column j's pairs are runs of b's row j; 16 rows x 16 pairs transposed in registers.
+    for (int64_t q = 0; q < pairs; q += 16) {
+      __m512 tile[16];
+      for (int64_t t = 0; t < 16; ++t)
+        tile[t] = j + t < width ? _mm512_castsi512_ps(row_pairs(b + (j + t) * ldb + k0 + 2 * q, depth - (k0 + 2 * q)))
+                                : _mm512_setzero_ps();
+      Avx512Floats::transpose(tile);
+      for (int64_t t = 0; t < std::min<int64_t>(16, pairs - q); ++t)
+        _mm512_store_si512(panel + (q + t) * kPanelColumns, _mm512_maskz_mov_epi32(present, _mm512_castps_si512(tile[t])));
+    }
+  }
+}
+
+/// c[0:Rows, 0:32 masked] (+)= the strip's rows times the panel over `pairs` pairs.
+template <int64_t Rows>
+[[gnu::always_inline]] inline void tile(int64_t pairs, const uint32_t* strip, const uint32_t* panel, float* c,
+                                        int64_t ldc, __mmask16 low_mask, __mmask16 high_mask, bool accumulate) {
+  __m512 low[Rows], high[Rows];
+#pragma GCC unroll 12
+  for (int64_t r = 0; r < Rows; ++r) low[r] = high[r] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < pairs; ++q) {
+    __m512bh b_low = (__m512bh)_mm512_load_si512(panel + q * kPanelColumns);
+    __m512bh b_high = (__m512bh)_mm512_load_si512(panel + q * kPanelColumns + 16);
+#pragma GCC unroll 12
+    for (int64_t r = 0; r < Rows; ++r) {
+      __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(strip[q * kStripRows + r]));
+      low[r] = _mm512_dpbf16_ps(low[r], a, b_low);
+      high[r] = _mm512_dpbf16_ps(high[r], a, b_high);
+    }
+  }
+#pragma GCC unroll 12
+  for (int64_t r = 0; r < Rows; ++r) {
+    float* row = c + r * ldc;
+    if (accumulate) {
+      low[r] = _mm512_add_ps(low[r], _mm512_maskz_loadu_ps(low_mask, row));
+      high[r] = _mm512_add_ps(high[r], _mm512_maskz_loadu_ps(high_mask, row + 16));
+    }
+    _mm512_mask_storeu_ps(row, low_mask, low[r]);
+    _mm512_mask_storeu_ps(row + 16, high_mask, high[r]);
+  }
+}
+
+template <int64_t Rows>
+[[gnu::noinline]] void strip_tile(int64_t rows, int64_t pairs, const uint32_t* strip, const uint32_t* panel, float* c,
+                                  int64_t ldc, __mmask16 low_mask, __mmask16 high_mask, bool accumulate) {
+  if constexpr (Rows > 1)
+    if (rows < Rows) return strip_tile<Rows - 1>(rows, pairs, strip, panel, c, ldc, low_mask, high_mask, accumulate);
+  tile<Rows>(pairs, strip, panel, c, ldc, low_mask, high_mask, accumulate);
+}
+
+void gemm_dot_products(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a,
+                       int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  thread_local std::vector<uint32_t> packed_a_buffer, packed_b_buffer;
+  const int64_t all_pairs = (depth + 1) / 2;
+  const int64_t strips = (rows + kStripRows - 1) / kStripRows;
+  for (int64_t q0 = 0; q0 < all_pairs; q0 += kBlockPairs) {
+    const int64_t pairs = std::min(kBlockPairs, all_pairs - q0), k0 = 2 * q0;
+    const bool add = accumulate || q0 > 0;
+    uint32_t* packed_a = aligned_words(packed_a_buffer, strips * pairs * kStripRows);
+    pack_a(trans_a, rows, pairs, k0, depth, a, lda, packed_a);
+    for (int64_t j0 = 0; j0 < cols; j0 += kBlockColumns) {
+      const int64_t width = std::min(kBlockColumns, cols - j0);
+      const int64_t panels = (width + kPanelColumns - 1) / kPanelColumns;
+      uint32_t* packed_b = aligned_words(packed_b_buffer, panels * pairs * kPanelColumns);
+      pack_b(trans_b, width, pairs, k0, depth, trans_b ? b + j0 * ldb : b + j0, ldb, packed_b);
+      for (int64_t s = 0; s < strips; ++s) {
+        const int64_t first_row = s * kStripRows;
+        const uint32_t* strip = packed_a + s * pairs * kStripRows;
+        for (int64_t n = 0; n < panels; ++n) {
+          const int64_t first_column = n * kPanelColumns;
+          const int64_t columns = std::min(kPanelColumns, width - first_column);
+          strip_tile<kStripRows>(std::min(kStripRows, rows - first_row), pairs, strip,
+                                 packed_b + n * pairs * kPanelColumns,
+                                 c + first_row * ldc + j0 + first_column, ldc, Avx512Floats::first_lanes(columns),
+                                 Avx512Floats::first_lanes(columns - 16), add);
+        }
+      }
+    }
+  }
+}
+
+MF_END_TARGET
+#endif
+
+/// The kernel's c (+)= product, then the rest of the epilogue: c = alpha product + beta c + bias, then
+/// ReLU, in sgemm's order. alpha != 1 or a beta other than 0 and 1 take the product through a buffer.
+void gemm_dot_products_through(const GemmEpilogue<float>& epilogue, bool trans_a, bool trans_b, int64_t rows,
+                               int64_t cols, int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb,
+                               float* c, int64_t ldc) {
+  const auto [alpha, beta, bias, relu] = epilogue;
+  if (alpha == 1 && (beta == 0 || beta == 1)) {
+    gemm_dot_products(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, beta == 1);
+    if (bias == nullptr && !relu) return;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        float value = c[i * ldc + j] + (bias ? bias[j] : 0.0f);
+        c[i * ldc + j] = relu ? math::Relu{}(value) : value;
+      }
+    return;
+  }
+  std::vector<float> product(static_cast<size_t>(rows * cols));
+  gemm_dot_products(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, product.data(), cols, false);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      float value = alpha * product[static_cast<size_t>(i * cols + j)];
+      if (beta != 0) value += beta * c[i * ldc + j];
+      if (bias) value += bias[j];
+      c[i * ldc + j] = relu ? math::Relu{}(value) : value;
+    }
+}
+
+}  // namespace
+
+bool gemm_bf16_uses_dot_products() { return kernel_isa() == Isa::avx512 && cpu_has_avx512_bf16(); }
+
+void detail::gemm_bf16_on(bool dot_products, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth,
+                          const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                          const GemmEpilogue<float>& epilogue) {
+  if (rows == 0 || cols == 0) return;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (dot_products && gemm_bf16_uses_dot_products() && depth > 0)
+    return gemm_dot_products_through(epilogue, trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc);
+#endif
+  gemm_rounded_float32(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float* c, int64_t ldc, const GemmEpilogue<float>& epilogue) {
+  detail::gemm_bf16_on(true, trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
+}
+
+}  // namespace mf::cpu

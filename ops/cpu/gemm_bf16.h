@@ -1,0 +1,36 @@
+// The bfloat16 GEMM: float32 operands rounded to bfloat16 as they are packed, their products summed
+// in float32, as autocast's products are. On CPUs with AVX512-BF16 (Intel Cooper Lake, AMD Zen 4)
+// vdpbf16ps multiplies two pairs per float32 lane, twice the float32 FMA's rate; elsewhere the
+// rounded operands go through the float32 GEMM. Both sum the same exact products (a bfloat16 times
+// a bfloat16 fits a float32), in orders that differ, so the results agree to float32 rounding of
+// the sums, not bit for bit.
+#pragma once
+
+#include "core/isa.h"
+#include "ops/cpu/sgemm.h"
+
+#include <cstdint>
+
+namespace mf::cpu {
+
+/// c = bf16(op(a)) bf16(op(b)) through `epilogue` (sgemm.h: alpha, beta, bias, relu), row-major,
+/// op(x) = x or x^T, op(a) rows x depth, op(b) depth x cols, c rows x cols with rows ldc apart;
+/// bf16(x) rounds each element to bfloat16 (to nearest, ties to even; the AVX512-BF16 path, as its
+/// conversion instruction does, reads subnormal inputs as zero). Single-threaded: callers split the
+/// work.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float* c, int64_t ldc, const GemmEpilogue<float>& epilogue = {});
+
+/// Whether gemm_bf16 runs on vdpbf16ps here: the CPU has AVX512-BF16 and kernel_isa() is avx512.
+bool gemm_bf16_uses_dot_products();
+
+namespace detail {
+/// gemm_bf16 on a chosen path, for tests and benchmarks that compare them: `dot_products` runs the
+/// AVX512-BF16 kernel (only where gemm_bf16_uses_dot_products()), otherwise the rounded operands go
+/// through the float32 GEMM of kernel_isa().
+void gemm_bf16_on(bool dot_products, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                  const GemmEpilogue<float>& epilogue = {});
+}  // namespace detail
+
+}  // namespace mf::cpu
