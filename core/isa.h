@@ -31,6 +31,10 @@ Isa kernel_isa();
 /// runs avx512)" or "kernels avx512 (the widest this CPU runs; MINIFLOW_ISA=avx2|baseline narrows it)".
 std::string describe_kernel_isa();
 
+/// Whether the CPU has AVX-512 with its bfloat16 instructions (AVX512-BF16 and AVX512-BW: Intel Cooper
+/// Lake, AMD Zen 4), which the bfloat16 GEMM uses.
+bool cpu_has_avx512_bf16();
+
 /// The CPU's model name from /proc/cpuinfo ("AMD EPYC 9B14"), or "unknown CPU".
 std::string cpu_model_name();
 

@@ -4,8 +4,12 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <set>
 #include <sstream>
+#include <string>
 
 using namespace mf;
 
@@ -81,6 +85,21 @@ TEST_CASE("messages print a NaN as nan whatever its sign bit; infinities keep th
   CHECK(readable(int64_t{-3}) == -3);
   // fail() and so MF_CHECK format alike.
   CHECK_THROWS_WITH_AS(fail("the norm is {}", -nan), "the norm is nan", mf::Error);
+}
+
+TEST_CASE("cpu_has_avx512_bf16 agrees with the kernel's flags in /proc/cpuinfo") {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line) && !line.starts_with("flags")) {
+  }
+  if (line.empty()) {
+    MESSAGE("skipped: /proc/cpuinfo lists no flags");
+    return;
+  }
+  std::istringstream words(line);
+  std::set<std::string> flags{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
+  CHECK(cpu_has_avx512_bf16() == (flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512_bf16")));
+  MESSAGE("AVX512-BF16: ", cpu_has_avx512_bf16());
 }
 
 TEST_CASE("MINIFLOW_ISA narrows the kernel path and never widens it") {

@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
     fmt::print("CPU {}: {}; {} with its {} kernels; threads {}\n", mf::cpu_model_name(), mf::describe_kernel_isa(),
                openblas_get_config(), openblas_get_corename(), threads);
     if (precision == "medium") {
-      if (!__builtin_cpu_supports("avx512bf16"))
+      if (!mf::cpu_has_avx512_bf16())
         fmt::print("this CPU has no AVX512-BF16: medium precision stays float32\n");
       else
         fmt::print("miniflow in bfloat16 (float32 sums); vdpbf16ps peak on one core: {:.1f} GFLOP/s\n",

@@ -27,15 +27,6 @@
 namespace mf::cpu {
 namespace {
 
-bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-  return has;
-#else
-  return false;
-#endif
-}
-
 /// The other path: op(a) and op(b) rounded to bfloat16 values (held as floats, which they fit
 /// exactly), then the float32 GEMM.
 void gemm_rounded_float32(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a,
@@ -144,6 +135,13 @@ void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t dept
   }
 }
 
+/// acc plus, in each float32 lane, the products of a's and b's bfloat16 pairs (vdpbf16ps). Written as
+/// the instruction itself: clang 16 crashes optimizing _mm512_dpbf16_ps's bfloat16 vector operands.
+[[gnu::always_inline]] inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
 /// c[0:Rows, 0:32 masked] (+)= the strip's rows times the panel over `pairs` pairs.
 template <int64_t Rows>
 [[gnu::always_inline]] inline void tile(int64_t pairs, const uint32_t* strip, const uint32_t* panel, float* c,
@@ -152,13 +150,13 @@ template <int64_t Rows>
 #pragma GCC unroll 12
   for (int64_t r = 0; r < Rows; ++r) low[r] = high[r] = _mm512_setzero_ps();
   for (int64_t q = 0; q < pairs; ++q) {
-    __m512bh b_low = (__m512bh)_mm512_load_si512(panel + q * kPanelColumns);
-    __m512bh b_high = (__m512bh)_mm512_load_si512(panel + q * kPanelColumns + 16);
+    const __m512i b_low = _mm512_load_si512(panel + q * kPanelColumns);
+    const __m512i b_high = _mm512_load_si512(panel + q * kPanelColumns + 16);
 #pragma GCC unroll 12
     for (int64_t r = 0; r < Rows; ++r) {
-      __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(strip[q * kStripRows + r]));
-      low[r] = _mm512_dpbf16_ps(low[r], a, b_low);
-      high[r] = _mm512_dpbf16_ps(high[r], a, b_high);
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(strip[q * kStripRows + r]));
+      low[r] = dot_pairs(low[r], a, b_low);
+      high[r] = dot_pairs(high[r], a, b_high);
     }
   }
 #pragma GCC unroll 12
