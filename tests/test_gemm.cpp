@@ -163,8 +163,10 @@ TEST_CASE("miniflow's GEMM gives the same bits on its AVX2 path as on its AVX-51
 // only in its float32 additions: k of them per element (one per product, one per block of k added to
 // C) each with relative error at most u = 2^-24, which bounds the result's error by
 // gamma_{k+1} = (k+1)u / (1 - (k+1)u) times the sum of |products| (Higham, Accuracy and Stability of
-// Numerical Algorithms, 2nd ed., section 3.1). Against the unrounded float32 operands each product is
-// off by at most (2 * 2^-8 + 2^-16) of its size besides.
+// Numerical Algorithms, 2nd ed., section 3.1). The epilogue (alpha times the sum, plus beta c, plus
+// the bias) rounds up to three times more, so the bound used is gamma_{k+4} times |alpha| sum |products|
+// + |beta c| + |bias|; ReLU moves no value further from its reference. Against the unrounded float32
+// operands each product is off by at most (2 * 2^-8 + 2^-16) of its size besides.
 TEST_CASE("the bfloat16 GEMM sums the rounded operands' products to float32 accuracy, on each path") {
   std::mt19937 rng(20261126);
   auto rounded = [](float x) { return static_cast<double>(static_cast<float>(mf::bfloat16(x))); };
@@ -179,39 +181,50 @@ TEST_CASE("the bfloat16 GEMM sums the rounded operands' products to float32 accu
   for (Shape3 s : {Shape3{1, 1, 1}, Shape3{13, 33, 3}, Shape3{25, 515, 64}, Shape3{7, 40, 1031}, Shape3{30, 17, 530}})
     for (bool trans_a : {false, true})
       for (bool trans_b : {false, true})
-        for (bool accumulate : {false, true})
+        for (int variant = 0; variant < 3; ++variant)  // c = product; c += product; the whole epilogue
           for (bool dot_products : paths) {
             CAPTURE(s.rows);
             CAPTURE(s.cols);
             CAPTURE(s.depth);
             CAPTURE(trans_a);
             CAPTURE(trans_b);
-            CAPTURE(accumulate);
+            CAPTURE(variant);
             CAPTURE(dot_products);
             const float nan = std::numeric_limits<float>::quiet_NaN();
             Operand a = trans_a ? random_matrix(s.depth, s.rows, 3, nan, rng) : random_matrix(s.rows, s.depth, 3, nan, rng);
             Operand b = trans_b ? random_matrix(s.cols, s.depth, 2, nan, rng) : random_matrix(s.depth, s.cols, 2, nan, rng);
             Operand c = random_matrix(s.rows, s.cols, 1, nan, rng);
+            if (variant == 0) std::fill(c.values.begin(), c.values.end(), nan);  // beta = 0 must not read C
             const std::vector<float> c_before = c.values;
+            std::vector<float> bias(static_cast<size_t>(s.cols));
+            for (float& v : bias) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+            const mf::cpu::GemmEpilogue<float> epilogue =
+                variant == 0 ? mf::cpu::GemmEpilogue<float>{}
+                : variant == 1 ? mf::cpu::GemmEpilogue<float>{.beta = 1}
+                               : mf::cpu::GemmEpilogue<float>{.alpha = 0.5f, .beta = -2, .bias = bias.data(), .relu = true};
             mf::cpu::detail::gemm_bf16_on(dot_products, trans_a, trans_b, s.rows, s.cols, s.depth, a.values.data(),
-                                          a.ld, b.values.data(), b.ld, c.values.data(), c.ld,
-                                          {.beta = accumulate ? 1.0f : 0.0f});
-            const double u = std::ldexp(1.0, -24), gamma = (s.depth + 1) * u / (1 - (s.depth + 1) * u);
+                                          a.ld, b.values.data(), b.ld, c.values.data(), c.ld, epilogue);
+            const double u = std::ldexp(1.0, -24), gamma = (s.depth + 4) * u / (1 - (s.depth + 4) * u);
             int bad = 0;
             for (int64_t i = 0; i < s.rows; ++i)
               for (int64_t j = 0; j < s.cols; ++j) {
-                const double start = accumulate ? c_before[static_cast<size_t>(i * c.ld + j)] : 0.0;
-                double sum = start, magnitude = std::fabs(start);
+                double sum = 0, magnitude = 0;
                 for (int64_t p = 0; p < s.depth; ++p) {
                   const double x = rounded(a.values[static_cast<size_t>(trans_a ? p * a.ld + i : i * a.ld + p)]);
                   const double y = rounded(b.values[static_cast<size_t>(trans_b ? j * b.ld + p : p * b.ld + j)]);
                   sum += x * y;
                   magnitude += std::fabs(x * y);
                 }
+                const double start =
+                    epilogue.beta == 0 ? 0.0 : epilogue.beta * c_before[static_cast<size_t>(i * c.ld + j)];
+                const double added = epilogue.bias ? bias[static_cast<size_t>(j)] : 0.0;
+                double want = epilogue.alpha * sum + start + added;
+                if (epilogue.relu) want = std::max(want, 0.0);
+                const double bound = gamma * (std::fabs(epilogue.alpha) * magnitude + std::fabs(start) + std::fabs(added));
                 const double got = c.values[static_cast<size_t>(i * c.ld + j)];
-                if (!(std::fabs(got - sum) <= gamma * magnitude) && bad++ < 3)
-                  FAIL_CHECK(fmt::format("c[{}][{}] = {} but the rounded operands' sum is {} (bound {})", i, j, got,
-                                         sum, gamma * magnitude));
+                if (!(std::fabs(got - want) <= bound) && bad++ < 3)
+                  FAIL_CHECK(fmt::format("c[{}][{}] = {} but the rounded operands give {} (bound {})", i, j, got,
+                                         want, bound));
               }
             CHECK(bad == 0);
             for (int64_t i = 0; i < s.rows; ++i)  // the padding between C's rows is never written

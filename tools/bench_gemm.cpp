@@ -146,14 +146,13 @@ int main(int argc, char** argv) {
     args.add("threads", &threads, "intra-op threads (OpenBLAS runs single-threaded inside them)");
     args.add("reps", &reps, "timed runs of each product on each side; the fastest counts");
     args.add("float32-matmul-precision", &precision,
-             "miniflow's products: highest (float32) or medium (bfloat16 operands where AVX512-BF16 runs)");
+             "miniflow's products: highest or high (float32), or medium (bfloat16 operands where AVX512-BF16 "
+             "runs)");
     if (!args.parse(argc, argv)) return 0;
     if (!only.empty() && only != "square" && only != "small" && only != "base" && only != "decoding")
       throw mf::tools::UsageError(fmt::format("unknown --shapes '{}' (square, small, base or decoding)", only));
     if (reps < 1) throw mf::tools::UsageError("--reps must be at least 1");
-    if (precision != "highest" && precision != "medium")
-      throw mf::tools::UsageError(fmt::format("unknown --float32-matmul-precision '{}' (highest or medium)", precision));
-    mf::set_float32_matmul_precision(precision);
+    mf::tools::set_matmul_precision_flag(precision);
     mf::set_num_threads(threads);
     openblas_set_num_threads(1);
 

@@ -207,13 +207,11 @@ int main(int argc, char** argv) {
     args.add("steps", &steps, "timed steps per config, after 2 warm-up steps");
     args.add("device", &device, "where to run: cpu, cuda or cuda:N");
     args.add("float32-matmul-precision", &precision,
-             "highest (float32 products) or medium (bfloat16 operands where AVX512-BF16 runs), as "
+             "highest or high (float32 products), or medium (bfloat16 operands where AVX512-BF16 runs), as "
              "mf::set_float32_matmul_precision");
     args.add_switch("json", &json, "print one JSON object per config instead of a table");
     if (!args.parse(argc, argv)) return 0;
-    if (precision != "highest" && precision != "medium")
-      throw mf::tools::UsageError(fmt::format("unknown --float32-matmul-precision '{}' (highest or medium)", precision));
-    mf::set_float32_matmul_precision(precision);
+    mf::tools::set_matmul_precision_flag(precision);
     if (steps < 1) throw mf::tools::UsageError("--steps must be at least 1");
     bool known = only.empty();
     for (const BenchConfig& c : mf::tools::kBenchConfigs) known = known || only == c.name;

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/isa.h"
 #include "cuda/cuda.h"
+#include "ops/functional.h"
 
 #include <fmt/format.h>
 
@@ -141,6 +142,14 @@ void check_device_available(Device device, const std::string& flag) {
   MF_CHECK(cuda::is_available(), "{} {}: no CUDA device is available: {}", flag, text, cuda::unavailable_reason());
   MF_CHECK(device.index < cuda::device_count(), "{} {}: only {} CUDA device(s) are visible (cuda:0 to cuda:{})", flag,
            text, cuda::device_count(), cuda::device_count() - 1);
+}
+
+void set_matmul_precision_flag(const std::string& value) {
+  try {
+    mf::set_float32_matmul_precision(value);
+  } catch (const Error& error) {
+    throw UsageError(fmt::format("--float32-matmul-precision: {}", error.what()));
+  }
 }
 
 int run_tool(const std::string& program, const std::function<int()>& body) {

@@ -63,6 +63,10 @@ class ArgParser {
 /// visible GPUs. Every tool calls this for its --device, so they all refuse a device alike.
 void check_device_available(Device device, const std::string& flag);
 
+/// Applies a --float32-matmul-precision value (mf::set_float32_matmul_precision); an unknown one is
+/// bad usage (UsageError).
+void set_matmul_precision_flag(const std::string& value);
+
 /// Runs body() and maps its outcome to an exit status, printing errors to stderr.
 int run_tool(const std::string& program, const std::function<int()>& body);
 

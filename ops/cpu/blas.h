@@ -15,7 +15,7 @@
 namespace mf::cpu {
 
 /// Whether float32 products take the bfloat16 GEMM: set_float32_matmul_precision("medium") on a CPU
-/// where it runs on AVX512-BF16 (ops/threads.cpp).
+/// where it runs on AVX512-BF16 (ops/matmul_precision.cpp).
 bool products_in_bfloat16();
 
 /// gemm below, always in the operands' own precision.

@@ -16,7 +16,6 @@
 #include "core/dtype.h"
 #include "ops/cpu/blas.h"
 #include "ops/cpu/float_vectors.h"
-#include "ops/math.h"
 
 #include <immintrin.h>
 
@@ -142,10 +141,13 @@ void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t dept
   return acc;
 }
 
-/// c[0:Rows, 0:32 masked] (+)= the strip's rows times the panel over `pairs` pairs.
+/// c[0:Rows, 0:32 masked] = the epilogue applied to the strip's rows times the panel over `pairs` pairs:
+/// alpha sums (+ beta c unless beta == 0) (+ bias, the tile's first column's), then ReLU, in sgemm's
+/// order.
 template <int64_t Rows>
 [[gnu::always_inline]] inline void tile(int64_t pairs, const uint32_t* strip, const uint32_t* panel, float* c,
-                                        int64_t ldc, __mmask16 low_mask, __mmask16 high_mask, bool accumulate) {
+                                        int64_t ldc, __mmask16 low_mask, __mmask16 high_mask,
+                                        const GemmEpilogue<float>& epilogue) {
   __m512 low[Rows], high[Rows];
 #pragma GCC unroll 12
   for (int64_t r = 0; r < Rows; ++r) low[r] = high[r] = _mm512_setzero_ps();
@@ -159,34 +161,49 @@ template <int64_t Rows>
       high[r] = dot_pairs(high[r], a, b_high);
     }
   }
+  const auto [alpha, beta, bias, relu] = epilogue;
+  const __m512 alphas = _mm512_set1_ps(alpha), betas = _mm512_set1_ps(beta);
+  const __m512 bias_low = bias ? _mm512_maskz_loadu_ps(low_mask, bias) : _mm512_setzero_ps();
+  const __m512 bias_high = bias ? _mm512_maskz_loadu_ps(high_mask, bias + 16) : _mm512_setzero_ps();
 #pragma GCC unroll 12
   for (int64_t r = 0; r < Rows; ++r) {
     float* row = c + r * ldc;
-    if (accumulate) {
-      low[r] = _mm512_add_ps(low[r], _mm512_maskz_loadu_ps(low_mask, row));
-      high[r] = _mm512_add_ps(high[r], _mm512_maskz_loadu_ps(high_mask, row + 16));
+    __m512 parts[2] = {low[r], high[r]};
+    const __mmask16 masks[2] = {low_mask, high_mask};
+    const __m512 biases[2] = {bias_low, bias_high};
+    for (int half = 0; half < 2; ++half) {
+      __m512 v = alpha != 1 ? _mm512_mul_ps(parts[half], alphas) : parts[half];
+      if (beta == 1) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(masks[half], row + 16 * half));
+      else if (beta != 0) v = _mm512_fmadd_ps(betas, _mm512_maskz_loadu_ps(masks[half], row + 16 * half), v);
+      if (bias) v = _mm512_add_ps(v, biases[half]);
+      if (relu) v = Avx512Floats::relu(v);
+      _mm512_mask_storeu_ps(row + 16 * half, masks[half], v);
     }
-    _mm512_mask_storeu_ps(row, low_mask, low[r]);
-    _mm512_mask_storeu_ps(row + 16, high_mask, high[r]);
   }
 }
 
 template <int64_t Rows>
 [[gnu::noinline]] void strip_tile(int64_t rows, int64_t pairs, const uint32_t* strip, const uint32_t* panel, float* c,
-                                  int64_t ldc, __mmask16 low_mask, __mmask16 high_mask, bool accumulate) {
+                                  int64_t ldc, __mmask16 low_mask, __mmask16 high_mask,
+                                  const GemmEpilogue<float>& epilogue) {
   if constexpr (Rows > 1)
-    if (rows < Rows) return strip_tile<Rows - 1>(rows, pairs, strip, panel, c, ldc, low_mask, high_mask, accumulate);
-  tile<Rows>(pairs, strip, panel, c, ldc, low_mask, high_mask, accumulate);
+    if (rows < Rows) return strip_tile<Rows - 1>(rows, pairs, strip, panel, c, ldc, low_mask, high_mask, epilogue);
+  tile<Rows>(pairs, strip, panel, c, ldc, low_mask, high_mask, epilogue);
 }
 
 void gemm_dot_products(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a,
-                       int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                       int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                       const GemmEpilogue<float>& epilogue) {
   thread_local std::vector<uint32_t> packed_a_buffer, packed_b_buffer;
   const int64_t all_pairs = (depth + 1) / 2;
   const int64_t strips = (rows + kStripRows - 1) / kStripRows;
   for (int64_t q0 = 0; q0 < all_pairs; q0 += kBlockPairs) {
     const int64_t pairs = std::min(kBlockPairs, all_pairs - q0), k0 = 2 * q0;
-    const bool add = accumulate || q0 > 0;
+    // Later blocks of k add to what the first wrote (beta and bias once); the last one clamps.
+    const bool first = q0 == 0;
+    const GemmEpilogue<float> block{.alpha = epilogue.alpha, .beta = first ? epilogue.beta : 1.0f,
+                                    .bias = first ? epilogue.bias : nullptr,
+                                    .relu = epilogue.relu && q0 + kBlockPairs >= all_pairs};
     uint32_t* packed_a = aligned_words(packed_a_buffer, strips * pairs * kStripRows);
     pack_a(trans_a, rows, pairs, k0, depth, a, lda, packed_a);
     for (int64_t j0 = 0; j0 < cols; j0 += kBlockColumns) {
@@ -200,10 +217,12 @@ void gemm_dot_products(bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
         for (int64_t n = 0; n < panels; ++n) {
           const int64_t first_column = n * kPanelColumns;
           const int64_t columns = std::min(kPanelColumns, width - first_column);
+          GemmEpilogue<float> tile_epilogue = block;
+          if (block.bias) tile_epilogue.bias += j0 + first_column;
           strip_tile<kStripRows>(std::min(kStripRows, rows - first_row), pairs, strip,
-                                 packed_b + n * pairs * kPanelColumns,
-                                 c + first_row * ldc + j0 + first_column, ldc, Avx512Floats::first_lanes(columns),
-                                 Avx512Floats::first_lanes(columns - 16), add);
+                                 packed_b + n * pairs * kPanelColumns, c + first_row * ldc + j0 + first_column, ldc,
+                                 Avx512Floats::first_lanes(columns), Avx512Floats::first_lanes(columns - 16),
+                                 tile_epilogue);
         }
       }
     }
@@ -212,33 +231,6 @@ void gemm_dot_products(bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
 
 MF_END_TARGET
 #endif
-
-/// The kernel's c (+)= product, then the rest of the epilogue: c = alpha product + beta c + bias, then
-/// ReLU, in sgemm's order. alpha != 1 or a beta other than 0 and 1 take the product through a buffer.
-void gemm_dot_products_through(const GemmEpilogue<float>& epilogue, bool trans_a, bool trans_b, int64_t rows,
-                               int64_t cols, int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb,
-                               float* c, int64_t ldc) {
-  const auto [alpha, beta, bias, relu] = epilogue;
-  if (alpha == 1 && (beta == 0 || beta == 1)) {
-    gemm_dot_products(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, beta == 1);
-    if (bias == nullptr && !relu) return;
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        float value = c[i * ldc + j] + (bias ? bias[j] : 0.0f);
-        c[i * ldc + j] = relu ? math::Relu{}(value) : value;
-      }
-    return;
-  }
-  std::vector<float> product(static_cast<size_t>(rows * cols));
-  gemm_dot_products(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, product.data(), cols, false);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      float value = alpha * product[static_cast<size_t>(i * cols + j)];
-      if (beta != 0) value += beta * c[i * ldc + j];
-      if (bias) value += bias[j];
-      c[i * ldc + j] = relu ? math::Relu{}(value) : value;
-    }
-}
 
 }  // namespace
 
@@ -250,7 +242,7 @@ void detail::gemm_bf16_on(bool dot_products, bool trans_a, bool trans_b, int64_t
   if (rows == 0 || cols == 0) return;
 #if defined(__x86_64__) && defined(__GNUC__)
   if (dot_products && gemm_bf16_uses_dot_products() && depth > 0)
-    return gemm_dot_products_through(epilogue, trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc);
+    return gemm_dot_products(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
 #endif
   gemm_rounded_float32(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
 }
