@@ -16,6 +16,7 @@ namespace mf {
 namespace {
 
 thread_local bool inside_parallel_region = false;
+thread_local KernelSettings settings_here;
 
 constexpr int kMaxThreads = 4096;  // chunks per run fit the 16 bits the pool counts them in
 
@@ -164,12 +165,21 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
     return;
   }
   int64_t per_chunk = (total + chunks - 1) / chunks;
+  const KernelSettings callers = settings_here;
   pool().run(static_cast<int>(chunks), [&](int chunk) {
     int64_t lo = begin + chunk * per_chunk;
     int64_t hi = std::min(end, lo + per_chunk);
+    KernelSettingsGuard same_as_the_caller(callers);
     if (lo < hi) fn(lo, hi);
   });
 }
+
+const KernelSettings& kernel_settings() { return settings_here; }
+
+KernelSettingsGuard::KernelSettingsGuard(KernelSettings settings) : previous_(settings_here) {
+  settings_here = settings;
+}
+KernelSettingsGuard::~KernelSettingsGuard() { settings_here = previous_; }
 
 SerialThreadGuard::SerialThreadGuard() : previous_(inside_parallel_region) { inside_parallel_region = true; }
 SerialThreadGuard::~SerialThreadGuard() { inside_parallel_region = previous_; }

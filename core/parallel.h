@@ -20,6 +20,27 @@ void set_intra_op_threads(int n);
 /// are reproducible run after run. Calls from inside a chunk run serially. Exceptions propagate.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+/// How kernels are asked to compute, per thread. The dispatcher sets it for an op that autocast
+/// lowers (ops/functional.h's AutocastGuard), and parallel_for carries the caller's settings to the
+/// threads that run its chunks, so a kernel computes alike on every thread it splits over.
+struct KernelSettings {
+  /// float32 GEMMs round their operands to bfloat16 and sum the products in float32.
+  bool bfloat16_products = false;
+};
+const KernelSettings& kernel_settings();
+
+/// Sets this thread's kernel settings for its scope.
+class KernelSettingsGuard {
+ public:
+  explicit KernelSettingsGuard(KernelSettings settings);
+  ~KernelSettingsGuard();
+  KernelSettingsGuard(const KernelSettingsGuard&) = delete;
+  KernelSettingsGuard& operator=(const KernelSettingsGuard&) = delete;
+
+ private:
+  KernelSettings previous_;
+};
+
 /// While alive, parallel_for on this thread runs every range serially on the thread itself. For
 /// threads besides the one that drives the model (a DataLoader's background thread): the pool
 /// serves one caller at a time.

@@ -407,12 +407,12 @@ std::vector<Sample> attention_backward_samples() {
 void register_attention_ops(Registry& r) {
   r.define(OpId::attention, {.name = "attention", .infer = infer_attention, .kernels = {cpu_attention},
                              .backward = attention_rule, .saves_outputs = true, .first_saved_output = 1,
-                             .takes_undefined_grads = true, .samples = attention_samples,
-                             .reference = reference_attention});
+                             .takes_undefined_grads = true, .autocast = AutocastRule::LowerPrecision,
+                             .samples = attention_samples, .reference = reference_attention});
   // Not differentiable itself: its samples check the forward only.
   r.define(OpId::attention_backward,
            {.name = "attention_backward", .infer = infer_attention_backward, .kernels = {cpu_attention_backward},
-            .samples = attention_backward_samples, .reference = reference_attention_backward});
+            .autocast = AutocastRule::LowerPrecision, .samples = attention_backward_samples, .reference = reference_attention_backward});
 }
 
 // ---- public API -----------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 // The registry and the dispatcher: validation, output allocation, kernel lookup and autograd recording.
 #include "core/graph.h"
+#include "core/parallel.h"
 #include "ops/anomaly.h"
 #include "ops/families.h"
+#include "ops/functional.h"
 #include "ops/kernel_api.h"
 #include "ops/registry.h"
 
@@ -56,11 +58,15 @@ struct SavedTensor {
 
 class OpNode final : public Node {
  public:
-  OpNode(const OpDef& def, const Attrs& attrs) : def_(def), attrs_(attrs) {}
+  OpNode(const OpDef& def, const Attrs& attrs, bool lowered) : def_(def), attrs_(attrs), lowered_(lowered) {}
 
   std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs, const std::vector<Tensor>& sums) override {
     MF_CHECK(!released, "backward through the graph a second time, but its saved tensors were already freed; "
              "pass retain_graph = true to the first backward");
+    // The gradient computes in the precision the op did, inside or outside autocast (as PyTorch's
+    // backward takes the dtypes autocast gave the forward): a lowered op's products in bfloat16.
+    AutocastGuard autocast(DeviceType::CPU, DType::BFloat16, lowered_);
+    KernelSettingsGuard settings({.bfloat16_products = lowered_});
     std::vector<Tensor> inputs = unpack(saved_inputs_), outputs = unpack(saved_outputs_);
     std::vector<bool> needs_grad;
     for (const Edge& edge : next_edges) needs_grad.push_back(edge.is_valid());
@@ -106,6 +112,7 @@ class OpNode final : public Node {
 
   const OpDef& def_;
   Attrs attrs_;
+  bool lowered_;  // recorded under autocast, by an op that autocast lowers
   std::vector<SavedTensor> saved_inputs_, saved_outputs_;
 };
 
@@ -218,8 +225,8 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
 }
 
 void record(const OpDef& def, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs, const Attrs& attrs,
-            const Site& site) {
-  auto node = std::make_shared<OpNode>(def, attrs);
+            const Site& site, bool lowered) {
+  auto node = std::make_shared<OpNode>(def, attrs, lowered);
   node->sequence_nr = next_sequence_nr();
   node->site = site;
   node->num_outputs = static_cast<uint32_t>(outputs.size());
@@ -274,17 +281,40 @@ void check_params(OpId id, const Attrs& attrs) {
 /// Runs a kernel with recording off: a kernel computes its outputs, and those that call ops themselves
 /// (CUDA's linear copies the bias into its output first) must neither record nor be refused as in-place
 /// writes beside inputs that require grad; call() records the op itself once the kernel is done.
-void run_kernel(KernelFn kernel, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs, const Attrs& attrs) {
+/// `lowered`: autocast lowers this call, so its kernel takes float32 products in bfloat16.
+void run_kernel(KernelFn kernel, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs, const Attrs& attrs,
+                bool lowered = false) {
   NoGradGuard kernels_do_not_record;
+  KernelSettingsGuard settings({.bfloat16_products = lowered});
   kernel(inputs, outputs, attrs);
+}
+
+/// Whether autocast casts some of these inputs to float32 before the op runs: bfloat16 ones, for an
+/// op that computes with its inputs' values (not one that writes its input: it would write a copy).
+bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs) {
+  if (def.view || def.takes_bfloat16 || def.writes_input || !is_autocast_enabled()) return false;
+  return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::BFloat16 && t.device().is_cpu();
+  });
+}
+
+/// The inputs with each bfloat16 one cast to float32 (a recorded cast: gradients flow back to it).
+std::vector<Tensor> float32_inputs(const std::vector<Tensor>& inputs, const Site& site) {
+  std::vector<Tensor> cast = inputs;
+  for (Tensor& t : cast)
+    if (t.defined() && t.dtype() == DType::BFloat16) t = call1(OpId::cast, {t}, CastParams{.dtype = DType::Float32}, site);
+  return cast;
 }
 
 }  // namespace
 
 std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
   const OpDef& def = registry()[id];
+  if (autocast_casts_inputs(def, inputs)) [[unlikely]]
+    return call(id, float32_inputs(inputs, site), attrs, site);
   CallDepth depth;
   std::vector<Tensor> outputs;
+  bool lowered = false;
   try {
     check_input_count(id, inputs);
     check_params(id, attrs);
@@ -297,6 +327,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
       check_bfloat16(def, specs, out_device);
       KernelFn kernel = kernel_for(def, device);
+      lowered = def.autocast == AutocastRule::LowerPrecision && device.is_cpu() && is_autocast_enabled();
       if (def.writes_input) {
         check_writable(inputs[0]);
         outputs.push_back(inputs[0]);
@@ -304,7 +335,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
         for (const OutputSpec& spec : specs) outputs.push_back(Tensor::empty(spec.shape, spec.dtype, out_device));
       }
       // Nothing to compute for empty outputs (and the CPU loops cannot plan a zero-size dim).
-      if (!all_empty(outputs)) run_kernel(kernel, inputs, outputs, attrs);
+      if (!all_empty(outputs)) run_kernel(kernel, inputs, outputs, attrs, lowered);
       if (def.writes_input) inputs[0].storage()->bump_version();
       // Fills (writes_input) write what they are told; views above share their input's values.
       else if (checks_anomaly()) [[unlikely]]
@@ -313,7 +344,8 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
   } catch (const Error& error) {
     rethrow_with_context(def.name, error, site);
   }
-  if (def.backward && grad_mode_enabled() && any_requires_grad(inputs)) record(def, inputs, outputs, attrs, site);
+  if (def.backward && grad_mode_enabled() && any_requires_grad(inputs))
+    record(def, inputs, outputs, attrs, site, lowered);
   return outputs;
 }
 
@@ -323,6 +355,8 @@ Tensor call1(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Sit
 
 void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
   const OpDef& def = registry()[id];
+  if (autocast_casts_inputs(def, inputs)) [[unlikely]]
+    return call_inplace(id, self, float32_inputs(inputs, site), attrs, site);
   CallDepth depth;
   try {
     check_input_count(id, inputs);
@@ -342,6 +376,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));
     KernelFn kernel = kernel_for(def, device);
+    const bool lowered = def.autocast == AutocastRule::LowerPrecision && device.is_cpu() && is_autocast_enabled();
     // In anomaly mode the inputs are counted before the kernel overwrites self, often one of them.
     std::optional<NonFiniteCount> before;
     if (checks_anomaly()) [[unlikely]] before = count_nonfinite(inputs);
@@ -349,10 +384,10 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
       // nothing to write
     } else if (specs[0].dtype == self.dtype()) {
       std::vector<Tensor> outputs{self};
-      run_kernel(kernel, inputs, outputs, attrs);
+      run_kernel(kernel, inputs, outputs, attrs, lowered);
     } else {
       std::vector<Tensor> outputs{Tensor::empty(specs[0].shape, specs[0].dtype, device)};
-      run_kernel(kernel, inputs, outputs, attrs);
+      run_kernel(kernel, inputs, outputs, attrs, lowered);
       std::vector<Tensor> casted{self};
       kernel_for(registry()[OpId::cast], device)({outputs[0]}, casted, CastParams{.dtype = self.dtype()});
     }

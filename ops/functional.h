@@ -201,4 +201,30 @@ int get_num_threads();
 void set_float32_matmul_precision(const std::string& precision);
 std::string get_float32_matmul_precision();
 
+/// Mixed precision (torch.autocast("cpu", dtype=torch.bfloat16)): while the guard lives, on this
+/// thread, the CPU's GEMM-heavy ops (matmul, linear, attention) round their float32 operands to
+/// bfloat16 and sum the products in float32, and so do their gradients, whenever backward runs
+/// them; every other op (softmax, layer norm, log-softmax and cross-entropy, reductions, the
+/// optimizer) computes in float32 as outside. Each op's rule lives with it in the registry
+/// (OpDef::autocast). Unlike PyTorch's autocast, the lowered ops' results stay float32: their sums
+/// are float32 already, and rounding them would lose precision for memory alone. Parameters and
+/// their gradients stay float32 (master weights), and bfloat16 keeps float32's exponent range, so
+/// no loss scaling is needed. bfloat16 tensors given to an op that computes are cast to float32
+/// first. On a CPU without AVX512-BF16 the same rounding runs through the float32 GEMM (same
+/// results, slower). Guards nest; `enabled = false` turns autocast off for a scope. CUDA's autocast
+/// is not there yet: a guard for it throws mf::Error, as does a dtype other than bfloat16.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(DeviceType device = DeviceType::CPU, DType dtype = DType::BFloat16, bool enabled = true);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Whether autocast is on for `device`'s ops on this thread.
+bool is_autocast_enabled(DeviceType device = DeviceType::CPU);
+
 }  // namespace mf

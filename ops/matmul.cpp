@@ -334,7 +334,7 @@ std::vector<Tensor> reference_linear(const std::vector<Tensor>& in, const Attrs&
 
 void register_linalg_ops(Registry& r) {
   r.define(OpId::matmul, {.name = "matmul", .infer = infer_matmul, .kernels = {cpu_matmul},
-                          .backward = matmul_backward, .samples = [] {
+                          .backward = matmul_backward, .autocast = AutocastRule::LowerPrecision, .samples = [] {
     return std::vector<Sample>{
         {"2-d", {reference::randn({3, 4}, 71), reference::randn({4, 5}, 72)}},
         {"batched", {reference::randn({2, 3, 4}, 73), reference::randn({2, 4, 2}, 74)}},
@@ -344,7 +344,7 @@ void register_linalg_ops(Registry& r) {
     };
   }, .reference = reference_matmul});
   r.define(OpId::linear, {.name = "linear", .infer = infer_linear, .kernels = {cpu_linear},
-                          .backward = linear_backward, .samples = [] {
+                          .backward = linear_backward, .autocast = AutocastRule::LowerPrecision, .samples = [] {
     return std::vector<Sample>{
         {"2-d", {reference::randn({3, 4}, 81), reference::randn({5, 4}, 82), reference::randn({5}, 83)}},
         {"batched", {reference::randn({2, 3, 4}, 84), reference::randn({2, 4}, 85), reference::randn({2}, 86)}},
@@ -354,7 +354,8 @@ void register_linalg_ops(Registry& r) {
     };
   }, .reference = reference_linear});
   r.define(OpId::linear_relu, {.name = "linear_relu", .infer = infer_linear, .kernels = {cpu_linear_relu},
-                               .backward = linear_relu_backward, .saves_outputs = true, .samples = [] {
+                               .backward = linear_relu_backward, .saves_outputs = true,
+                               .autocast = AutocastRule::LowerPrecision, .samples = [] {
     return std::vector<Sample>{
         {"2-d", {reference::randn({3, 4}, 93), reference::randn({5, 4}, 94), reference::randn({5}, 95)}},
         {"batched", {reference::randn({2, 3, 4}, 96), reference::randn({6, 4}, 97), reference::randn({6}, 98)}},

@@ -366,6 +366,12 @@ using BackwardFn = std::vector<Tensor> (*)(const GradContext& ctx);
 using SamplesFn = std::vector<Sample> (*)();
 using ReferenceFn = std::vector<Tensor> (*)(const std::vector<Tensor>& inputs, const Attrs& attrs);
 
+/// What autocast (AutocastGuard, ops/functional.h) does with an op on the CPU. Every op first gets its
+/// bfloat16 inputs cast to float32; then a LowerPrecision op (the GEMMs) rounds its float32 operands
+/// to bfloat16 and sums the products in float32, in its backward too, while a Float32 op (everything
+/// else: softmax, norms, losses, reductions, element-wise ops) computes in float32 as it would outside.
+enum class AutocastRule { Float32, LowerPrecision };
+
 struct OpDef {
   std::string_view name;
   /// Validates inputs (throwing mf::Error without op name or location: the dispatcher adds both) and
@@ -391,6 +397,7 @@ struct OpDef {
   /// Takes and gives bfloat16 tensors (on the CPU): the ops that move or convert elements. The
   /// dispatcher refuses bfloat16 for every other op (views take any dtype).
   bool takes_bfloat16 = false;
+  AutocastRule autocast = AutocastRule::Float32;
   /// Test samples and the naive reference the suite holds the kernels against.
   SamplesFn samples = nullptr;
   ReferenceFn reference = nullptr;

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -162,6 +164,65 @@ TEST_CASE("every op matches its naive reference, on every device") {
     }
     MESSAGE(fmt::format("{}: {} samples checked against the naive references", device.str(), checked));
   }
+}
+
+// Autocast's rules (OpDef::autocast): a Float32 op computes as outside it, bit for bit, and takes
+// bfloat16 inputs as their float32 values; a LowerPrecision op stays within bfloat16's rounding of
+// its float32 result (test_autocast.cpp holds the lowered GEMMs to exact references).
+TEST_CASE("under autocast, every op keeps its float32 result, except the GEMMs it lowers") {
+  // Whether two ops' outputs hold the same values, NaN matching NaN.
+  auto same = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (a[k].defined() != b[k].defined()) return false;
+      if (!a[k].defined()) continue;
+      const std::vector<double> x = a[k].to(DType::Float64).to_vector<double>(),
+                                y = b[k].to(DType::Float64).to_vector<double>();
+      if (!std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                      [](double u, double v) { return u == v || (std::isnan(u) && std::isnan(v)); }))
+        return false;
+    }
+    return true;
+  };
+  int lowered = 0, kept = 0;
+  for (size_t i = 0; i < kOpCount; ++i) {
+    auto id = static_cast<OpId>(i);
+    const OpDef& def = registry()[id];
+    if (!def.samples || !selected(id) || def.view) continue;
+    for (const Sample& sample : def.samples()) {
+      CAPTURE(kOpNames[i]);
+      CAPTURE(sample.name);
+      const std::vector<Tensor> outside = call(id, copies_on(sample.inputs, Device::cpu(), true), sample.attrs);
+      std::vector<Tensor> inside;
+      {
+        AutocastGuard autocast;
+        inside = call(id, copies_on(sample.inputs, Device::cpu(), true), sample.attrs);
+      }
+      if (def.autocast == AutocastRule::LowerPrecision) {
+        check_outputs(inside, outside, 0.05, 0.05);
+        ++lowered;
+        continue;
+      }
+      CHECK(same(inside, outside));
+      if (def.takes_bfloat16 || def.writes_input) continue;
+      // The same op on its float inputs rounded to bfloat16: as if given their float32 values.
+      std::vector<Tensor> bf16, widened;
+      for (const Tensor& t : copies_on(sample.inputs, Device::cpu(), true)) {
+        const bool floating = t.dtype() == DType::Float32;
+        bf16.push_back(floating ? t.to(DType::BFloat16) : t);
+        widened.push_back(floating ? t.to(DType::BFloat16).to(DType::Float32) : t);
+      }
+      std::vector<Tensor> from_bf16;
+      {
+        AutocastGuard autocast;
+        from_bf16 = call(id, bf16, sample.attrs);
+      }
+      CHECK(same(from_bf16, call(id, widened, sample.attrs)));
+      ++kept;
+    }
+  }
+  CHECK(lowered >= 5);
+  MESSAGE(fmt::format("autocast: {} samples of lowered ops, {} of ops it keeps in float32", lowered, kept));
 }
 
 TEST_CASE("every differentiable op passes gradcheck in float64") {

@@ -36,6 +36,20 @@ expect 2 "malformed number" "not a valid number" "$tool" --epochs two
 expect 2 "unknown device" "--device: unknown device 'tpu'" "$tool" --device tpu
 expect 2 "batch budget below --max-len" "below --max-len" "$tool" --max-tokens 8 --max-len 16
 expect 2 "--train-src without --train-tgt" "go together" "$tool" --train-src x.de
+expect 2 "unknown --precision" "--precision: expected fp32 or bf16, got 'fp16'" "$tool" --precision fp16
+
+# Mixed precision: the toy run still learns every pair, its checkpoint keeps float32 weights (the
+# safetensors header names F32), and they differ from the float32 run's (the products were rounded).
+expect 0 "toy corpus under --precision bf16: 8/8 correct" '^8/8 correct$' \
+  "$tool" --threads 2 --precision bf16 --checkpoint "$work/toy.bf16.safetensors"
+"$tool" --threads 2 --checkpoint "$work/toy.fp32.safetensors" >"$work/out" 2>&1 || fail "toy run in fp32"
+if grep -aq '"dtype":"BF16"' "$work/toy.bf16.safetensors" || ! grep -aq '"dtype":"F32"' "$work/toy.bf16.safetensors"; then
+  fail "--precision bf16's checkpoint should hold float32 weights"
+elif cmp -s "$work/toy.bf16.safetensors" "$work/toy.fp32.safetensors"; then
+  fail "--precision bf16 trained the same bits as fp32: autocast changed nothing"
+else
+  ok "--precision bf16 keeps float32 weights in its checkpoint, trained apart from fp32's"
+fi
 
 # A tiny corpus: numbers spelled out in two "languages", with one empty and one overlong line.
 words_a=(null eins zwei drei vier fuenf sechs sieben acht neun)

@@ -59,6 +59,8 @@ same_file "beam 4 translations (length-sorted batches of at most 12 source token
 printf '\n' | cat "$dir/src.txt" - >"$dir/src_blank.txt"
 expect "--timing reports sentences and tokens" 0 "translate: 8 sentences, 25 tokens in " \
   "$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --timing
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --precision bf16 >"$dir/bf16.txt"
+same_file "--precision bf16 (autocast) translates the memorised pairs alike" "$dir/ref.txt" "$dir/bf16.txt"
 "$translate" --checkpoint "$ckpt" <"$dir/src.txt" >"$dir/stdin.txt"
 same_file "stdin gives what --input gives" "$dir/greedy.txt" "$dir/stdin.txt"
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --output "$dir/out.txt" >"$dir/stdout.txt"
@@ -182,6 +184,8 @@ expect "--beam-stop sometimes" 2 "--beam-stop must be finished or exact, not 'so
 expect "--batch-tokens 0" 2 "--batch-tokens must be at least 1, not 0" "$translate" --checkpoint "$ckpt" --batch-tokens 0
 expect "--nbest above --beam" 2 "--nbest 3 needs a beam at least as wide, but --beam is 2" \
   "$translate" --checkpoint "$ckpt" --beam 2 --nbest 3
+expect "--precision fp16" 2 "--precision: expected fp32 or bf16, got 'fp16'" \
+  "$translate" --checkpoint "$ckpt" --precision fp16
 expect "unknown device" 2 "--device: unknown device 'tpu' (expected cpu, cuda or cuda:N)" \
   "$translate" --checkpoint "$ckpt" --device tpu
 # On a GPU, --device cuda must translate exactly as the CPU does; without one it is refused (exit 1).

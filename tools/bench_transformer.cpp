@@ -195,7 +195,7 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool
 
 int main(int argc, char** argv) {
   return mf::tools::run_tool("bench_transformer", [&] {
-    std::string only, precision = "highest";
+    std::string only, precision = "highest", autocast_precision = "fp32";
     int threads = mf::get_num_threads();
     int64_t steps = 10;
     bool json = false;
@@ -209,6 +209,8 @@ int main(int argc, char** argv) {
     args.add("float32-matmul-precision", &precision,
              "highest or high (float32 products), or medium (bfloat16 operands where AVX512-BF16 runs), as "
              "mf::set_float32_matmul_precision");
+    args.add("precision", &autocast_precision,
+             "fp32, or bf16: the steps under autocast (GEMMs on bfloat16 operands summed in float32)");
     args.add_switch("json", &json, "print one JSON object per config instead of a table");
     if (!args.parse(argc, argv)) return 0;
     mf::tools::set_matmul_precision_flag(precision);
@@ -217,11 +219,13 @@ int main(int argc, char** argv) {
     for (const BenchConfig& c : mf::tools::kBenchConfigs) known = known || only == c.name;
     if (!known) throw mf::tools::UsageError(fmt::format("unknown config '{}' (seed, small or base)", only));
     mf::tools::check_device_available(device, "--device");
+    mf::AutocastGuard autocast(mf::DeviceType::CPU, mf::DType::BFloat16,
+                               mf::tools::autocast_from_precision_flag(autocast_precision, device));
     mf::set_num_threads(threads);
 
     if (!json)
-      fmt::print("CPU {}: {}\n{}, threads {}, float32 matmul precision {}\n", mf::cpu_model_name(),
-                 mf::describe_kernel_isa(), device.str(), threads, precision);
+      fmt::print("CPU {}: {}\n{}, threads {}, float32 matmul precision {}, precision {}\n", mf::cpu_model_name(),
+                 mf::describe_kernel_isa(), device.str(), threads, precision, autocast_precision);
     for (const BenchConfig& c : mf::tools::kBenchConfigs) {
       if (!only.empty() && only != c.name) continue;
       auto result = bench_config(c, static_cast<int>(steps), std::string(c.name) == "small", device);
@@ -229,7 +233,8 @@ int main(int argc, char** argv) {
         std::string fields =
             fmt::format("\"config\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"kernels\": \"{}\"", c.name,
                         device.str(), threads, mf::isa_name(mf::kernel_isa()));
-        fields += fmt::format(", \"float32_matmul_precision\": \"{}\"", precision);
+        fields += fmt::format(", \"float32_matmul_precision\": \"{}\", \"precision\": \"{}\"", precision,
+                              autocast_precision);
         for (const auto& [key, value] : result) fields += fmt::format(", \"{}\": {:.6g}", key, value);
         fmt::print("{{{}}}\n", fields);
         continue;

@@ -25,6 +25,7 @@ struct Flags {
   bool no_lowercase = false, detect_anomaly = false, distributed = false, dist_deterministic = false;
   bool separate_subwords = false, no_byte_fallback = false;
   std::string subword;  // --subword: unigram, bpe or none (words)
+  std::string precision = "fp32";
   int threads = mf::get_num_threads();
   double dist_timeout = 600;  // seconds
   double bucket_mb = static_cast<double>(options.data_parallel.bucket_bytes) / (1 << 20);
@@ -190,6 +191,9 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("seed", &o.optim.seed, "random seed (initialisation, dropout, batch order)");
   args.add("threads", &f.threads, "intra-op threads");
   args.add("device", &f.device, "where the model trains: cpu, cuda or cuda:N");
+  args.add("precision", &f.precision,
+           "fp32, or bf16: mixed precision (autocast: GEMMs on bfloat16 operands summed in float32; "
+           "float32 weights, checkpoints and everything else)");
   args.add("log-every", &o.log_every, "steps between progress lines when stdout is not a terminal");
   args.add("bleu-sentences", &o.bleu_sentences, "validation sentences translated for BLEU; 0: all");
   args.add("valid-beam", &o.valid_beam, "beam size of the validation translations (BLEU, chrF); 1: greedy");
@@ -224,6 +228,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
 int train_with_flags(Flags& f, bool toy) {
   mf::train::TrainingOptions& o = f.options;
   mf::tools::check_device_available(f.device, "--device");
+  o.autocast = mf::tools::autocast_from_precision_flag(f.precision, f.device);
   if (o.plot.empty() && !o.checkpoint.empty()) o.plot = std::filesystem::path(o.checkpoint).replace_extension(".svg");
   mf::set_num_threads(f.threads);
   mf::autograd::set_detect_anomaly(f.detect_anomaly);

@@ -56,7 +56,7 @@ namespace models = mf::models;
 using mf::tools::UsageError;
 
 struct Options {
-  std::string checkpoint, input, output, reference, attention_svg, beam_stop = "exact";
+  std::string checkpoint, input, output, reference, attention_svg, beam_stop = "exact", precision = "fp32";
   mf::Device device = mf::Device::cpu();
   int64_t beam = 1, nbest = 1, max_len = 100, batch_tokens = 4096, attention_sentence = 1;
   double length_penalty = 0.6;
@@ -100,6 +100,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add_switch("timing", &o.timing,
                   "print the sentences and tokens translated per second to stderr (model loading excluded)");
   args.add("device", &o.device, "where the model runs: cpu, cuda or cuda:N");
+  args.add("precision", &o.precision, "fp32, or bf16: the GEMMs on bfloat16 operands summed in float32 (autocast)");
   if (!args.parse(argc, argv)) return false;
   if (o.checkpoint.empty()) throw UsageError("--checkpoint is required");
   if (o.beam < 1) throw UsageError(fmt::format("--beam must be at least 1, not {}", o.beam));
@@ -246,6 +247,8 @@ int run(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) return 0;
   mf::tools::check_device_available(o.device, "--device");
+  mf::AutocastGuard autocast(mf::DeviceType::CPU, mf::DType::BFloat16,
+                             mf::tools::autocast_from_precision_flag(o.precision, o.device));
   mf::set_num_threads(o.threads);
 
   models::Translator translator = models::Translator::load(o.checkpoint);

@@ -106,6 +106,10 @@ struct TrainingOptions {
   /// stream, so a run depends only on that product: 2 ranks x 1 and 1 rank x 2 train alike, and a
   /// checkpoint resumes at any world size. With no group and accumulate 1, a batch is one share.
   int64_t accumulate = 1;
+  /// Mixed precision: the run computes under AutocastGuard (ops/functional.h), its GEMMs taking
+  /// bfloat16 products summed in float32, everything else and the parameters (master weights,
+  /// checkpoints) in float32. CPU models only.
+  bool autocast = false;
   /// With a group: shard Adam's state over the ranks (ZeRO stage 1, distributed/zero.h), each keeping
   /// 1/W of it. The steps and checkpoints are the bits of the unsharded run.
   bool shard_optimizer = false;

@@ -1,8 +1,10 @@
 // The one typed entry to GEMM, shared by matmul, linear and the fused attention kernels: float
 // products run miniflow's own kernel where the CPU has AVX-512 or AVX2 (ops/cpu/sgemm.h), or its
-// bfloat16 one under set_float32_matmul_precision("medium") (ops/cpu/gemm_bf16.h), the rest OpenBLAS.
+// bfloat16 one under set_float32_matmul_precision("medium") and in ops that autocast lowers
+// (ops/cpu/gemm_bf16.h), the rest OpenBLAS.
 #pragma once
 
+#include "core/parallel.h"
 #include "ops/math.h"
 #include "ops/cpu/gemm_bf16.h"
 #include "ops/cpu/sgemm.h"
@@ -15,7 +17,7 @@
 namespace mf::cpu {
 
 /// Whether float32 products take the bfloat16 GEMM: set_float32_matmul_precision("medium") on a CPU
-/// where it runs on AVX512-BF16 (ops/matmul_precision.cpp).
+/// where it runs on AVX512-BF16 (ops/precision.cpp).
 bool products_in_bfloat16();
 
 /// gemm below, always in the operands' own precision.
@@ -47,7 +49,7 @@ template <typename T>
 void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t rows, int64_t cols, int64_t depth, const T* a, int64_t lda,
           const T* b, int64_t ldb, T* c, int64_t ldc, const GemmEpilogue<T>& epilogue = {}) {
   if constexpr (std::is_same_v<T, float>)
-    if (products_in_bfloat16())
+    if (products_in_bfloat16() || kernel_settings().bfloat16_products)
       return gemm_bf16(ta != CblasNoTrans, tb != CblasNoTrans, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
   gemm_full_precision(ta, tb, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
 }

@@ -1,4 +1,5 @@
-// set_float32_matmul_precision: which GEMM float32 products take (ops/cpu/blas.h asks on every call).
+// How float32 products may compute: set_float32_matmul_precision, a process-wide setting that
+// ops/cpu/blas.h asks on every GEMM, and autocast, per thread, which the dispatcher asks on every op.
 #include "core/error.h"
 #include "ops/cpu/blas.h"
 #include "ops/functional.h"
@@ -17,6 +18,8 @@ std::atomic<size_t> precision_index{0};
 // precision is set, so that each GEMM reads one flag.
 std::atomic<bool> bfloat16_products{false};
 
+thread_local bool cpu_autocast = false;
+
 }  // namespace
 
 void set_float32_matmul_precision(const std::string& precision) {
@@ -30,5 +33,15 @@ void set_float32_matmul_precision(const std::string& precision) {
 std::string get_float32_matmul_precision() { return std::string(kPrecisions[precision_index]); }
 
 bool cpu::products_in_bfloat16() { return bfloat16_products.load(std::memory_order_relaxed); }
+
+AutocastGuard::AutocastGuard(DeviceType device, DType dtype, bool enabled) : previous_(cpu_autocast) {
+  MF_CHECK(device == DeviceType::CPU, "AutocastGuard: autocast runs on the CPU's ops so far, not on CUDA's");
+  MF_CHECK(dtype == DType::BFloat16, "AutocastGuard: autocast lowers to bfloat16, got {}", dtype_name(dtype));
+  cpu_autocast = enabled;
+}
+
+AutocastGuard::~AutocastGuard() { cpu_autocast = previous_; }
+
+bool is_autocast_enabled(DeviceType device) { return device == DeviceType::CPU && cpu_autocast; }
 
 }  // namespace mf

@@ -1,0 +1,183 @@
+// Autocast (AutocastGuard, ops/functional.h): the ops it lowers take their products from operands
+// rounded to bfloat16, in forward and backward, and every other op computes as outside it. The
+// references are float64 sums of the rounded operands, formed here with naive loops: each product
+// of two bfloat16 values is exact, so only the float32 accumulation of the k products may differ.
+#include "miniflow.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using mf::DType;
+using mf::Tensor;
+
+double rounded(float x) { return static_cast<double>(static_cast<float>(mf::bfloat16(x))); }
+
+/// a [n, k] times b [k, m] (or b^T when b is [m, k] and `b_transposed`), each operand rounded to
+/// bfloat16 first, summed in float64.
+std::vector<double> rounded_product(const Tensor& a, const Tensor& b, bool b_transposed) {
+  const std::vector<float> av = a.contiguous().to_vector<float>(), bv = b.contiguous().to_vector<float>();
+  const int64_t n = a.size(0), k = a.size(1), m = b_transposed ? b.size(0) : b.size(1);
+  std::vector<double> c(static_cast<size_t>(n * m), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < k; ++p)
+        sum += rounded(av[static_cast<size_t>(i * k + p)]) *
+               rounded(bv[static_cast<size_t>(b_transposed ? j * k + p : p * m + j)]);
+      c[static_cast<size_t>(i * m + j)] = sum;
+    }
+  return c;
+}
+
+/// The largest |got - want| over the elements.
+double largest_gap(const std::vector<float>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double gap = 0;
+  for (size_t i = 0; i < got.size(); ++i) gap = std::max(gap, std::fabs(double(got[i]) - want[i]));
+  return gap;
+}
+
+std::vector<double> as_doubles(const Tensor& t) { return t.to(DType::Float64).to_vector<double>(); }
+
+// 64 products of magnitude ~1 summed in float32: the order of the additions moves a sum by a few
+// ulps of ~8, under 1e-4; rounding the operands to bfloat16 (2^-9 relative each) moves it by ~1e-2.
+constexpr double kFloat32Sums = 1e-4;
+constexpr double kBfloat16Rounding = 1e-3;
+
+}  // namespace
+
+TEST_CASE("AutocastGuard turns autocast on for its scope, on its thread, and refuses what it cannot do") {
+  CHECK_FALSE(mf::is_autocast_enabled());
+  {
+    mf::AutocastGuard autocast;
+    CHECK(mf::is_autocast_enabled());
+    CHECK_FALSE(mf::is_autocast_enabled(mf::DeviceType::CUDA));
+    {
+      mf::AutocastGuard off(mf::DeviceType::CPU, DType::BFloat16, false);
+      CHECK_FALSE(mf::is_autocast_enabled());
+    }
+    CHECK(mf::is_autocast_enabled());
+    bool elsewhere = true;
+    std::thread([&] { elsewhere = mf::is_autocast_enabled(); }).join();
+    CHECK_FALSE(elsewhere);
+  }
+  CHECK_FALSE(mf::is_autocast_enabled());
+  CHECK_THROWS_WITH_AS(mf::AutocastGuard{mf::DeviceType::CUDA}, "AutocastGuard: autocast runs on the CPU's ops so "
+                       "far, not on CUDA's", mf::Error);
+  CHECK_THROWS_WITH_AS((mf::AutocastGuard{mf::DeviceType::CPU, DType::Float32}), "AutocastGuard: autocast lowers to "
+                       "bfloat16, got float32", mf::Error);
+}
+
+TEST_CASE("under autocast, linear and matmul sum the products of operands rounded to bfloat16") {
+  mf::manual_seed(11);
+  Tensor x = mf::randn({40, 64}), w = mf::randn({48, 64}), bias = mf::randn({48});
+  std::vector<double> want = rounded_product(x, w, true);
+  const std::vector<float> bias_values = bias.to_vector<float>();
+  for (size_t i = 0; i < want.size(); ++i) want[i] += bias_values[i % 48];
+  const std::vector<float> exact = mf::linear(x, w, bias).to_vector<float>();
+  mf::AutocastGuard autocast;
+  const std::vector<float> got = mf::linear(x, w, bias).to_vector<float>();
+  CHECK(largest_gap(got, want) < kFloat32Sums);
+  CHECK(largest_gap(exact, want) > kBfloat16Rounding);  // the rounding is what the reference holds
+
+  std::vector<double> relu_want = want;
+  for (double& v : relu_want) v = std::max(v, 0.0);
+  CHECK(largest_gap(mf::relu(mf::linear(x, w, bias)).to_vector<float>(), relu_want) < kFloat32Sums);
+}
+
+TEST_CASE("autocast reaches the pool's threads: a batch of products split over two threads rounds every one") {
+  const int threads = mf::get_num_threads();
+  mf::set_num_threads(2);
+  mf::manual_seed(12);
+  Tensor a = mf::randn({6, 36, 64}), b = mf::randn({6, 64, 40});  // 6 products, each on one of the threads
+  Tensor c;
+  {
+    mf::AutocastGuard autocast;
+    c = mf::matmul(a, b);
+  }
+  mf::set_num_threads(threads);
+  for (int64_t i = 0; i < 6; ++i) {
+    CAPTURE(i);
+    CHECK(largest_gap(c.select(0, i).to_vector<float>(), rounded_product(a.select(0, i), b.select(0, i), false)) <
+          kFloat32Sums);
+  }
+}
+
+TEST_CASE("a linear layer recorded under autocast takes its gradients' products in bfloat16, wherever backward runs") {
+  mf::manual_seed(13);
+  Tensor x = mf::randn({40, 64}).set_requires_grad(true), w = mf::randn({48, 64}).set_requires_grad(true),
+         bias = mf::randn({48}).set_requires_grad(true), upstream = mf::randn({40, 48});
+  Tensor y;
+  {
+    mf::AutocastGuard autocast;
+    y = mf::linear(x, w, bias);
+  }
+  (y * upstream).sum().backward();  // outside the guard: dy = upstream
+  // dx = dy W and dW = dy^T x, from rounded operands.
+  CHECK(largest_gap(x.grad().to_vector<float>(), rounded_product(upstream, w, false)) < kFloat32Sums);
+  CHECK(largest_gap(w.grad().to_vector<float>(), rounded_product(upstream.t(), x, false)) < kFloat32Sums);
+  CHECK(largest_gap(bias.grad().to_vector<float>(), as_doubles(upstream.sum({0}))) < 1e-5);  // a sum, not a product
+
+  // Recorded outside autocast, backward inside it keeps float32: the forward's precision decides.
+  Tensor x2 = x.detach().set_requires_grad(true), w2 = w.detach().set_requires_grad(true);
+  Tensor y2 = mf::matmul(x2, w2.t());
+  {
+    mf::AutocastGuard autocast;
+    (y2 * upstream).sum().backward();
+  }
+  Tensor x3 = x.detach().set_requires_grad(true), w3 = w.detach().set_requires_grad(true);
+  (mf::matmul(x3, w3.t()) * upstream).sum().backward();
+  CHECK(x2.grad().to_vector<float>() == x3.grad().to_vector<float>());
+  CHECK(w2.grad().to_vector<float>() == w3.grad().to_vector<float>());
+}
+
+TEST_CASE("attention under autocast stays within bfloat16's rounding of float32, forward and backward") {
+  mf::manual_seed(14);
+  auto make = [] { return mf::randn({2, 4, 24, 16}).set_requires_grad(true); };
+  Tensor q = make(), k = make(), v = make();
+  Tensor exact = mf::scaled_dot_product_attention(q, k, v);
+  exact.sum().backward();
+  const Tensor exact_dq = q.grad().clone();
+  q.set_grad(Tensor());
+  Tensor lowered;
+  {
+    mf::AutocastGuard autocast;
+    lowered = mf::scaled_dot_product_attention(q, k, v);
+  }
+  lowered.sum().backward();
+  const double forward_gap = largest_gap(lowered.to_vector<float>(), as_doubles(exact));
+  const double backward_gap = largest_gap(q.grad().to_vector<float>(), as_doubles(exact_dq));
+  // Scores of ~4 (16 products of unit normals) lose ~2^-9 relative per operand; the weights stay
+  // within [0, 1] and the outputs within the values' range.
+  CHECK(forward_gap > 0);
+  CHECK(forward_gap < 0.05);
+  CHECK(backward_gap > 0);
+  CHECK(backward_gap < 0.05);
+}
+
+TEST_CASE("under autocast, bfloat16 inputs are cast to float32, gradients flowing back to them in bfloat16") {
+  Tensor x = mf::from_vector(std::vector<float>{1.5f, -2.0f, 0.25f}, {3}).to(DType::BFloat16).set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(mf::softmax(x, 0), doctest::Contains("not computed with"), mf::Error);
+  Tensor y;
+  {
+    mf::AutocastGuard autocast;
+    y = mf::softmax(x, 0);
+    CHECK(y.dtype() == DType::Float32);
+    CHECK(y.to_vector<float>() == mf::softmax(x.detach().to(DType::Float32), 0).to_vector<float>());
+    (x * 3.0).sum().backward();
+    // Fills write into their input, so bfloat16 ones keep it: fill_ takes bfloat16 itself.
+    Tensor filled = mf::zeros({2}, DType::BFloat16);
+    filled.fill_(0.5);
+    CHECK(filled.dtype() == DType::BFloat16);
+  }
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().dtype() == DType::BFloat16);
+  CHECK(x.grad().to(DType::Float32).to_vector<float>() == std::vector<float>{3, 3, 3});
+}
