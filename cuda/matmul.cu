@@ -1,12 +1,16 @@
 // matmul and linear on cuBLAS: a [..., N, K] @ b [..., K, M] -> out [..., N, M], batch dims broadcast, as one
 // strided-batched GEMM. cuBLAS is column-major, so the row-major product is computed as
 // out^T = b^T a^T (operands swapped); a transposed view is passed as a transpose flag, a broadcast
-// batch as batch stride 0, and only layouts neither covers are copied first.
+// batch as batch stride 0, and only layouts neither covers are copied first. Float32 products take
+// the compute type the precision settings ask for (float32_compute below).
+#include "core/parallel.h"
 #include "cuda/kernels.h"
 #include "cuda/runtime.h"
+#include "ops/functional.h"
 
 #include <climits>
 #include <optional>
+#include <string>
 #include <span>
 
 namespace mf::cuda {
@@ -53,6 +57,17 @@ int to_int(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
+/// How cuBLAS computes float32 products, as PyTorch's CUDA GEMMs do: from operands rounded to
+/// bfloat16 in an op autocast lowers or under set_float32_matmul_precision("medium"), in TF32 under
+/// "high", else in float32; the sums are float32 in every case.
+cublasComputeType_t float32_compute() {
+  if (kernel_settings().bfloat16_products) return CUBLAS_COMPUTE_32F_FAST_16BF;
+  const std::string precision = get_float32_matmul_precision();
+  if (precision == "medium") return CUBLAS_COMPUTE_32F_FAST_16BF;
+  if (precision == "high") return CUBLAS_COMPUTE_32F_FAST_TF32;
+  return CUBLAS_COMPUTE_32F;
+}
+
 /// c = a b, or c += a b for beta = 1.
 template <typename T>
 void gemm(cublasHandle_t handle, const Operand& a, const Operand& b, T* c, int64_t n, int64_t m, int64_t k,
@@ -64,8 +79,9 @@ void gemm(cublasHandle_t handle, const Operand& a, const Operand& b, T* c, int64
   int im = to_int(m, "M"), in = to_int(n, "N"), ik = to_int(k, "K"), ib = to_int(batch, "the batch");
   int lda = to_int(a.ld, "lda"), ldb = to_int(b.ld, "ldb");
   if constexpr (std::is_same_v<T, float>)
-    MF_CUBLAS_CHECK(cublasSgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, pb, ldb, b.batch_stride, pa, lda,
-                                              a.batch_stride, &beta, c, im, m * n, ib));
+    MF_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, b.op, a.op, im, in, ik, &one, pb, CUDA_R_32F, ldb,
+                                               b.batch_stride, pa, CUDA_R_32F, lda, a.batch_stride, &beta, c,
+                                               CUDA_R_32F, im, m * n, ib, float32_compute(), CUBLAS_GEMM_DEFAULT));
   else
     MF_CUBLAS_CHECK(cublasDgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, pb, ldb, b.batch_stride, pa, lda,
                                               a.batch_stride, &beta, c, im, m * n, ib));

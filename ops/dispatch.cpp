@@ -65,7 +65,8 @@ class OpNode final : public Node {
              "pass retain_graph = true to the first backward");
     // The gradient computes in the precision the op did, inside or outside autocast (as PyTorch's
     // backward takes the dtypes autocast gave the forward): a lowered op's products in bfloat16.
-    AutocastGuard autocast(DeviceType::CPU, DType::BFloat16, lowered_);
+    AutocastGuard cpu_autocast(DeviceType::CPU, DType::BFloat16, lowered_ && device.is_cpu());
+    AutocastGuard cuda_autocast(DeviceType::CUDA, DType::BFloat16, lowered_ && device.is_cuda());
     KernelSettingsGuard settings({.bfloat16_products = lowered_});
     std::vector<Tensor> inputs = unpack(saved_inputs_), outputs = unpack(saved_outputs_);
     std::vector<bool> needs_grad;
@@ -327,7 +328,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
       check_bfloat16(def, specs, out_device);
       KernelFn kernel = kernel_for(def, device);
-      lowered = def.autocast == AutocastRule::LowerPrecision && device.is_cpu() && is_autocast_enabled();
+      lowered = def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
       if (def.writes_input) {
         check_writable(inputs[0]);
         outputs.push_back(inputs[0]);
@@ -376,7 +377,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));
     KernelFn kernel = kernel_for(def, device);
-    const bool lowered = def.autocast == AutocastRule::LowerPrecision && device.is_cpu() && is_autocast_enabled();
+    const bool lowered = def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
     // In anomaly mode the inputs are counted before the kernel overwrites self, often one of them.
     std::optional<NonFiniteCount> before;
     if (checks_anomaly()) [[unlikely]] before = count_nonfinite(inputs);

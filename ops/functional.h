@@ -192,27 +192,29 @@ void set_num_threads(int n);
 int get_num_threads();
 
 /// How float32 matrix products may compute (torch.set_float32_matmul_precision): "highest" (the
-/// default) and "high" in float32; "medium" with the operands rounded to bfloat16 and the products
-/// summed in float32, on CPUs whose AVX512-BF16 dot products make that faster (Intel Cooper Lake,
-/// AMD Zen 4; elsewhere, or with MINIFLOW_ISA narrower than avx512, it stays float32). It covers
-/// the float32 GEMMs on the CPU (matmul, linear, attention's products, and their gradients) except
-/// linear layers over 32 rows or fewer, whose float32 kernel is the faster. Any other value throws
-/// mf::Error.
+/// default) in float32; "high" in float32 on the CPU and TF32 on CUDA (CUBLAS_COMPUTE_32F_FAST_TF32);
+/// "medium" with the operands rounded to bfloat16 and the products summed in float32, on CUDA
+/// (CUBLAS_COMPUTE_32F_FAST_16BF) and on CPUs whose AVX512-BF16 dot products make that faster (Intel
+/// Cooper Lake, AMD Zen 4; elsewhere, or with MINIFLOW_ISA narrower than avx512, it stays float32).
+/// On the CPU it covers the float32 GEMMs (matmul, linear, attention's products, and their
+/// gradients) except linear layers over 32 rows or fewer, whose float32 kernel is the faster. Any
+/// other value throws mf::Error.
 void set_float32_matmul_precision(const std::string& precision);
 std::string get_float32_matmul_precision();
 
-/// Mixed precision (torch.autocast("cpu", dtype=torch.bfloat16)): while the guard lives, on this
-/// thread, the CPU's GEMM-heavy ops (matmul, linear, attention) round their float32 operands to
-/// bfloat16 and sum the products in float32, and so do their gradients, whenever backward runs
+/// Mixed precision (torch.autocast(device_type, dtype=torch.bfloat16)): while the guard lives, on
+/// this thread, `device`'s GEMM-heavy ops (matmul, linear, attention) round their float32 operands
+/// to bfloat16 and sum the products in float32, and so do their gradients, whenever backward runs
 /// them; every other op (softmax, layer norm, log-softmax and cross-entropy, reductions, the
 /// optimizer) computes in float32 as outside. Each op's rule lives with it in the registry
 /// (OpDef::autocast). Unlike PyTorch's autocast, the lowered ops' results stay float32: their sums
 /// are float32 already, and rounding them would lose precision for memory alone. Parameters and
 /// their gradients stay float32 (master weights), and bfloat16 keeps float32's exponent range, so
-/// no loss scaling is needed. bfloat16 tensors given to an op that computes are cast to float32
-/// first. On a CPU without AVX512-BF16 the same rounding runs through the float32 GEMM (same
-/// results, slower). Guards nest; `enabled = false` turns autocast off for a scope. CUDA's autocast
-/// is not there yet: a guard for it throws mf::Error, as does a dtype other than bfloat16.
+/// no loss scaling is needed. bfloat16 tensors given to a CPU op that computes are cast to float32
+/// first. On the CPU, products of 32 rows or fewer by a weight keep their faster float32 kernel,
+/// and without AVX512-BF16 the rounded operands go through the float32 GEMM (same results,
+/// slower); on CUDA, cuBLAS computes with CUBLAS_COMPUTE_32F_FAST_16BF. Guards nest; `enabled =
+/// false` turns autocast off for a scope. A dtype other than bfloat16 throws mf::Error.
 class AutocastGuard {
  public:
   explicit AutocastGuard(DeviceType device = DeviceType::CPU, DType dtype = DType::BFloat16, bool enabled = true);
@@ -221,6 +223,7 @@ class AutocastGuard {
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
+  DeviceType device_;
   bool previous_;
 };
 

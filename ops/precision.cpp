@@ -18,7 +18,7 @@ std::atomic<size_t> precision_index{0};
 // precision is set, so that each GEMM reads one flag.
 std::atomic<bool> bfloat16_products{false};
 
-thread_local bool cpu_autocast = false;
+thread_local std::array<bool, kDeviceTypeCount> autocast_on{};  // per device type, this thread
 
 }  // namespace
 
@@ -34,14 +34,14 @@ std::string get_float32_matmul_precision() { return std::string(kPrecisions[prec
 
 bool cpu::products_in_bfloat16() { return bfloat16_products.load(std::memory_order_relaxed); }
 
-AutocastGuard::AutocastGuard(DeviceType device, DType dtype, bool enabled) : previous_(cpu_autocast) {
-  MF_CHECK(device == DeviceType::CPU, "AutocastGuard: autocast runs on the CPU's ops so far, not on CUDA's");
+AutocastGuard::AutocastGuard(DeviceType device, DType dtype, bool enabled)
+    : device_(device), previous_(autocast_on[static_cast<size_t>(device)]) {
   MF_CHECK(dtype == DType::BFloat16, "AutocastGuard: autocast lowers to bfloat16, got {}", dtype_name(dtype));
-  cpu_autocast = enabled;
+  autocast_on[static_cast<size_t>(device)] = enabled;
 }
 
-AutocastGuard::~AutocastGuard() { cpu_autocast = previous_; }
+AutocastGuard::~AutocastGuard() { autocast_on[static_cast<size_t>(device_)] = previous_; }
 
-bool is_autocast_enabled(DeviceType device) { return device == DeviceType::CPU && cpu_autocast; }
+bool is_autocast_enabled(DeviceType device) { return autocast_on[static_cast<size_t>(device)]; }
 
 }  // namespace mf

@@ -93,3 +93,41 @@ TEST_CASE("ops without a CUDA kernel are listed and refused by name") {
                          doctest::Contains("no kernel for device cuda:0"), Error);
   }
 }
+
+// cuBLAS's compute types (cuda/matmul.cu): float32 by default, TF32 under "high", operands rounded to
+// bfloat16 under autocast (and its gradients) and "medium". References: float64 sums on the CPU of
+// the exact operands and of the bfloat16-rounded ones; TF32 (10 mantissa bits) and bfloat16 (7)
+// round each operand by at most 2^-11 and 2^-8 relative, so 64 products of unit normals move by
+// well under 0.02 and 0.2 in all.
+TEST_CASE("CUDA GEMMs compute in float32, TF32 or bfloat16 as the precision settings ask") {
+  if (!cuda::is_available()) {
+    MESSAGE("SKIPPED: no GPU: cuBLAS's compute types are not checked");
+    return;
+  }
+  manual_seed(21);
+  Tensor x = randn({40, 64}), w = randn({48, 64}), bias = randn({48});
+  auto reference = [&](bool round) {
+    auto operand = [&](const Tensor& t) { return round ? t.to(DType::BFloat16).to(DType::Float32) : t; };
+    return linear(operand(x).to(DType::Float64), operand(w).to(DType::Float64), bias.to(DType::Float64));
+  };
+  auto largest_gap = [](const Tensor& a, const Tensor& b) {
+    return (a.to(Device::cpu()).to(DType::Float64) - b).abs().max().item<double>();
+  };
+  const Tensor exact = reference(false), rounded = reference(true);
+  const Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = bias.to(kGpu);
+  CHECK(largest_gap(linear(xg, wg, bg), exact) < 1e-4);
+  set_float32_matmul_precision("high");
+  CHECK(largest_gap(linear(xg, wg, bg), exact) < 0.02);
+  set_float32_matmul_precision("highest");
+  Tensor xr = xg.detach().set_requires_grad(true);
+  Tensor lowered;
+  {
+    AutocastGuard autocast(DeviceType::CUDA);
+    lowered = linear(xr, wg, bg);
+  }
+  CHECK(largest_gap(lowered, rounded) < 0.2);
+  CHECK(largest_gap(lowered, exact) < 0.2);
+  lowered.sum().backward();  // dx = ones W: sums of 48 weights, each rounded
+  const Tensor dx_exact = w.to(DType::Float64).sum({0}).expand({40, 64});
+  CHECK(largest_gap(xr.grad(), dx_exact) < 0.2);
+}

@@ -235,7 +235,7 @@ def generated_tokens(ys):
     return sum((row == EOS).nonzero()[0].item() + 1 if (row == EOS).any() else len(row) for row in ys[:, 1:])
 
 
-def bench_config(name, steps, decode, device):
+def bench_config(name, steps, decode, device, precision):
     d_model, layers, heads, d_ff, vocab, batch, length = CONFIGS[name]
     torch.manual_seed(0)
     model = Transformer(vocab, d_model, layers, heads, d_ff, dropout=0.1, max_len=max(length, 64) + 1).to(device)
@@ -248,10 +248,14 @@ def bench_config(name, steps, decode, device):
     tgt_out = torch.randint(1, vocab, (batch, length)).to(device)
 
     yardstick = GemmYardstick(device)
+    # bf16: forward and loss under autocast, backward and the optimizer outside it, as PyTorch's AMP
+    # recipe has it (bfloat16 needs no GradScaler).
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     phases = {"forward": [], "backward": [], "optimizer": [], "total": []}
     for step in range(steps + 2):  # two warm-up steps, as the C++ bench
         start = time.perf_counter()
-        loss = criterion(model(src, tgt_in).reshape(-1, vocab), tgt_out.reshape(-1))
+        with autocast:
+            loss = criterion(model(src, tgt_in).reshape(-1, vocab), tgt_out.reshape(-1))
         forward = seconds_since(start, device)
         start = time.perf_counter()
         loss.backward()
@@ -282,7 +286,7 @@ def bench_config(name, steps, decode, device):
     if decode:
         model.eval()
         sources = torch.randint(3, vocab, (32, length)).to(device)
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             start = time.perf_counter()
             ys = tutorial_greedy(model, sources, max_new_tokens=32)
             elapsed = seconds_since(start, device)
@@ -291,26 +295,26 @@ def bench_config(name, steps, decode, device):
     return out
 
 
-def run_here(names, threads, steps, device):
+def run_here(names, threads, steps, device, precision):
     """Benchmarks `names` in this process at `threads` intra-op threads; yields JSON-ready dicts."""
     torch.set_num_threads(threads)
     for name in names:
         result = {"config": name, "device": str(device), "threads": threads, "torch_version": torch.__version__,
-                  "import_rss_mb": IMPORT_RSS_MB}
+                  "import_rss_mb": IMPORT_RSS_MB, "precision": precision}
         if device.type == "cuda":
             result["gpu"] = torch.cuda.get_device_name(device)
-        result.update(bench_config(name, steps, decode=name == "small", device=device))
+        result.update(bench_config(name, steps, decode=name == "small", device=device, precision=precision))
         yield result
 
 
-def run_children(names, steps):
+def run_children(names, steps, precision):
     """Each config in its own process per thread count; keeps the fastest training step (and the
     fastest greedy decode), and records every thread count's figures under by_threads."""
     for name in names:
         tried = {}
         for threads in THREAD_CHOICES:
             command = [sys.executable, __file__, "--config", name, "--threads", str(threads),
-                       "--steps", str(steps), "--json"]
+                       "--steps", str(steps), "--precision", precision, "--json"]
             line = subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
             tried[threads] = json.loads(line.splitlines()[-1])
         best = min(tried.values(), key=lambda r: r["ms_per_step"])
@@ -343,6 +347,8 @@ def main():
     parser.add_argument("--threads", type=int,
                         help="intra-op threads; without it, 1 and 2 are tried per config and the fastest kept")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per config, after 2 warm-up steps")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: forward and loss under torch.autocast(dtype=torch.bfloat16)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per config")
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda or cuda:N (on a GPU the configs run in this process, at the default threads)")
@@ -361,11 +367,11 @@ def main():
         sys.exit(f"bench_pytorch.py: --device {args.device}: torch.cuda.is_available() is false")
     names = [args.config] if args.config else list(CONFIGS)
     if device.type == "cuda":
-        results = run_here(names, args.threads or torch.get_num_threads(), args.steps, device)
+        results = run_here(names, args.threads or torch.get_num_threads(), args.steps, device, args.precision)
     elif args.threads:
-        results = run_here(names, args.threads, args.steps, device)
+        results = run_here(names, args.threads, args.steps, device, args.precision)
     else:
-        results = run_children(names, args.steps)
+        results = run_children(names, args.steps, args.precision)
     for result in results:
         print_result(result, args.json)
 

@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     for (const BenchConfig& c : mf::tools::kBenchConfigs) known = known || only == c.name;
     if (!known) throw mf::tools::UsageError(fmt::format("unknown config '{}' (seed, small or base)", only));
     mf::tools::check_device_available(device, "--device");
-    mf::AutocastGuard autocast(mf::DeviceType::CPU, mf::DType::BFloat16,
+    mf::AutocastGuard autocast(device.type, mf::DType::BFloat16,
                                mf::tools::autocast_from_precision_flag(autocast_precision, device));
     mf::set_num_threads(threads);
 

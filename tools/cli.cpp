@@ -155,9 +155,7 @@ void set_matmul_precision_flag(const std::string& value) {
 bool autocast_from_precision_flag(const std::string& value, Device device) {
   if (value == "fp32") return false;
   if (value != "bf16") throw UsageError(fmt::format("--precision: expected fp32 or bf16, got '{}'", value));
-  if (!device.is_cpu())
-    throw UsageError(fmt::format("--precision bf16: autocast runs on the CPU's ops so far, not on {}", device.str()));
-  if (kernel_isa() != Isa::avx512 || !cpu_has_avx512_bf16())
+  if (device.is_cpu() && (kernel_isa() != Isa::avx512 || !cpu_has_avx512_bf16()))
     fmt::print(stderr, "note: --precision bf16 without AVX512-BF16 ({}): the bfloat16-rounded operands go through "
                "the float32 GEMM, slower than fp32\n", cpu_has_avx512_bf16() ? "MINIFLOW_ISA narrows the kernels"
                                                                             : "this CPU lacks it");

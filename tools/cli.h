@@ -68,9 +68,9 @@ void check_device_available(Device device, const std::string& flag);
 void set_matmul_precision_flag(const std::string& value);
 
 /// Reads a --precision value: "fp32" (false) or "bf16" (true: the tool computes under
-/// mf::AutocastGuard, bfloat16 products summed in float32). Any other value, and bf16 on a CUDA
-/// device (CUDA's autocast is not there yet), is bad usage (UsageError). On a CPU without
-/// AVX512-BF16, bf16 prints a note that it runs slower than fp32 there.
+/// mf::AutocastGuard for `device`, bfloat16 products summed in float32). Any other value is bad
+/// usage (UsageError). On a CPU without AVX512-BF16, bf16 prints a note that it runs slower than
+/// fp32 there.
 bool autocast_from_precision_flag(const std::string& value, Device device);
 
 /// Runs body() and maps its outcome to an exit status, printing errors to stderr.

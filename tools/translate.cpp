@@ -247,7 +247,7 @@ int run(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) return 0;
   mf::tools::check_device_available(o.device, "--device");
-  mf::AutocastGuard autocast(mf::DeviceType::CPU, mf::DType::BFloat16,
+  mf::AutocastGuard autocast(o.device.type, mf::DType::BFloat16,
                              mf::tools::autocast_from_precision_flag(o.precision, o.device));
   mf::set_num_threads(o.threads);
 

@@ -372,8 +372,8 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   const OptimSettings& settings = options.optim;
   // Forward passes, their gradients and validation: the whole run but the optimizer's float32 steps,
   // which autocast leaves alone.
-  AutocastGuard autocast(DeviceType::CPU, DType::BFloat16, options.autocast);
   models::Transformer& model = translator.model();
+  AutocastGuard autocast(model.device().type, DType::BFloat16, options.autocast);
   std::vector<Tensor> params = model.parameters();
   optim::Adam adam(params, {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
   optim::NoamLR schedule(adam, model.config().d_model, settings.warmup, settings.lr_factor);

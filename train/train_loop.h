@@ -108,7 +108,7 @@ struct TrainingOptions {
   int64_t accumulate = 1;
   /// Mixed precision: the run computes under AutocastGuard (ops/functional.h), its GEMMs taking
   /// bfloat16 products summed in float32, everything else and the parameters (master weights,
-  /// checkpoints) in float32. CPU models only.
+  /// checkpoints) in float32.
   bool autocast = false;
   /// With a group: shard Adam's state over the ranks (ZeRO stage 1, distributed/zero.h), each keeping
   /// 1/W of it. The steps and checkpoints are the bits of the unsharded run.
