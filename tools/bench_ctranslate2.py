@@ -322,8 +322,8 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_le
     write_lines(input_path, lines)
     rows, batchings = [], {}
     for threads in args.threads:
-        translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32", intra_threads=threads,
-                                            inter_threads=1)
+        translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=args.ct2_compute_type,
+                                            intra_threads=threads, inter_threads=1)
         for beam in args.beams:
             lp = args.length_penalty if beam > 1 else 0.0
             if beam not in batchings:
@@ -413,6 +413,10 @@ def main():
                         help="more flags for miniflow's translate, space-separated (e.g. \"--beam-stop finished\")")
     parser.add_argument("--output-dir", help="keep the converted model and all translations here "
                         "(default: a temporary directory, removed at the end)")
+    parser.add_argument("--ct2-compute-type", default="float32",
+                        help="CTranslate2's compute type for the timed runs (float32, int8, int8_float32: "
+                             "ctranslate2.get_supported_compute_types('cpu') lists this CPU's); the conversion is "
+                             "checked in float32 either way")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement, the fastest kept (default 3)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown, for BENCHMARKS.md")
     args = parser.parse_args()
@@ -453,7 +457,7 @@ def main():
              f"{len(lines)} sentences of {os.path.relpath(args.source, REPO)}; length penalty alpha "
              f"{args.length_penalty:g} for beam > 1 (miniflow GNMT ((5 + len) / 6)^alpha, CTranslate2 "
              f"len^alpha){beam_agreement}",
-             f"miniflow timed by {timing}; CTranslate2 {ctranslate2.__version__}, float32 ({backend}), "
+             f"miniflow timed by {timing}; CTranslate2 {ctranslate2.__version__}, {args.ct2_compute_type} ({backend}), "
              f"translate_batch only, batching {batching}",
              "miniflow/CT2 = miniflow's sentences/s / CTranslate2's; agreement = output lines equal"]
     print(table(rows, len(lines), args.markdown))
