@@ -366,10 +366,11 @@ using BackwardFn = std::vector<Tensor> (*)(const GradContext& ctx);
 using SamplesFn = std::vector<Sample> (*)();
 using ReferenceFn = std::vector<Tensor> (*)(const std::vector<Tensor>& inputs, const Attrs& attrs);
 
-/// What autocast (AutocastGuard, ops/functional.h) does with an op on the CPU. Every op first gets its
-/// bfloat16 inputs cast to float32; then a LowerPrecision op (the GEMMs) rounds its float32 operands
-/// to bfloat16 and sums the products in float32, in its backward too, while a Float32 op (everything
-/// else: softmax, norms, losses, reductions, element-wise ops) computes in float32 as it would outside.
+/// What autocast (AutocastGuard, ops/functional.h) does with an op on its device. A CPU op first gets
+/// its bfloat16 inputs cast to float32; then a LowerPrecision op (the GEMMs) rounds its float32
+/// operands to bfloat16 and sums the products in float32, in its backward too, while a Float32 op
+/// (everything else: softmax, norms, losses, reductions, element-wise ops) computes in float32 as it
+/// would outside.
 enum class AutocastRule { Float32, LowerPrecision };
 
 struct OpDef {

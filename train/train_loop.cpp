@@ -370,9 +370,9 @@ int64_t epochs_since_best(const std::vector<EpochRecord>& epochs) {
 int train_translator(models::Translator& translator, const ParallelData& train, const ParallelData& valid,
                      const TrainingOptions& options) {
   const OptimSettings& settings = options.optim;
+  models::Transformer& model = translator.model();
   // Forward passes, their gradients and validation: the whole run but the optimizer's float32 steps,
   // which autocast leaves alone.
-  models::Transformer& model = translator.model();
   AutocastGuard autocast(model.device().type, DType::BFloat16, options.autocast);
   std::vector<Tensor> params = model.parameters();
   optim::Adam adam(params, {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
