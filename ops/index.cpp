@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <span>
 
 namespace mf {
 namespace {
@@ -204,10 +206,33 @@ std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const 
   return {{shape, x.dtype()}};
 }
 
+/// index_select of a contiguous x into a contiguous out: each selected slice along `dim` is one
+/// block of memory in both, copied whole (beam search reorders its key/value caches this way: a row
+/// per hypothesis, where gather_into would copy one short last-dim row at a time).
+void select_blocks(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index) {
+  const int64_t picks = index.numel(), size = x.size(dim);
+  const int64_t index_stride = index.dim() == 1 ? index.strides()[0] : 0;
+  const auto block = static_cast<size_t>(shape_numel(std::span(x.shape()).subspan(static_cast<size_t>(dim) + 1)) *
+                                         static_cast<int64_t>(x.element_size()));
+  const int64_t outer = shape_numel(std::span(x.shape()).first(static_cast<size_t>(dim)));
+  const int64_t* idx = index.data_ptr<int64_t>();
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain * 4 / static_cast<int64_t>(std::max<size_t>(block, 1)));
+  parallel_for(0, outer * picks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t o = k / picks, i = k % picks;
+      std::memcpy(dst + static_cast<size_t>(k) * block,
+                  src + static_cast<size_t>(o * size + idx[i * index_stride]) * block, block);
+    }
+  });
+}
+
 void cpu_index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor &x = in[0], &index = in[1];
   int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
   check_index_range(index, dim, x);
+  if (x.is_contiguous() && out[0].is_contiguous()) return select_blocks(out[0], x, dim, index);
   Shape index_strides(static_cast<size_t>(x.dim()), 0);  // the 1-D index, broadcast over the other dims
   index_strides[dim] = index.dim() == 1 ? index.strides()[0] : 0;
   visit_dtype(x.dtype(), [&]<typename T>() { gather_into<T>(out[0], x, dim, index, index_strides); });

@@ -87,6 +87,15 @@ TEST_CASE("index_select picks slices and accumulates repeats in backward") {
   check_close(x.grad(), f64({1, 1, 1, 0, 0, 0, 2, 2, 2}, {3, 3}), 0, 0);
 }
 
+TEST_CASE("index_select copies whole blocks of a contiguous input, reading a strided index") {
+  // x [2, 3, 2]: slices along dim 1 are blocks of 2; the index [2, 0, 2] is every other element of
+  // a longer tensor. Expected values written out by hand.
+  Tensor x = f64({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 3, 2});
+  Tensor index = i64({2, 9, 0, 9, 2}).slice(0, 0, 5, 2);
+  check_close(index_select(x, 1, index), f64({5, 6, 1, 2, 5, 6, 11, 12, 7, 8, 11, 12}, {2, 3, 2}), 0, 0);
+  check_close(index_select(x, 0, i64({1, 1})), f64({7, 8, 9, 10, 11, 12, 7, 8, 9, 10, 11, 12}, {2, 3, 2}), 0, 0);
+}
+
 TEST_CASE("index_select checks the index") {
   Tensor x = zeros({3, 3});
   CHECK_THROWS_WITH_AS(index_select(x, 0, i64({0, 3})),

@@ -1,0 +1,103 @@
+// oneDNN's bfloat16 matmul on the products tools/bench_gemm times (2048^3 and small's training
+// products), for issue 19's question whether Debian's oneDNN does bfloat16 GEMMs better than
+// miniflow's kernel. Standalone: it links oneDNN, not miniflow; tools/bench_onednn.sh builds it and
+// runs bench_gemm beside it. Two figures per product:
+//   - "bf16 operands": A and B already bfloat16, C float32 (oneDNN's best case);
+//   - "from float32": the float32 operands converted by oneDNN reorders inside the timing, as
+//     miniflow's kernel takes float32 operands and rounds them while packing.
+// The fastest of --reps runs counts. One thread unless OMP_NUM_THREADS says otherwise.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+using Clock = std::chrono::steady_clock;
+
+struct Product {
+  std::string name;
+  int64_t rows, cols, depth;  // C [rows, cols] = op(A) [rows, depth] op(B) [depth, cols]
+  bool trans_a, trans_b;
+};
+
+std::vector<Product> products() {
+  std::vector<Product> list{{"2048^3", 2048, 2048, 2048, false, false}};
+  // small: d_model 256, d_ff 1024, vocab 8000, 32 sentences of 32 tokens (tools/bench_configs.h).
+  const int64_t tokens = 32 * 32;
+  struct Layer { const char* name; int64_t in, out; };
+  for (Layer layer : {Layer{"attention projection", 256, 256}, Layer{"feed-forward in", 256, 1024},
+                      Layer{"feed-forward out", 1024, 256}, Layer{"output projection", 256, 8000}}) {
+    std::string prefix = "small " + std::string(layer.name) + " [" + std::to_string(layer.out) + "x" +
+                         std::to_string(layer.in) + "]";
+    list.push_back({prefix + " X W^T", tokens, layer.out, layer.in, false, true});
+    list.push_back({prefix + " dY W", tokens, layer.in, layer.out, false, false});
+    list.push_back({prefix + " dY^T X", layer.out, layer.in, tokens, true, false});
+  }
+  return list;
+}
+
+/// A [rows, cols] operand as stored: row-major, or the transposed view of a row-major [cols, rows].
+dnnl::memory::desc operand(int64_t rows, int64_t cols, bool transposed, dt type) {
+  return dnnl::memory::desc({rows, cols}, type, transposed ? tag::ba : tag::ab);
+}
+
+void fill(dnnl::memory& m, int64_t count) {
+  auto* p = static_cast<float*>(m.get_data_handle());
+  for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>((i * 7919 % 2001) - 1000) / 1000.0f;
+}
+
+/// Seconds of the fastest of `reps` runs of body().
+template <typename Body>
+double fastest(int reps, Body&& body) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto start = Clock::now();
+    body();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  std::printf("oneDNN %d.%d.%d, bfloat16 matmul, float32 C; GFLOP/s, the fastest of %d runs\n",
+              dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch, reps);
+  for (const Product& p : products()) {
+    auto a32 = operand(p.rows, p.depth, p.trans_a, dt::f32), b32 = operand(p.depth, p.cols, p.trans_b, dt::f32);
+    auto a16 = operand(p.rows, p.depth, p.trans_a, dt::bf16), b16 = operand(p.depth, p.cols, p.trans_b, dt::bf16);
+    auto c32 = dnnl::memory::desc({p.rows, p.cols}, dt::f32, tag::ab);
+    dnnl::matmul matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a16, b16, c32), engine));
+    dnnl::memory a_f32(a32, engine), b_f32(b32, engine), a_bf16(a16, engine), b_bf16(b16, engine), c(c32, engine);
+    fill(a_f32, p.rows * p.depth);
+    fill(b_f32, p.depth * p.cols);
+    dnnl::reorder to_a(a_f32, a_bf16), to_b(b_f32, b_bf16);
+    auto convert = [&] {
+      to_a.execute(stream, a_f32, a_bf16);
+      to_b.execute(stream, b_f32, b_bf16);
+    };
+    auto multiply = [&] {
+      matmul.execute(stream, {{DNNL_ARG_SRC, a_bf16}, {DNNL_ARG_WEIGHTS, b_bf16}, {DNNL_ARG_DST, c}});
+    };
+    convert();
+    multiply();  // warm-up: the first run JIT-compiles
+    stream.wait();
+    const double flops = 2.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * static_cast<double>(p.depth);
+    const double operands_only = fastest(reps, [&] { multiply(); stream.wait(); });
+    const double with_conversion = fastest(reps, [&] { convert(); multiply(); stream.wait(); });
+    std::printf("%-52s bf16 operands %7.1f   from float32 %7.1f\n", p.name.c_str(), flops / operands_only / 1e9,
+                flops / with_conversion / 1e9);
+  }
+  return 0;
+}
