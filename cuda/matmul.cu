@@ -6,11 +6,10 @@
 #include "core/parallel.h"
 #include "cuda/kernels.h"
 #include "cuda/runtime.h"
-#include "ops/functional.h"
+#include "ops/kernel_api.h"
 
 #include <climits>
 #include <optional>
-#include <string>
 #include <span>
 
 namespace mf::cuda {
@@ -62,9 +61,11 @@ int to_int(int64_t value, const char* what) {
 /// "high", else in float32; the sums are float32 in every case.
 cublasComputeType_t float32_compute() {
   if (kernel_settings().bfloat16_products) return CUBLAS_COMPUTE_32F_FAST_16BF;
-  const std::string precision = get_float32_matmul_precision();
-  if (precision == "medium") return CUBLAS_COMPUTE_32F_FAST_16BF;
-  if (precision == "high") return CUBLAS_COMPUTE_32F_FAST_TF32;
+  switch (detail::float32_matmul_precision()) {
+    case detail::MatmulPrecision::Medium: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case detail::MatmulPrecision::High: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case detail::MatmulPrecision::Highest: break;
+  }
   return CUBLAS_COMPUTE_32F;
 }
 

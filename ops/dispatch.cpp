@@ -290,6 +290,11 @@ void run_kernel(KernelFn kernel, const std::vector<Tensor>& inputs, std::vector<
   kernel(inputs, outputs, attrs);
 }
 
+/// Whether autocast lowers this op on `device` (on this thread, now).
+bool autocast_lowers(const OpDef& def, Device device) {
+  return def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
+}
+
 /// Whether autocast casts some of these inputs to float32 before the op runs: bfloat16 ones, for an
 /// op that computes with its inputs' values (not one that writes its input: it would write a copy).
 bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs) {
@@ -328,7 +333,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
       check_bfloat16(def, specs, out_device);
       KernelFn kernel = kernel_for(def, device);
-      lowered = def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
+      lowered = autocast_lowers(def, device);
       if (def.writes_input) {
         check_writable(inputs[0]);
         outputs.push_back(inputs[0]);
@@ -377,7 +382,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));
     KernelFn kernel = kernel_for(def, device);
-    const bool lowered = def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
+    const bool lowered = autocast_lowers(def, device);
     // In anomaly mode the inputs are counted before the kernel overwrites self, often one of them.
     std::optional<NonFiniteCount> before;
     if (checks_anomaly()) [[unlikely]] before = count_nonfinite(inputs);

@@ -24,6 +24,11 @@ namespace detail {
 /// exists, which needs the backend loaded.
 Registry& registry_to_extend();
 
+/// What set_float32_matmul_precision last set, for a kernel to ask on every GEMM (cuBLAS's compute
+/// type follows it) without comparing names.
+enum class MatmulPrecision : uint8_t { Highest, High, Medium };
+MatmulPrecision float32_matmul_precision();
+
 /// A contiguous version of t (t itself when it already is), made without recording autograd.
 inline Tensor dense(const Tensor& t) {
   NoGradGuard no_grad;

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "ops/cpu/blas.h"
 #include "ops/functional.h"
+#include "ops/kernel_api.h"
 
 #include <algorithm>
 #include <array>
@@ -12,7 +13,7 @@
 namespace mf {
 namespace {
 
-constexpr std::array<std::string_view, 3> kPrecisions = {"highest", "high", "medium"};
+constexpr std::array<std::string_view, 3> kPrecisions = {"highest", "high", "medium"};  // MatmulPrecision's order
 std::atomic<size_t> precision_index{0};
 // Whether "medium" is set and this CPU runs the bfloat16 GEMM on its dot products: decided when the
 // precision is set, so that each GEMM reads one flag.
@@ -31,6 +32,10 @@ void set_float32_matmul_precision(const std::string& precision) {
 }
 
 std::string get_float32_matmul_precision() { return std::string(kPrecisions[precision_index]); }
+
+detail::MatmulPrecision detail::float32_matmul_precision() {
+  return static_cast<MatmulPrecision>(precision_index.load(std::memory_order_relaxed));
+}
 
 bool cpu::products_in_bfloat16() { return bfloat16_products.load(std::memory_order_relaxed); }
 

@@ -141,28 +141,46 @@ TEST_CASE("a linear layer recorded under autocast takes its gradients' products 
   CHECK(w2.grad().to_vector<float>() == w3.grad().to_vector<float>());
 }
 
-TEST_CASE("attention under autocast stays within bfloat16's rounding of float32, forward and backward") {
+TEST_CASE("attention under autocast rounds its products' operands, forward and backward") {
   mf::manual_seed(14);
   auto make = [] { return mf::randn({2, 4, 24, 16}).set_requires_grad(true); };
   Tensor q = make(), k = make(), v = make();
   Tensor exact = mf::scaled_dot_product_attention(q, k, v);
   exact.sum().backward();
   const Tensor exact_dq = q.grad().clone();
-  q.set_grad(Tensor());
-  Tensor lowered;
+  for (Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());
+  mf::AttentionResult lowered;
   {
     mf::AutocastGuard autocast;
-    lowered = mf::scaled_dot_product_attention(q, k, v);
+    lowered = mf::scaled_dot_product_attention_with_weights(q, k, v);
   }
-  lowered.sum().backward();
-  const double forward_gap = largest_gap(lowered.to_vector<float>(), as_doubles(exact));
-  const double backward_gap = largest_gap(q.grad().to_vector<float>(), as_doubles(exact_dq));
+  lowered.output.sum().backward();  // outside the guard: the node keeps the forward's precision
   // Scores of ~4 (16 products of unit normals) lose ~2^-9 relative per operand; the weights stay
   // within [0, 1] and the outputs within the values' range.
+  const double forward_gap = largest_gap(lowered.output.to_vector<float>(), as_doubles(exact));
   CHECK(forward_gap > 0);
   CHECK(forward_gap < 0.05);
-  CHECK(backward_gap > 0);
-  CHECK(backward_gap < 0.05);
+  CHECK(largest_gap(q.grad().to_vector<float>(), as_doubles(exact_dq)) < 0.05);
+  // dv = W^T dO with dO all ones: dv[b, h, s, :] = sum over t of W[b, h, t, s], each weight rounded
+  // to bfloat16 by the lowered backward (1 is exact). The weights are the forward's own.
+  const std::vector<float> w = lowered.weights.to_vector<float>();  // [2, 4, 24, 24]
+  std::vector<double> rounded_sums, exact_sums;
+  for (int64_t pair = 0; pair < 8; ++pair)
+    for (int64_t key = 0; key < 24; ++key) {
+      double with_rounding = 0, without = 0;
+      for (int64_t t = 0; t < 24; ++t) {
+        const float weight = w[static_cast<size_t>((pair * 24 + t) * 24 + key)];
+        with_rounding += rounded(weight);
+        without += weight;
+      }
+      for (int64_t d = 0; d < 16; ++d) {
+        rounded_sums.push_back(with_rounding);
+        exact_sums.push_back(without);
+      }
+    }
+  const std::vector<float> dv = v.grad().to_vector<float>();
+  CHECK(largest_gap(dv, rounded_sums) < 1e-5);
+  CHECK(largest_gap(dv, exact_sums) > 1e-4);
 }
 
 TEST_CASE("under autocast, bfloat16 inputs are cast to float32, gradients flowing back to them in bfloat16") {
