@@ -38,7 +38,7 @@ else
   bash "$work/kit/gpu_kit.sh" run "$work/out" >"$work/run.log" 2>&1
   check "run without a GPU exits 0" test $? -eq 0 || cat "$work/run.log"
   check "the kit's binaries start" summary_has '^\| kit \| PASS \|' "$work/out"
-  for part in gpu test_cuda nccl train translate test_cuda_training bench suites memcheck racecheck; do
+  for part in gpu test_cuda nccl train translate test_cuda_training bench bench_bf16 suites memcheck racecheck; do
     check "run skips $part, saying why" summary_has "^\| $part \| SKIPPED \| 0 \| no GPU: .+ \|$" "$work/out"
   done
 fi

@@ -20,7 +20,7 @@
 # suites with CUDA parts, train_transformer --device cuda on the toy corpus (8/8 correct), translate
 # --device cuda against the CPU's translations, compute-sanitizer memcheck over the registry suite's
 # device checks and racecheck over the reduction kernels, and bench_transformer --device cuda beside
-# PyTorch's step on the same GPU.
+# PyTorch's step on the same GPU, in fp32 and under bfloat16 autocast.
 # --parts runs only some of them (comma-separated names from the summary). OUTDIR gets summary.md
 # (also printed) and a few logs. Exit 0 when every part passed, or, without a GPU, when every GPU part
 # was skipped with its reason; compute-sanitizer refusing the device counts as unavailable, not failed.
@@ -251,15 +251,17 @@ part_racecheck() {
   sanitizer racecheck \
     MF_TEST_OPS=sum,mean,var,amax,amin,max_dim,min_dim,argmax,softmax,log_softmax,layer_norm,cross_entropy
 }
-part_bench() {
-  local failed=""
+bench_at_precision() {
+  local precision=$1 table=$2 failed=""
   # Each side under a limit of its own, so that one slow config still leaves the other's figures.
-  timeout 80 bin/bench_transformer --device "$DEVICE" --steps 20 --json >"$WORK/miniflow.jsonl" || failed+=" miniflow"
-  timeout 60 python3 scripts/bench_pytorch.py --device "$DEVICE" --steps 20 --json >"$WORK/pytorch.jsonl" ||
+  timeout 80 bin/bench_transformer --device "$DEVICE" --precision "$precision" --steps 20 --json \
+    >"$WORK/miniflow.jsonl" || failed+=" miniflow"
+  timeout 60 python3 scripts/bench_pytorch.py --device "$DEVICE" --precision "$precision" --steps 20 --json \
+    >"$WORK/pytorch.jsonl" ||
     failed+=" pytorch"
   cat "$WORK/miniflow.jsonl" "$WORK/pytorch.jsonl"
-  # bench.md: the table; the last line printed: the step-time ratios.
-  python3 - "$WORK/miniflow.jsonl" "$WORK/pytorch.jsonl" "$OUT/bench.md" <<'EOF' || failed+=" (no results)"
+  # $table: the table; the last line printed: the step-time ratios.
+  python3 - "$WORK/miniflow.jsonl" "$WORK/pytorch.jsonl" "$OUT/$table" "$precision" <<'EOF' || failed+=" (no results)"
 import json, sys
 def read(path):
     with open(path) as f:
@@ -267,7 +269,7 @@ def read(path):
 mf, pt = read(sys.argv[1]), read(sys.argv[2])
 def cell(r, key):
     return f"{r[key]:.1f}" if key in r else "-"
-rows = ["| config | miniflow ms/step | PyTorch ms/step | miniflow / PyTorch | GEMM GFLOP/s (miniflow, PyTorch) |",
+rows = [f"{sys.argv[4]}:", "", "| config | miniflow ms/step | PyTorch ms/step | miniflow / PyTorch | GEMM GFLOP/s (miniflow, PyTorch) |",
         "|---|---|---|---|---|"]
 ratios = []
 for c in [c for c in ("seed", "small", "base") if c in mf or c in pt]:
@@ -285,6 +287,9 @@ print("step time vs PyTorch: " + (", ".join(ratios) if ratios else "no config ra
 EOF
   [ -z "$failed" ] || { echo "failed:$failed"; return 1; }
 }
+# fp32, then bf16 autocast on both sides (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF against torch.autocast).
+part_bench() { bench_at_precision fp32 bench.md; }
+part_bench_bf16() { bench_at_precision bf16 bench_bf16.md; }
 
 run() {
   [ $# -ge 1 ] || usage
@@ -358,7 +363,7 @@ run() {
   fi
   echo "needs glibc $needed: runs on $MF_KIT_GLIBC" >>"$out/machine.txt"
   export KIT="$kit" WORK="$work" OUT="$out" DEVICE kHostLibraries kGlibc
-  export -f sanitizer
+  export -f sanitizer bench_at_precision
 
   cat "$out/machine.txt"
   echo
@@ -372,6 +377,7 @@ run() {
   part translate 60 tools.log 1 part_translate
   part test_cuda_training 150 tests.log 1 part_test_cuda_training
   part bench 150 bench.log 1 part_bench
+  part bench_bf16 150 bench.log 1 part_bench_bf16
   part suites 150 tests.log 1 part_suites
   part memcheck 240 sanitizer.log 1 part_memcheck
   part racecheck 120 sanitizer.log 1 part_racecheck
@@ -387,7 +393,7 @@ run() {
     for i in "${!part_names[@]}"; do
       echo "| ${part_names[i]} | ${part_results[i]} | ${part_seconds[i]} | ${part_details[i]//|/\\|} |"
     done
-    [ -f "$out/bench.md" ] && { echo; cat "$out/bench.md"; }
+    for table in bench.md bench_bf16.md; do [ -f "$out/$table" ] && { echo; cat "$out/$table"; }; done
   } >"$out/summary.md"
   for i in "${!part_results[@]}"; do
     case "${part_results[i]}" in
