@@ -9,6 +9,13 @@
 #include <type_traits>
 #include <utility>
 
+// Marks functions that CUDA kernels call too (bfloat16's conversions, ops/math.h's functors).
+#if defined(__CUDACC__)
+#define MF_HOST_DEVICE __host__ __device__
+#else
+#define MF_HOST_DEVICE
+#endif
+
 namespace mf {
 
 /// The element types. BFloat16 is a storage type so far: tensors hold it, print it, cast to and from
@@ -24,28 +31,28 @@ struct bfloat16 {
   uint16_t bits = 0;
 
   constexpr bfloat16() = default;
-  explicit bfloat16(float value) : bits(round_float(value)) {}
-  explicit bfloat16(double value) : bfloat16(round_to_odd(value)) {}
+  MF_HOST_DEVICE explicit bfloat16(float value) : bits(round_float(value)) {}
+  MF_HOST_DEVICE explicit bfloat16(double value) : bfloat16(round_to_odd(value)) {}
   /// Holders of integers and bools convert through double, as static_cast between arithmetic types does.
   template <typename T>
     requires std::is_integral_v<T>
-  explicit bfloat16(T value) : bfloat16(static_cast<double>(value)) {}
-  static constexpr bfloat16 from_bits(uint16_t bits) {
+  MF_HOST_DEVICE explicit bfloat16(T value) : bfloat16(static_cast<double>(value)) {}
+  MF_HOST_DEVICE static constexpr bfloat16 from_bits(uint16_t bits) {
     bfloat16 b;
     b.bits = bits;
     return b;
   }
 
-  explicit operator float() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
-  explicit operator double() const { return static_cast<float>(*this); }
+  MF_HOST_DEVICE explicit operator float() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+  MF_HOST_DEVICE explicit operator double() const { return static_cast<float>(*this); }
   template <typename T>
     requires std::is_integral_v<T>
-  explicit operator T() const {
+  MF_HOST_DEVICE explicit operator T() const {
     return static_cast<T>(static_cast<float>(*this));
   }
 
  private:
-  static uint16_t round_float(float value) {
+  MF_HOST_DEVICE static uint16_t round_float(float value) {
     const uint32_t u = std::bit_cast<uint32_t>(value);
     if (std::isnan(value)) return static_cast<uint16_t>((u >> 16) | 0x0040);  // quiet, sign and payload top kept
     // Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to the even kept value; a carry
@@ -55,7 +62,7 @@ struct bfloat16 {
   /// value rounded to a float whose lowest bit records whether anything was dropped (round to odd):
   /// rounding that float to bfloat16 then gives the correctly rounded double, with float's 16 extra
   /// fraction bits to spare (round to odd is exact for a second rounding with at least 2 fewer bits).
-  static float round_to_odd(double value) {
+  MF_HOST_DEVICE static float round_to_odd(double value) {
     float f = static_cast<float>(value);
     if (!std::isfinite(f) || static_cast<double>(f) == value) return f;
     if (std::fabs(static_cast<double>(f)) > std::fabs(value)) f = std::nextafter(f, 0.0f);  // truncate

@@ -97,13 +97,15 @@ void masked_fill(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
   });
 }
 
+// Copies and casts take bfloat16 too, converting on the GPU with core/dtype.h's own rounding, so
+// both devices give the same bits.
 void copy(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
-  visit_dtype(out[0].dtype(), [&]<typename T>() { map<T, T>(out[0], {&in[0]}, Identity{}); });
+  visit_any_dtype(out[0].dtype(), [&]<typename T>() { map<T, T>(out[0], {&in[0]}, Identity{}); });
 }
 
 void cast(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
-  visit_dtype(out[0].dtype(), [&]<typename To>() {
-    visit_dtype(in[0].dtype(), [&]<typename From>() { map<To, From>(out[0], {&in[0]}, CastTo<To>{}); });
+  visit_any_dtype(out[0].dtype(), [&]<typename To>() {
+    visit_any_dtype(in[0].dtype(), [&]<typename From>() { map<To, From>(out[0], {&in[0]}, CastTo<To>{}); });
   });
 }
 

@@ -179,20 +179,19 @@ Device common_device(const OpDef& def, const std::vector<Tensor>& inputs) {
 }
 
 /// bfloat16 is a storage type so far: the ops that move or convert elements take it (takes_bfloat16),
-/// on the CPU; the rest refuse it here, before any kernel could read its bits as another type.
-void check_bfloat16(const OpDef& def, DType dtype, Device device) {
+/// on either device; the rest refuse it here, before any kernel could read its bits as another type.
+void check_bfloat16(const OpDef& def, DType dtype) {
   if (dtype != DType::BFloat16) return;
   MF_CHECK(def.takes_bfloat16, "bfloat16 tensors are stored, cast, copied, filled and viewed so far, not computed "
            "with (cast with .to(mf::DType::Float32) first)");
-  MF_CHECK(device.is_cpu(), "bfloat16 tensors stay on the CPU so far, got one for {}", device.str());
 }
 
-void check_bfloat16(const OpDef& def, const std::vector<Tensor>& inputs, Device device) {
-  for (const Tensor& t : inputs) check_bfloat16(def, t.dtype(), device);
+void check_bfloat16(const OpDef& def, const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs) check_bfloat16(def, t.dtype());
 }
 
-void check_bfloat16(const OpDef& def, const std::vector<OutputSpec>& specs, Device device) {
-  for (const OutputSpec& spec : specs) check_bfloat16(def, spec.dtype, device);
+void check_bfloat16(const OpDef& def, const std::vector<OutputSpec>& specs) {
+  for (const OutputSpec& spec : specs) check_bfloat16(def, spec.dtype);
 }
 
 KernelFn kernel_for(const OpDef& def, Device device) {
@@ -295,12 +294,13 @@ bool autocast_lowers(const OpDef& def, Device device) {
   return def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
 }
 
-/// Whether autocast casts some of these inputs to float32 before the op runs: bfloat16 ones, for an
-/// op that computes with its inputs' values (not one that writes its input: it would write a copy).
+/// Whether autocast casts some of these inputs to float32 before the op runs: bfloat16 ones on a
+/// device where autocast is on, for an op that computes with its inputs' values (not one that writes
+/// its input: it would write a copy).
 bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs) {
-  if (def.view || def.takes_bfloat16 || def.writes_input || !is_autocast_enabled()) return false;
+  if (def.view || def.takes_bfloat16 || def.writes_input) return false;
   return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
-    return t.defined() && t.dtype() == DType::BFloat16 && t.device().is_cpu();
+    return t.defined() && t.dtype() == DType::BFloat16 && is_autocast_enabled(t.device().type);
   });
 }
 
@@ -329,9 +329,9 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       outputs.push_back(def.view(inputs[0], attrs));
     } else {
       Device out_device = def.mixes_devices ? std::get<ToDeviceParams>(attrs).device : device;
-      check_bfloat16(def, inputs, device);
+      check_bfloat16(def, inputs);
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
-      check_bfloat16(def, specs, out_device);
+      check_bfloat16(def, specs);
       KernelFn kernel = kernel_for(def, device);
       lowered = autocast_lowers(def, device);
       if (def.writes_input) {
@@ -374,10 +374,10 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
     MF_CHECK(self.device() == device, "in-place target is on {} but the inputs are on {}", self.device().str(),
              device.str());
     check_writable(self);
-    check_bfloat16(def, inputs, device);
-    check_bfloat16(def, self.dtype(), device);
+    check_bfloat16(def, inputs);
+    check_bfloat16(def, self.dtype());
     std::vector<OutputSpec> specs = def.infer(inputs, attrs);
-    check_bfloat16(def, specs, device);
+    check_bfloat16(def, specs);
     MF_CHECK(specs.size() == 1 && specs[0].shape == self.shape(),
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));

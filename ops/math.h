@@ -9,11 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__CUDACC__)
-#define MF_HOST_DEVICE __host__ __device__
-#else
-#define MF_HOST_DEVICE
-#endif
+#include "core/dtype.h"  // MF_HOST_DEVICE
 
 namespace mf::math {
 

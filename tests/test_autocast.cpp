@@ -2,6 +2,7 @@
 // rounded to bfloat16, in forward and backward, and every other op computes as outside it. The
 // references are float64 sums of the rounded operands, formed here with naive loops: each product
 // of two bfloat16 values is exact, so only the float32 accumulation of the k products may differ.
+#include "helpers.h"
 #include "miniflow.h"
 
 #include <doctest/doctest.h>
@@ -184,21 +185,28 @@ TEST_CASE("attention under autocast rounds its products' operands, forward and b
 }
 
 TEST_CASE("under autocast, bfloat16 inputs are cast to float32, gradients flowing back to them in bfloat16") {
-  Tensor x = mf::from_vector(std::vector<float>{1.5f, -2.0f, 0.25f}, {3}).to(DType::BFloat16).set_requires_grad(true);
-  CHECK_THROWS_WITH_AS(mf::softmax(x, 0), doctest::Contains("not computed with"), mf::Error);
-  Tensor y;
-  {
-    mf::AutocastGuard autocast;
-    y = mf::softmax(x, 0);
-    CHECK(y.dtype() == DType::Float32);
-    CHECK(y.to_vector<float>() == mf::softmax(x.detach().to(DType::Float32), 0).to_vector<float>());
-    (x * 3.0).sum().backward();
-    // Fills write into their input, so bfloat16 ones keep it: fill_ takes bfloat16 itself.
-    Tensor filled = mf::zeros({2}, DType::BFloat16);
-    filled.fill_(0.5);
-    CHECK(filled.dtype() == DType::BFloat16);
+  for (mf::Device device : mf::testing::test_devices()) {
+    CAPTURE(device);
+    Tensor x = mf::from_vector(std::vector<float>{1.5f, -2.0f, 0.25f}, {3}, device).to(DType::BFloat16);
+    x.set_requires_grad(true);
+    CHECK_THROWS_WITH_AS(mf::softmax(x, 0), doctest::Contains("not computed with"), mf::Error);
+    Tensor y;
+    {
+      mf::AutocastGuard autocast(device.type);
+      y = mf::softmax(x, 0);
+      CHECK(y.dtype() == DType::Float32);
+      CHECK(y.device() == device);
+      CHECK(y.to(mf::Device::cpu()).to_vector<float>() ==
+            mf::softmax(x.detach().to(DType::Float32), 0).to(mf::Device::cpu()).to_vector<float>());
+      (x * 3.0).sum().backward();
+      // Fills write into their input, so bfloat16 ones keep it: fill_ takes bfloat16 itself.
+      Tensor filled = mf::zeros({2}, DType::BFloat16, device);
+      filled.fill_(0.5);
+      CHECK(filled.dtype() == DType::BFloat16);
+    }
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().dtype() == DType::BFloat16);
+    CHECK(x.grad().device() == device);
+    CHECK(x.grad().to(DType::Float32).to(mf::Device::cpu()).to_vector<float>() == std::vector<float>{3, 3, 3});
   }
-  REQUIRE(x.grad().defined());
-  CHECK(x.grad().dtype() == DType::BFloat16);
-  CHECK(x.grad().to(DType::Float32).to_vector<float>() == std::vector<float>{3, 3, 3});
 }
