@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The tools' command-line contract: --help exits 0, bad usage exits 2 with a message, and the demo
-# really trains (its final accuracy line is checked, not just its exit status).
+# really trains (its final accuracy line is checked, not just its exit status); bench_transformer
+# runs with the fewest steps it accepts.
 set -u
 demo="$1"
+bench="$2"
 failures=0
 passed=0
 expect_status() {  # expected-status description command...
@@ -52,6 +54,10 @@ if [ -z "$accuracy" ] || ! awk -v a="$accuracy" 'BEGIN { exit !(a >= 95) }'; the
 else
   passed=$((passed + 1))
 fi
+# One timed step still gives every figure (the GEMM yardstick used to time only one of its two
+# products then, and took the median of none).
+expect_status 0 "bench_transformer --steps 1" "$bench" --config seed --steps 1 --threads 1
+expect_status 2 "bench_transformer --steps 0" "$bench" --config seed --steps 0
 rm -f /tmp/mf_cli_out.$$
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]
