@@ -1,0 +1,60 @@
+// The int8 GEMM of quantized inference (PyTorch's dynamic quantization, CTranslate2's int8): a
+// Linear's weight is quantized once, per output channel, and each call quantizes its input per row:
+//
+//   w[j, k] ~ w_scale[j] q_w[j, k],  x[i, k] ~ x_scale[i] q_x[i, k],  q in [-127, 127]
+//   y[i, j] = float(sum_k q_x[i, k] q_w[j, k]) * (x_scale[i] * w_scale[j]) (+ bias[j]) (relu)
+//
+// The sums are int32 and exact (each product is at most 127^2, so depth up to 2^31 / 127^2 = 133,144
+// cannot overflow), and the epilogue is the same float32 arithmetic on every path: every path gives
+// the same bits. The AVX2 path widens the int8 values to int16 and sums pairs with vpmaddwd (AVX2's
+// vpmaddubsw would be faster but saturates: 2 x 255 x 127 overflows int16); the baseline path runs
+// scalar loops over the same layout.
+#pragma once
+
+#include "core/isa.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace mf::cpu {
+
+/// Symmetric int8 quantization of `rows` rows of `depth` floats, rows `ld` apart: with m the row's
+/// largest |x|, scales[i] = m / 127 and q[i, k] = x[i, k] * (127 / m) rounded to nearest, ties to
+/// even, into q (rows `ldq` apart). A row of zeros gets scale 1; a row holding NaN or an infinity
+/// gets a NaN scale (its outputs come out NaN, not silently finite).
+void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales);
+
+/// A quantized weight [cols x depth] (cols output channels, as nn::Linear's weight) in the int8
+/// GEMM's layout for one instruction-set path: panels of kPanelColumns channels, each holding per
+/// group of 4 values of k the 4 values of every channel in turn, zero-padded to whole panels and
+/// quads. Built once per weight, when a model is quantized or loaded.
+class PackedInt8Weight {
+ public:
+  static constexpr int64_t kPanelColumns = 8;
+
+  /// q [cols x depth] (rows ldq apart) and its per-channel scales, for the given path (the kernel
+  /// path of the machine by default; tests force narrower ones).
+  PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q, int64_t ldq, const float* scales,
+                   Isa isa = kernel_isa());
+
+  int64_t cols() const { return cols_; }
+  int64_t depth() const { return depth_; }
+  int64_t padded_depth() const { return (depth_ + 3) / 4 * 4; }
+  Isa isa() const { return isa_; }
+  const int8_t* panel(int64_t index) const { return packed_.data() + index * kPanelColumns * padded_depth(); }
+  const float* scales() const { return scales_.data(); }
+
+ private:
+  int64_t cols_, depth_;
+  Isa isa_;
+  std::vector<int8_t> packed_;
+  std::vector<float> scales_;
+};
+
+/// c[rows x cols] (rows ldc apart) = the formula above for quantized rows q_x (rows ldq apart, with
+/// x_scales) times `weight`, plus bias (nullptr: none), then max(c, 0) with relu. Threads split the
+/// weight's panels.
+void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scales, const PackedInt8Weight& weight,
+               float* c, int64_t ldc, const float* bias = nullptr, bool relu = false);
+
+}  // namespace mf::cpu
