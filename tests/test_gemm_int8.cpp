@@ -49,12 +49,22 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("quantize_rows: scales and rounded values worked out by hand") {
   // Largest |x| 127: the multiplier is 127 / 127 = 1, so the values round as they stand, ties to even.
-  std::vector<float> x{127.0f, 2.5f, -3.5f, 0.5f, -1.5f, 126.4f};
-  std::vector<int8_t> q(6);
+  // Eleven values: the vector loop of the AVX2 path takes the first eight, its scalar tail the rest.
+  std::vector<float> x{127.0f, 2.5f, -3.5f, 0.5f, -1.5f, 126.4f, -0.5f, 4.5f, 5.5f, -126.5f, 0.49f};
+  std::vector<int8_t> q(11);
   float scale = 0;
-  mf::cpu::quantize_rows(1, 6, x.data(), 6, q.data(), 6, &scale);
+  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale);
   CHECK(scale == 1.0f);
-  CHECK(q == std::vector<int8_t>{127, 2, -4, 0, -2, 126});
+  CHECK(q == std::vector<int8_t>{127, 2, -4, 0, -2, 126, 0, 4, 6, -126, 0});
+  // The largest magnitude found by the tail, and a NaN hidden in the vector loop's lanes.
+  x[10] = -254.0f;
+  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale);
+  CHECK(scale == 2.0f);
+  CHECK(q[0] == 64);  // 127 * 0.5 = 63.5 ties to the even 64
+  CHECK(q[10] == -127);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale);
+  CHECK(std::isnan(scale));
   // Largest |x| 2: scale 2 / 127; 1 * 63.5 = 63.5 ties to 64, -2 gives -127, 0.25 * 63.5 = 15.875 -> 16.
   std::vector<float> y{1.0f, -2.0f, 0.25f};
   mf::cpu::quantize_rows(1, 3, y.data(), 3, q.data(), 3, &scale);

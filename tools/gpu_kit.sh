@@ -257,8 +257,7 @@ bench_at_precision() {
   timeout 80 bin/bench_transformer --device "$DEVICE" --precision "$precision" --steps 20 --json \
     >"$WORK/miniflow.jsonl" || failed+=" miniflow"
   timeout 60 python3 scripts/bench_pytorch.py --device "$DEVICE" --precision "$precision" --steps 20 --json \
-    >"$WORK/pytorch.jsonl" ||
-    failed+=" pytorch"
+    >"$WORK/pytorch.jsonl" || failed+=" pytorch"
   cat "$WORK/miniflow.jsonl" "$WORK/pytorch.jsonl"
   # $table: the table; the last line printed: the step-time ratios.
   python3 - "$WORK/miniflow.jsonl" "$WORK/pytorch.jsonl" "$OUT/$table" "$precision" <<'EOF' || failed+=" (no results)"

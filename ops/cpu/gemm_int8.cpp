@@ -119,16 +119,10 @@ float largest_magnitude_avx2(const float* row, int64_t depth) {
     largest = _mm256_max_ps(largest, magnitude);
     not_finite = _mm256_or_ps(not_finite, _mm256_cmp_ps(magnitude, infinity, _CMP_NLT_UQ));  // inf or NaN
   }
+  if (_mm256_movemask_ps(not_finite) != 0) return std::numeric_limits<float>::infinity();
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, largest);
-  float result = 0;
-  for (float lane : lanes) result = std::max(result, lane);
-  bool finite = _mm256_movemask_ps(not_finite) == 0;
-  for (; k < depth; ++k) {
-    finite = finite && std::isfinite(row[k]);
-    result = std::max(result, std::fabs(row[k]));
-  }
-  return finite ? result : std::numeric_limits<float>::infinity();
+  return std::max(largest_magnitude(lanes, 8), largest_magnitude(row + k, depth - k));  // the tail: scalar
 }
 
 /// quantize_values over a row, 8 values at a time with the same arithmetic.
