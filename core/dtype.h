@@ -18,10 +18,11 @@
 
 namespace mf {
 
-/// The element types. BFloat16 is a storage type so far: tensors hold it, print it, cast to and from
-/// it, copy, fill and view it, and checkpoints store it; an op that does arithmetic refuses it.
-enum class DType : uint8_t { Float32, Float64, Int64, Bool, BFloat16 };
-inline constexpr int kDTypeCount = 5;
+/// The element types. BFloat16 and Int8 are storage types so far: tensors hold them, print them, cast
+/// to and from them, copy, fill and view them, and checkpoints store them (Int8 holds quantized
+/// weights); an op that does arithmetic refuses them.
+enum class DType : uint8_t { Float32, Float64, Int64, Bool, BFloat16, Int8 };
+inline constexpr int kDTypeCount = 6;
 
 /// bfloat16: float32's sign, 8 exponent bits and top 7 fraction bits (Google Brain's format, as in
 /// PyTorch and the AVX512-BF16 instructions). Conversions from float and double round to nearest,
@@ -78,6 +79,7 @@ constexpr std::string_view dtype_name(DType dtype) {
     case DType::Int64: return "int64";
     case DType::Bool: return "bool";
     case DType::BFloat16: return "bfloat16";
+    case DType::Int8: return "int8";
   }
   return "?";
 }
@@ -90,6 +92,7 @@ constexpr size_t dtype_size(DType dtype) {
     case DType::Int64: return 8;
     case DType::Bool: return 1;
     case DType::BFloat16: return 2;
+    case DType::Int8: return 1;
   }
   return 0;
 }
@@ -105,21 +108,36 @@ template <> struct dtype_of<double> { static constexpr DType value = DType::Floa
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::Int64; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::Bool; };
 template <> struct dtype_of<bfloat16> { static constexpr DType value = DType::BFloat16; };
+template <> struct dtype_of<int8_t> { static constexpr DType value = DType::Int8; };
 template <typename T> inline constexpr DType dtype_v = dtype_of<T>::value;
 
 /// The C++ types tensor elements are stored as: one per dtype.
 template <typename T>
 concept ElementType = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, int64_t> ||
-                      std::is_same_v<T, bool> || std::is_same_v<T, bfloat16>;
+                      std::is_same_v<T, bool> || std::is_same_v<T, bfloat16> || std::is_same_v<T, int8_t>;
+
+/// The dtypes tensors store but ops do not compute in yet (bfloat16, int8).
+constexpr bool is_storage_only(DType dtype) { return dtype == DType::BFloat16 || dtype == DType::Int8; }
+
+/// One element converted as a cast converts it: static_cast, except that floating values reach int8
+/// through int64 (truncated toward zero, then wrapped modulo 256, as PyTorch's CPU casts give), since
+/// static_cast of a float outside int8's range is undefined.
+template <typename To, typename From>
+MF_HOST_DEVICE To convert(From x) {
+  if constexpr (std::is_same_v<To, int8_t> && !std::is_integral_v<From>)
+    return static_cast<int8_t>(static_cast<int64_t>(x));
+  else
+    return static_cast<To>(x);
+}
 
 namespace detail {
-/// Throws mf::Error: a bfloat16 tensor reached code that computes only in the other four types (the
-/// dispatcher refuses it before any kernel that does; core/error.cpp).
-[[noreturn]] void fail_bfloat16_not_computed();
+/// Throws mf::Error: a tensor of a storage-only dtype reached code that computes only in float32,
+/// float64, int64 or bool (the dispatcher refuses it before any kernel that does; core/error.cpp).
+[[noreturn]] void fail_not_computed(DType dtype);
 }  // namespace detail
 
 /// Calls `fn.template operator()<T>()` with T the C++ type of `dtype`, for the types kernels compute
-/// in (float, double, int64_t, bool); a bfloat16 dtype throws (visit_any_dtype takes it):
+/// in (float, double, int64_t, bool); a storage-only dtype throws (visit_any_dtype takes it):
 ///   visit_dtype(t.dtype(), [&]<typename T>() { fill<T>(t); });
 template <typename Fn>
 decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
@@ -128,36 +146,39 @@ decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
     case DType::Float64: return std::forward<Fn>(fn).template operator()<double>();
     case DType::Int64: return std::forward<Fn>(fn).template operator()<int64_t>();
     case DType::Bool: return std::forward<Fn>(fn).template operator()<bool>();
-    case DType::BFloat16: detail::fail_bfloat16_not_computed();
+    case DType::BFloat16:
+    case DType::Int8: detail::fail_not_computed(dtype);
   }
   return std::forward<Fn>(fn).template operator()<float>();
 }
 
-/// visit_dtype over every dtype, bfloat16 included: for code that moves or converts elements (copies,
-/// casts, fills, printing, checkpoints), where T converts with static_cast.
+/// visit_dtype over every dtype, the storage-only ones included: for code that moves or converts
+/// elements (copies, casts, fills, printing, checkpoints), where T converts with convert<>.
 template <typename Fn>
 decltype(auto) visit_any_dtype(DType dtype, Fn&& fn) {
   if (dtype == DType::BFloat16) return std::forward<Fn>(fn).template operator()<bfloat16>();
+  if (dtype == DType::Int8) return std::forward<Fn>(fn).template operator()<int8_t>();
   return visit_dtype(dtype, std::forward<Fn>(fn));
 }
 
 /// Like visit_dtype, for float and double only; other dtypes reach `fn` as float, so callers
-/// validate the dtype first (op fronts do; the dispatcher refuses bfloat16 before them).
+/// validate the dtype first (op fronts do; the dispatcher refuses storage-only dtypes before them).
 template <typename Fn>
 decltype(auto) visit_floating(DType dtype, Fn&& fn) {
   if (dtype == DType::Float64) return std::forward<Fn>(fn).template operator()<double>();
-  if (dtype == DType::BFloat16) detail::fail_bfloat16_not_computed();
+  if (is_storage_only(dtype)) detail::fail_not_computed(dtype);
   return std::forward<Fn>(fn).template operator()<float>();
 }
 
 /// The type two operands are computed in (PyTorch's promotion: bfloat16 with a wider float gives the
-/// wider one, with an integer or bool stays bfloat16).
+/// wider one, with an integer or bool stays bfloat16; int8 with int64 gives int64, with bool int8).
 constexpr DType promote_types(DType a, DType b) {
   if (a == b) return a;
   if (a == DType::Float64 || b == DType::Float64) return DType::Float64;
   if (a == DType::Float32 || b == DType::Float32) return DType::Float32;
   if (a == DType::BFloat16 || b == DType::BFloat16) return DType::BFloat16;
   if (a == DType::Int64 || b == DType::Int64) return DType::Int64;
+  if (a == DType::Int8 || b == DType::Int8) return DType::Int8;
   return DType::Bool;
 }
 

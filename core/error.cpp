@@ -27,9 +27,9 @@ Device Device::parse(const std::string& text) {
   fail("unknown device '{}' (expected cpu, cuda or cuda:N)", text);
 }
 
-void detail::fail_bfloat16_not_computed() {
-  fail("bfloat16 is a storage type so far: this computes in float32, float64, int64 or bool only (cast "
-       "with .to(mf::DType::Float32) first)");
+void detail::fail_not_computed(DType dtype) {
+  fail("{} is a storage type so far: this computes in float32, float64, int64 or bool only (cast with "
+       ".to(mf::DType::Float32) first)", dtype_name(dtype));
 }
 
 }  // namespace mf

@@ -42,7 +42,7 @@ struct FormatDType {
   std::optional<DType> dtype;
 };
 constexpr FormatDType kFormatDTypes[] = {
-    {"BOOL", 1, DType::Bool},  {"U8", 1, {}},  {"I8", 1, {}},   {"F8_E5M2", 1, {}},
+    {"BOOL", 1, DType::Bool},  {"U8", 1, {}},  {"I8", 1, DType::Int8}, {"F8_E5M2", 1, {}},
     {"F8_E4M3", 1, {}},        {"F8_E8M0", 1, {}},              {"I16", 2, {}},
     {"U16", 2, {}},            {"F16", 2, {}}, {"BF16", 2, DType::BFloat16}, {"I32", 4, {}},
     {"U32", 4, {}},            {"F32", 4, DType::Float32},      {"F64", 8, DType::Float64},

@@ -54,7 +54,7 @@ std::vector<T> Tensor::to_vector() const {
     for (int64_t n = 0; n < host.numel(); ++n) {
       int64_t position = 0;
       for (size_t d = 0; d < index.size(); ++d) position += index[d] * host.strides()[d];
-      out.push_back(static_cast<T>(base[position]));
+      out.push_back(convert<T>(base[position]));
       for (size_t d = index.size(); d-- > 0;) {
         if (++index[d] < host.shape()[d]) break;
         index[d] = 0;
@@ -93,6 +93,7 @@ MF_INSTANTIATE_ACCESS(double)
 MF_INSTANTIATE_ACCESS(int64_t)
 MF_INSTANTIATE_ACCESS(bool)
 MF_INSTANTIATE_ACCESS(bfloat16)
+MF_INSTANTIATE_ACCESS(int8_t)
 MF_INSTANTIATE_ACCESS(int)
 #undef MF_INSTANTIATE_ACCESS
 

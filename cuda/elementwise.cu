@@ -15,7 +15,7 @@ namespace {
 
 template <typename To>
 struct CastTo {
-  template <typename From> __device__ To operator()(From x) const { return static_cast<To>(x); }
+  template <typename From> __device__ To operator()(From x) const { return convert<To>(x); }
 };
 template <typename T>
 struct FillWhere {

@@ -92,7 +92,7 @@ struct Bernoulli {
 
 void fill(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_any_dtype(out[0].dtype(), [&]<typename T>() {
-    map<T>(out[0], {}, Constant<T>{static_cast<T>(std::get<FillParams>(attrs).value)});
+    map<T>(out[0], {}, Constant<T>{convert<T>(std::get<FillParams>(attrs).value)});
   });
 }
 

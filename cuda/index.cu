@@ -62,7 +62,7 @@ void gather_along(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index
   Tensor xs = restrided(x, out.shape(), x_strides), is = restrided(index, out.shape(), index_strides);
   DevicePlan<3> plan = plan_for<3>(out.shape(), {&out, &xs, &is});
   int64_t step = x.strides()[dim] * static_cast<int64_t>(x.element_size());
-  visit_dtype(x.dtype(), [&]<typename T>() {
+  visit_any_dtype(x.dtype(), [&]<typename T>() {
     gather_kernel<T><<<blocks_for(plan.numel), kThreads, 0, stream(out.device().index)>>>(plan, step);
   });
   check_launch("gather");

@@ -48,7 +48,8 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::Float64: return MPI_DOUBLE;
     case DType::Int64: return MPI_INT64_T;
     case DType::Bool: return MPI_C_BOOL;
-    case DType::BFloat16: break;  // check_tensor refuses it first
+    case DType::BFloat16:
+    case DType::Int8: break;  // check_tensor refuses them first
   }
   fail("mpi: unsupported dtype {}", dtype_name(dtype));
 }

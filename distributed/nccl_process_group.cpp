@@ -85,7 +85,8 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::Float64: return ncclFloat64;
     case DType::Int64: return ncclInt64;
     case DType::Bool: return ncclUint8;
-    case DType::BFloat16: break;  // check_tensor refuses it first
+    case DType::BFloat16:
+    case DType::Int8: break;  // check_tensor refuses them first
   }
   fail("nccl: unsupported dtype {}", dtype_name(dtype));
 }

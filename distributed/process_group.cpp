@@ -46,8 +46,8 @@ class LocalProcessGroup : public ProcessGroup {
 
 void check_tensor(const Tensor& t, const char* what, const char* collective) {
   MF_CHECK(t.defined(), "{}: {} is undefined", collective, what);
-  MF_CHECK(t.dtype() != DType::BFloat16, "{}: {} is bfloat16, a storage type so far: collectives take float32, "
-           "float64, int64 or bool tensors", collective, what);
+  MF_CHECK(!is_storage_only(t.dtype()), "{}: {} is {}, a storage type so far: collectives take float32, "
+           "float64, int64 or bool tensors", collective, what, dtype_name(t.dtype()));
   MF_CHECK(t.numel() == 0 || t.is_contiguous(), "{}: {} of shape {} must be contiguous (collectives work on its memory in place; "
            "call .contiguous())", collective, what, shape_str(t.shape()));
 }

@@ -326,6 +326,7 @@ Tensor Transformer::embed_target(const Tensor& tokens, int64_t start) {
 
 Tensor Transformer::project_output(const Tensor& states) {
   if (output_proj_) return output_proj_->forward(states);
+  if (tgt_embed_->is_quantized()) return linear_int8(states, tgt_embed_->quantized_weight());  // rows: channels
   return matmul(states, tgt_embed_->weight.t());  // [..., C] @ [C, V]: the transpose is a GEMM flag
 }
 

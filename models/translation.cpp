@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <numeric>
 
 namespace mf::models {
@@ -15,6 +16,9 @@ constexpr const char* kFormatKey = "translation.format";
 constexpr const char* kFormat = "miniflow-translator-1";
 // How much bigger than the tensors in a checkpoint the model its config describes may be.
 constexpr int64_t kMaxGrowth = 2;
+
+/// Whether a state_dict name is a quantized layer's scales (nn::quantize_int8): an int8 model's mark.
+bool holds_int8_scales(const std::string& name) { return name.ends_with("weight_scale"); }
 // Each side's text codec (text::TextCodec::to_json); the target's is kSameAsSource when both share one.
 constexpr const char* kSourceKey = "translation.source";
 constexpr const char* kTargetKey = "translation.target";
@@ -169,6 +173,8 @@ Translator Translator::load(const std::filesystem::path& path) {
              "its config describes a model of {} parameters, over {} times the {} its tensors hold",
              config.parameter_count(), kMaxGrowth, held);
     Translator translator(config, std::move(source), std::move(target));
+    if (std::any_of(weights.begin(), weights.end(), [](const nn::NamedTensor& t) { return holds_int8_scales(t.name); }))
+      translator.quantize_int8();
     translator.model_->load_state_dict(weights);
     translator.model_->eval();
     return translator;
@@ -177,9 +183,18 @@ Translator Translator::load(const std::filesystem::path& path) {
   }
 }
 
+void Translator::quantize_int8() { nn::quantize_int8(*model_); }
+
+bool Translator::is_quantized() const {
+  const nn::StateDict state = model_->state_dict();
+  return std::any_of(state.begin(), state.end(), [](const nn::NamedTensor& t) { return holds_int8_scales(t.name); });
+}
+
 Translator Translator::average(const std::vector<std::filesystem::path>& paths) {
   MF_CHECK(!paths.empty(), "averaging checkpoints: no checkpoint given");
   Translator mean = load(paths.front());
+  MF_CHECK(!mean.is_quantized(), "averaging checkpoints: '{}' holds int8 weights; average the float32 checkpoints, "
+           "then quantize the mean", paths.front().string());
   NoGradGuard no_grad;
   nn::StateDict state = mean.model_->state_dict();
   std::vector<Tensor> sums;
@@ -192,6 +207,7 @@ Translator Translator::average(const std::vector<std::filesystem::path>& paths) 
     };
     check_same(other.model_->config().to_json() == mean.model_->config().to_json(), "model config");
     check_same(other.source_ == mean.source_ && other.target_ == mean.target_, "vocabulary or tokenizer");
+    check_same(!other.is_quantized(), "precision (it holds int8 weights)");
     const nn::StateDict others = other.model_->state_dict();  // the same names in the same order: same config
     for (size_t j = 0; j < sums.size(); ++j) sums[j] = sums[j] + others[j].tensor.to(DType::Float64);
   }

@@ -77,13 +77,21 @@ class Translator {
   /// Rebuilds a Translator from a checkpoint written by save(): the model comes back on the CPU in
   /// eval() mode. Errors name the file and what is wrong (not a translation checkpoint, corrupt data,
   /// a config that does not match the tensors). A config describing a model more than twice the size
-  /// of the file's tensors is refused before the model is built.
+  /// of the file's tensors is refused before the model is built. An int8 checkpoint (one written
+  /// after quantize_int8) comes back quantized.
   static Translator load(const std::filesystem::path& path);
   /// The element-wise mean of the models saved in `paths` (say the last epochs' checkpoints of a run,
   /// as fairseq's average_checkpoints.py does), summed in float64: one model that usually translates
   /// better than any of them. They must share config, vocabularies and tokenizer; an error names the
-  /// first checkpoint that differs from the first one given. The result holds no optimizer state.
+  /// first checkpoint that differs from the first one given, and refuse int8 ones (average the float
+  /// checkpoints, then quantize). The result holds no optimizer state.
   static Translator average(const std::vector<std::filesystem::path>& paths);
+
+  /// Quantizes the model's Linear and Embedding weights to int8 per output channel for CPU inference
+  /// (nn::quantize_int8); save() then writes an int8 checkpoint, which load() brings back quantized.
+  void quantize_int8();
+  /// Whether the model's weights are int8 (quantize_int8, or loaded from an int8 checkpoint).
+  bool is_quantized() const;
 
   Transformer& model() { return *model_; }
   const std::shared_ptr<Transformer>& model_ptr() const { return model_; }

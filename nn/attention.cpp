@@ -38,13 +38,11 @@ MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& 
 Tensor MultiHeadAttentionImpl::in_projection(const Tensor& x, int64_t first, int64_t count) const {
   if (!options_.fused_qkv) {
     MF_CHECK(count == 1, "MultiHeadAttention: separate projections run one at a time (asked for {})", count);
-    const LinearImpl& projection = *(first == 0 ? q_proj : first == 1 ? k_proj : v_proj);
-    return linear(x, projection.weight, projection.bias);  // [B, L, C]
+    LinearImpl& projection = *(first == 0 ? q_proj : first == 1 ? k_proj : v_proj);
+    return projection.forward(x);  // [B, L, C]
   }
   int64_t C = options_.embed_dim;
-  Tensor weight = in_proj->weight.narrow(0, first * C, count * C);  // [count * C, C]
-  Tensor bias = in_proj->bias.defined() ? in_proj->bias.narrow(0, first * C, count * C) : Tensor();
-  return linear(x, weight, bias);  // [B, L, count * C]
+  return in_proj->forward_outputs(x, first * C, count * C);  // [B, L, count * C]
 }
 
 Tensor MultiHeadAttentionImpl::split_heads(const Tensor& x) const {

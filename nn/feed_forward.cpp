@@ -15,8 +15,13 @@ PositionwiseFeedForwardImpl::PositionwiseFeedForwardImpl(const PositionwiseFeedF
 }
 
 Tensor PositionwiseFeedForwardImpl::forward(const Tensor& x) {
-  Tensor hidden = options_.activation == Activation::GELU ? gelu(linear1->forward(x))  // [..., F]
-                                                          : linear_relu(x, linear1->weight, linear1->bias);
+  Tensor hidden;  // [..., F]
+  if (options_.activation == Activation::GELU)
+    hidden = gelu(linear1->forward(x));
+  else if (linear1->is_quantized())
+    hidden = relu(linear1->forward(x));
+  else
+    hidden = linear_relu(x, linear1->weight, linear1->bias);  // the ReLU fused into the GEMM
   return linear2->forward(dropout->forward(hidden));  // [..., C]
 }
 

@@ -29,11 +29,28 @@ LinearImpl::LinearImpl(const LinearOptions& options) : Module("Linear"), options
   }
 }
 
-Tensor LinearImpl::forward(const Tensor& x) { return linear(x, weight, bias); }
+Tensor LinearImpl::forward(const Tensor& x) {
+  if (is_quantized()) return linear_int8(x, {weight, weight_scale}, bias);
+  return linear(x, weight, bias);
+}
+
+Tensor LinearImpl::forward_outputs(const Tensor& x, int64_t first, int64_t count) {
+  Tensor rows = weight.narrow(0, first, count);
+  Tensor part_bias = bias.defined() ? bias.narrow(0, first, count) : Tensor();
+  if (is_quantized()) return linear_int8(x, {rows, weight_scale.narrow(0, first, count)}, part_bias);
+  return linear(x, rows, part_bias);
+}
 
 std::string LinearImpl::extra_repr() const {
-  return fmt::format("in_features={}, out_features={}, bias={}", options_.in_features, options_.out_features,
-                     py_bool(options_.bias));
+  return fmt::format("in_features={}, out_features={}, bias={}{}", options_.in_features, options_.out_features,
+                     py_bool(options_.bias), is_quantized() ? ", int8" : "");
+}
+
+void LinearImpl::quantize_int8() {
+  if (is_quantized()) return;
+  QuantizedWeight q = quantize_per_channel(weight.detach().to(DType::Float32));
+  weight = replace_parameter("weight", q.values);
+  weight_scale = register_buffer("weight_scale", q.scales);
 }
 
 // ---- Embedding ----------------------------------------------------------------------------------
@@ -55,7 +72,28 @@ EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& options) : Module("Embeddin
   }
 }
 
-Tensor EmbeddingImpl::forward(const Tensor& indices) { return embedding(weight, indices, options_.padding_idx); }
+Tensor EmbeddingImpl::forward(const Tensor& indices) {
+  if (!is_quantized()) return embedding(weight, indices, options_.padding_idx);
+  MF_CHECK(indices.dtype() == DType::Int64, "Embedding: expects int64 indices, got {} {}", dtype_name(indices.dtype()),
+           shape_str(indices.shape()));
+  Tensor flat = indices.reshape({-1});
+  Tensor rows = index_select(weight, 0, flat).to(DType::Float32).mul(index_select(weight_scale, 0, flat).unsqueeze(-1));
+  Shape shape = indices.shape();
+  shape.push_back(options_.embedding_dim);
+  return rows.view(shape);  // [..., embedding_dim]
+}
+
+void EmbeddingImpl::quantize_int8() {
+  if (is_quantized()) return;
+  QuantizedWeight q = quantize_per_channel(weight.detach().to(DType::Float32));
+  weight = replace_parameter("weight", q.values);
+  weight_scale = register_buffer("weight_scale", q.scales);
+}
+
+QuantizedWeight EmbeddingImpl::quantized_weight() const {
+  MF_CHECK(is_quantized(), "Embedding: quantized_weight() needs quantize_int8() first");
+  return {weight, weight_scale};
+}
 
 std::string EmbeddingImpl::extra_repr() const {
   std::string text = fmt::format("{}, {}", options_.num_embeddings, options_.embedding_dim);
@@ -72,6 +110,20 @@ void tie_weights(LinearImpl& output, const EmbeddingImpl& embedding) {
            shape_str(output.weight.shape()), dtype_name(output.weight.dtype()), output.weight.device().str(),
            shape_str(shared.shape()), dtype_name(shared.dtype()), shared.device().str());
   output.weight = output.replace_parameter("weight", shared);
+}
+
+int64_t quantize_int8(Module& model) {
+  int64_t quantized = 0;
+  for (auto& [name, module] : model.named_modules()) {
+    if (auto* linear_layer = dynamic_cast<LinearImpl*>(module); linear_layer && !linear_layer->is_quantized()) {
+      linear_layer->quantize_int8();
+      ++quantized;
+    } else if (auto* table = dynamic_cast<EmbeddingImpl*>(module); table && !table->is_quantized()) {
+      table->quantize_int8();
+      ++quantized;
+    }
+  }
+  return quantized;
 }
 
 // ---- LayerNorm ----------------------------------------------------------------------------------

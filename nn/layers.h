@@ -35,12 +35,23 @@ class LinearImpl : public Module {
       : LinearImpl(LinearOptions{.in_features = in_features, .out_features = out_features, .bias = bias}) {}
   /// x [..., in] -> [..., out].
   Tensor forward(const Tensor& x) override;
-  /// "in_features=4, out_features=2, bias=True".
+  /// Outputs [first, first + count) only, from those rows of the weight and bias (a fused
+  /// projection's part: attention's query, or its key and value).
+  Tensor forward_outputs(const Tensor& x, int64_t first, int64_t count);
+  /// "in_features=4, out_features=2, bias=True" (", int8" once quantized).
   std::string extra_repr() const override;
   const LinearOptions& options() const { return options_; }
 
-  Tensor weight;  // [out, in]
-  Tensor bias;    // [out], undefined without bias
+  /// Quantizes the weight to int8 per output channel, for inference (PyTorch's quantize_dynamic):
+  /// "weight" becomes the int8 values (no gradient), a buffer "weight_scale" [out] holds the scales,
+  /// and forward runs linear_int8 (inputs quantized per row at each call); the bias stays float32.
+  /// A weight tied to another module is quantized here alone. Once quantized it stays so.
+  void quantize_int8();
+  bool is_quantized() const { return weight_scale.defined(); }
+
+  Tensor weight;        // [out, in]: float, or int8 once quantized
+  Tensor bias;          // [out], undefined without bias
+  Tensor weight_scale;  // [out] float32, only once quantized
 
  private:
   LinearOptions options_;
@@ -71,7 +82,17 @@ class EmbeddingImpl : public Module {
   /// The options, with a negative padding_idx resolved to its row.
   const EmbeddingOptions& options() const { return options_; }
 
-  Tensor weight;  // [num_embeddings, embedding_dim]
+  /// Quantizes the table to int8 per row, for inference: "weight" becomes the int8 values, a buffer
+  /// "weight_scale" [num_embeddings] holds the scales, and forward returns the looked-up rows
+  /// dequantized to float32. Once quantized it stays so.
+  void quantize_int8();
+  bool is_quantized() const { return weight_scale.defined(); }
+  /// The table as a quantized weight (its rows are output channels when it is tied to an output
+  /// projection); needs is_quantized().
+  QuantizedWeight quantized_weight() const;
+
+  Tensor weight;        // [num_embeddings, embedding_dim]: float, or int8 once quantized
+  Tensor weight_scale;  // [num_embeddings] float32, only once quantized
 
  private:
   EmbeddingOptions options_;
@@ -84,6 +105,12 @@ MF_MODULE(Embedding);
 /// names. (Assigning `output->weight = embedding->weight` would change only the layer's handle and
 /// leave the old weight registered.) Throws when the shapes, dtypes or devices differ.
 void tie_weights(LinearImpl& output, const EmbeddingImpl& embedding);
+
+/// Quantizes every Linear and Embedding in `model` (itself included) to int8 for inference, as
+/// torch.ao.quantization.quantize_dynamic does for Linear layers, and CTranslate2 for embeddings too;
+/// other layers stay float32. Gives the number of layers quantized. The model is then inference-only
+/// and its state_dict() holds the int8 values and their scales.
+int64_t quantize_int8(Module& model);
 
 struct LayerNormOptions {
   /// The trailing dims to normalise over.

@@ -37,6 +37,7 @@ Registry& detail::registry_to_extend() {
     register_nn_ops(r);
     register_loss_ops(r);
     register_attention_ops(r);
+    register_quantized_ops(r);
     register_cross_device_copy(r);
     for (size_t i = 0; i < kOpCount; ++i)
       MF_CHECK(r.is_defined(static_cast<OpId>(i)), "op registry: {} is declared in MF_OPS but no op family defines it",
@@ -178,20 +179,21 @@ Device common_device(const OpDef& def, const std::vector<Tensor>& inputs) {
   return device;
 }
 
-/// bfloat16 is a storage type so far: the ops that move or convert elements take it (takes_bfloat16),
-/// on either device; the rest refuse it here, before any kernel could read its bits as another type.
-void check_bfloat16(const OpDef& def, DType dtype) {
-  if (dtype != DType::BFloat16) return;
-  MF_CHECK(def.takes_bfloat16, "bfloat16 tensors are stored, cast, copied, filled and viewed so far, not computed "
-           "with (cast with .to(mf::DType::Float32) first)");
+/// bfloat16 and int8 are storage types so far: the ops that move or convert elements take them
+/// (takes_storage_dtypes), on either device; the rest refuse them here, before any kernel could read
+/// their bits as another type.
+void check_storage_dtype(const OpDef& def, DType dtype) {
+  if (!is_storage_only(dtype)) return;
+  MF_CHECK(def.takes_storage_dtypes, "{} tensors are stored, cast, copied, filled and viewed so far, not computed "
+           "with (cast with .to(mf::DType::Float32) first)", dtype_name(dtype));
 }
 
-void check_bfloat16(const OpDef& def, const std::vector<Tensor>& inputs) {
-  for (const Tensor& t : inputs) check_bfloat16(def, t.dtype());
+void check_storage_dtype(const OpDef& def, const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs) check_storage_dtype(def, t.dtype());
 }
 
-void check_bfloat16(const OpDef& def, const std::vector<OutputSpec>& specs) {
-  for (const OutputSpec& spec : specs) check_bfloat16(def, spec.dtype);
+void check_storage_dtype(const OpDef& def, const std::vector<OutputSpec>& specs) {
+  for (const OutputSpec& spec : specs) check_storage_dtype(def, spec.dtype);
 }
 
 KernelFn kernel_for(const OpDef& def, Device device) {
@@ -298,7 +300,7 @@ bool autocast_lowers(const OpDef& def, Device device) {
 /// device where autocast is on, for an op that computes with its inputs' values (not one that writes
 /// its input: it would write a copy).
 bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs) {
-  if (def.view || def.takes_bfloat16 || def.writes_input) return false;
+  if (def.view || def.takes_storage_dtypes || def.writes_input) return false;
   return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
     return t.defined() && t.dtype() == DType::BFloat16 && is_autocast_enabled(t.device().type);
   });
@@ -329,9 +331,9 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       outputs.push_back(def.view(inputs[0], attrs));
     } else {
       Device out_device = def.mixes_devices ? std::get<ToDeviceParams>(attrs).device : device;
-      check_bfloat16(def, inputs);
+      check_storage_dtype(def, inputs);
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
-      check_bfloat16(def, specs);
+      check_storage_dtype(def, specs);
       KernelFn kernel = kernel_for(def, device);
       lowered = autocast_lowers(def, device);
       if (def.writes_input) {
@@ -374,10 +376,10 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
     MF_CHECK(self.device() == device, "in-place target is on {} but the inputs are on {}", self.device().str(),
              device.str());
     check_writable(self);
-    check_bfloat16(def, inputs);
-    check_bfloat16(def, self.dtype());
+    check_storage_dtype(def, inputs);
+    check_storage_dtype(def, self.dtype());
     std::vector<OutputSpec> specs = def.infer(inputs, attrs);
-    check_bfloat16(def, specs);
+    check_storage_dtype(def, specs);
     MF_CHECK(specs.size() == 1 && specs[0].shape == self.shape(),
              "result of shape {} cannot be written in place into a tensor of shape {}", shape_str(specs[0].shape),
              shape_str(self.shape()));

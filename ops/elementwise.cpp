@@ -538,7 +538,7 @@ std::vector<OutputSpec> infer_cast(const std::vector<Tensor>& in, const Attrs& a
 void cpu_cast(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
   visit_any_dtype(out[0].dtype(), [&]<typename To>() {
     visit_any_dtype(in[0].dtype(), [&]<typename From>() {
-      cpu::map<To, From>(out[0], {&in[0]}, [](From x) { return static_cast<To>(x); });
+      cpu::map<To, From>(out[0], {&in[0]}, [](From x) { return convert<To>(x); });
     });
   });
 }
@@ -571,14 +571,14 @@ void register_elementwise_ops(Registry& r) {
                        .backward = neg_backward, .saves_inputs = false,
                        .samples = [] { return unary_samples(-2, 2); }, .reference = reference_unary<math::Neg>});
   r.define(OpId::copy, {.name = "copy", .infer = infer_copy, .kernels = {cpu_copy}, .backward = copy_backward,
-                        .saves_inputs = false, .takes_bfloat16 = true, .samples = [] { return unary_samples(-2, 2); },
+                        .saves_inputs = false, .takes_storage_dtypes = true, .samples = [] { return unary_samples(-2, 2); },
                         .reference = reference_copy});
   r.define(OpId::cast,
            {.name = "cast",
             .infer = infer_cast,
             .kernels = {cpu_cast},
             .backward = cast_backward,
-            .takes_bfloat16 = true,
+            .takes_storage_dtypes = true,
             .samples =
                 [] {
                   return std::vector<Sample>{
@@ -594,7 +594,7 @@ void register_elementwise_ops(Registry& r) {
             .kernels = {cpu_to_device},
             .backward = to_device_backward,
             .mixes_devices = true,
-            .takes_bfloat16 = true,
+            .takes_storage_dtypes = true,
             .samples =
                 [] {
                   return std::vector<Sample>{

@@ -16,5 +16,6 @@ void register_softmax_ops(Registry& registry);      // ops/softmax.cpp
 void register_nn_ops(Registry& registry);           // ops/nn_ops.cpp
 void register_loss_ops(Registry& registry);         // ops/cross_entropy.cpp
 void register_attention_ops(Registry& registry);    // ops/attention.cpp
+void register_quantized_ops(Registry& registry);    // ops/quantized.cpp
 
 }  // namespace mf

@@ -34,7 +34,7 @@ std::vector<OutputSpec> infer_fill(const std::vector<Tensor>& in, const Attrs& a
 
 void cpu_fill(const std::vector<Tensor>&, std::vector<Tensor>& out, const Attrs& attrs) {
   visit_any_dtype(out[0].dtype(), [&]<typename T>() {
-    auto value = static_cast<T>(std::get<FillParams>(attrs).value);
+    auto value = convert<T>(std::get<FillParams>(attrs).value);
     cpu::map<T>(out[0], {}, [value]() { return value; });
   });
 }
@@ -346,7 +346,7 @@ std::vector<Tensor> reference_multinomial(const std::vector<Tensor>& in, const A
 
 void register_fill_ops(Registry& r) {
   r.define(OpId::fill, {.name = "fill", .infer = infer_fill, .kernels = {cpu_fill}, .writes_input = true,
-                        .takes_bfloat16 = true, .samples = [] {
+                        .takes_storage_dtypes = true, .samples = [] {
                           return std::vector<Sample>{
                               {"float", {reference::randn({3, 4}, 51)}, FillParams{.value = 2.5}},
                               {"int64", {reference::randint({5}, 9, 52)}, FillParams{.value = -3}},
@@ -579,6 +579,7 @@ template Tensor from_vector(const std::vector<double>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<int64_t>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<bool>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<bfloat16>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int8_t>&, const Shape&, Device);
 
 Tensor tensor(std::initializer_list<double> values, DType dtype, Device device) {
   return from_vector(std::vector<double>(values)).to(dtype).to(device);

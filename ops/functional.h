@@ -24,7 +24,7 @@ Tensor scalar_tensor(double value, DType dtype = DType::Float32, Device device =
 Tensor arange(double start, double end, double step = 1, DType dtype = DType::Int64, Device device = Device::cpu());
 Tensor arange(int64_t end, DType dtype = DType::Int64, Device device = Device::cpu());
 /// Copies `values` into a new tensor of `shape` (1-D of all values when shape is empty and values has
-/// more than one element): float32, float64, int64, bool or bfloat16, as T is.
+/// more than one element): float32, float64, int64, bool, bfloat16 or int8, as T is.
 template <ElementType T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, Device device = Device::cpu());
 /// Integers of other types (int, unsigned, long long, ...) become int64, miniflow's integer dtype.
@@ -142,6 +142,26 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Si
 /// relu(linear(x, weight, bias)) as one op: the ReLU is applied as the GEMM writes its result (no
 /// pass of its own, no pre-activation tensor). The bias is required.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Site site = Site::current());
+
+// ---- int8 quantized inference (PyTorch's dynamic quantization) ----------------------------------
+/// A weight [out, in] quantized symmetrically per output channel: w[j, k] ~ scales[j] * values[j, k],
+/// values int8 in [-127, 127], scales float32 [out].
+struct QuantizedWeight {
+  Tensor values;
+  Tensor scales;
+};
+/// Quantizes a float32 CPU weight [out, in]: scales[j] = max_k |w[j, k]| / 127 and values the
+/// weight times 127 / max rounded to nearest, ties to even (a row of zeros gets scale 1; a row holding
+/// NaN or an infinity a NaN scale, so its outputs come out NaN).
+QuantizedWeight quantize_per_channel(const Tensor& weight, Site site = Site::current());
+/// values * scales[:, None] as float32 [out, in].
+Tensor dequantize_per_channel(const QuantizedWeight& weight, Site site = Site::current());
+/// x @ (the quantized weight)^T + bias for float32 x [..., in] on the CPU, as torch.ao.nn.quantized.
+/// dynamic.Linear: each row of x is quantized the same way on the fly, the products are summed
+/// exactly in int32, and y = sum * (x_scale * w_scale) + bias in float32 (the same bits on every
+/// instruction-set path). Inference only: no gradient flows through it.
+Tensor linear_int8(const Tensor& x, const QuantizedWeight& weight, const Tensor& bias = {},
+                   Site site = Site::current());
 Tensor softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 Tensor log_softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 /// Normalises over the last normalized_shape.size() dims, then scales by weight and adds bias

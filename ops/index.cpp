@@ -235,7 +235,7 @@ void cpu_index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, c
   if (x.is_contiguous() && out[0].is_contiguous()) return select_blocks(out[0], x, dim, index);
   Shape index_strides(static_cast<size_t>(x.dim()), 0);  // the 1-D index, broadcast over the other dims
   index_strides[dim] = index.dim() == 1 ? index.strides()[0] : 0;
-  visit_dtype(x.dtype(), [&]<typename T>() { gather_into<T>(out[0], x, dim, index, index_strides); });
+  visit_any_dtype(x.dtype(), [&]<typename T>() { gather_into<T>(out[0], x, dim, index, index_strides); });
 }
 
 // dx = zeros scattered with dout at the selected positions (repeats accumulate).
@@ -773,7 +773,8 @@ void register_index_ops(Registry& r) {
                 },
             .reference = reference_cat});
   r.define(OpId::index_select, {.name = "index_select", .infer = infer_index_select,
-                                .kernels = {cpu_index_select}, .backward = index_select_backward, .samples = [] {
+                                .kernels = {cpu_index_select}, .backward = index_select_backward,
+                                .takes_storage_dtypes = true, .samples = [] {
     return std::vector<Sample>{
         {"rows, repeated index", {reference::randn({4, 3}, 913), reference::make({3}, DType::Int64, {2, 0, 2})},
          DimParams{.dim = 0}},

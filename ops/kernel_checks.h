@@ -40,9 +40,12 @@ inline std::optional<std::pair<int64_t, int64_t>> find_bad_index(const Tensor& i
 /// A scalar attribute written into, or compared with, elements of `dtype` must be representable
 /// there: converting NaN, an infinity or a value past int64's range to int64 is undefined behaviour.
 inline void expect_representable(double value, DType dtype, std::string_view what) {
-  if (dtype != DType::Int64) return;
-  MF_CHECK(std::isfinite(value) && value >= -0x1p63 && value < 0x1p63, "{} {} is not representable in an int64 tensor",
-           what, value);
+  if (dtype == DType::Int64)
+    MF_CHECK(std::isfinite(value) && value >= -0x1p63 && value < 0x1p63, "{} {} is not representable in an int64 tensor",
+             what, value);
+  if (dtype == DType::Int8)  // truncated toward zero, as casts do: (-129, 128) holds -128 ... 127
+    MF_CHECK(std::isfinite(value) && value > -129 && value < 128, "{} {} is not representable in an int8 tensor", what,
+             value);
 }
 
 inline void expect_int64(const Tensor& t, std::string_view name) {

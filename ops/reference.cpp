@@ -44,7 +44,7 @@ Tensor make(const Shape& shape, DType dtype, const std::vector<double>& values) 
   Tensor out = Tensor::empty(shape, dtype);
   visit_any_dtype(dtype, [&]<typename T>() {
     T* data = out.data_ptr<T>();
-    for (size_t i = 0; i < values.size(); ++i) data[i] = static_cast<T>(values[i]);
+    for (size_t i = 0; i < values.size(); ++i) data[i] = convert<T>(values[i]);
   });
   return out;
 }

@@ -280,6 +280,7 @@ constexpr size_t params_index() {
   X(tril, 1, TriangleParams) X(triu, 1, TriangleParams)                                            \
   /* linear algebra and fused nn ops */                                                            \
   X(matmul, 2, NoParams) X(linear, 3, NoParams) X(linear_relu, 3, NoParams)                        \
+  X(linear_int8, 4, NoParams)                                                                      \
   X(softmax, 1, DimParams) X(log_softmax, 1, DimParams) X(layer_norm, 3, LayerNormParams)          \
   X(layer_norm_backward, 7, LayerNormParams)                                                       \
   X(embedding, 2, EmbeddingParams) X(embedding_backward, 2, EmbeddingBackwardParams)               \
@@ -395,9 +396,9 @@ struct OpDef {
   bool writes_input = false;
   /// Inputs may live on different devices (to_device).
   bool mixes_devices = false;
-  /// Takes and gives bfloat16 tensors (on the CPU): the ops that move or convert elements. The
-  /// dispatcher refuses bfloat16 for every other op (views take any dtype).
-  bool takes_bfloat16 = false;
+  /// Takes and gives bfloat16 and int8 tensors: the ops that move or convert elements. The
+  /// dispatcher refuses those dtypes for every other op (views take any dtype).
+  bool takes_storage_dtypes = false;
   AutocastRule autocast = AutocastRule::Float32;
   /// Test samples and the naive reference the suite holds the kernels against.
   SamplesFn samples = nullptr;

@@ -30,6 +30,7 @@ mf::nn::StateDict written_tensors() {
       {"i64.extremes", mf::from_vector<int64_t>({0, -1, int64_t{1} << 40, std::numeric_limits<int64_t>::max(),
                                                  std::numeric_limits<int64_t>::min()})},
       {"bool.mask", mf::from_vector<bool>({true, false, false, true}, {2, 2})},
+      {"i8.extremes", mf::from_vector<int8_t>({-128, -127, 0, 1, 127, -2}, {3, 2})},
       {"scalar", mf::scalar_tensor(3.25, DType::Float64)},
       {"empty", mf::zeros({0, 2})},
   };
@@ -44,6 +45,7 @@ mf::nn::StateDict expected_from_python() {
       {"py.f64", mf::from_vector<double>(tenths, {6})},
       {"py.i64", mf::from_vector<int64_t>({7, -8, int64_t{1} << 62}, {3})},
       {"py.bool", mf::from_vector<bool>({true, false, true}, {1, 3})},
+      {"py.i8", mf::from_vector<int8_t>({-100, 100, -1}, {3})},
       {"py.scalar", mf::scalar_tensor(-1.5, DType::Float32)},
       {"py.cube", mf::arange(8, DType::Float64).view({2, 2, 2})},
   };

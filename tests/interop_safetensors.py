@@ -42,6 +42,7 @@ MINIFLOW_WRITES = {
     "f64.cube": ((np.arange(24, dtype=np.float64) - 12) * 0.1).reshape(2, 3, 4),
     "i64.extremes": np.array([0, -1, 2**40, 2**63 - 1, -(2**63)], dtype=np.int64),
     "bool.mask": np.array([[True, False], [False, True]]),
+    "i8.extremes": np.array([[-128, -127], [0, 1], [127, -2]], dtype=np.int8),
     "scalar": np.array(3.25, dtype=np.float64),
     "empty": np.zeros((0, 2), dtype=np.float32),
 }
@@ -52,6 +53,7 @@ PYTHON_WRITES = {
     "py.f64": np.arange(-3, 3) * 0.1,
     "py.i64": np.array([7, -8, 2**62], dtype=np.int64),
     "py.bool": np.array([[True, False, True]]),
+    "py.i8": np.array([-100, 100, -1], dtype=np.int8),
     "py.scalar": np.array(-1.5, dtype=np.float32),
     "py.cube": np.arange(8, dtype=np.float64).reshape(2, 2, 2),
 }

@@ -59,7 +59,7 @@ bool has_neg_inf(const Tensor& t) {
 Tensor draw_like(const Tensor& like, const Shape& shape, Rng& rng) {
   std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
   auto [lo, hi] = finite_range(like);
-  bool integers = like.dtype() == DType::Int64 || integer_valued(like);
+  bool integers = like.dtype() == DType::Int64 || like.dtype() == DType::Int8 || integer_valued(like);
   bool masked = has_neg_inf(like);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   for (double& v : values) {
@@ -362,6 +362,14 @@ Case linear_case(const Sample& s, Rng& rng, bool small) {
   return {.inputs = {draw(s, 0, x_shape, rng), draw(s, 1, {m, k}, rng), draw(s, 2, {m}, rng)}};
 }
 
+/// x [..., k], values [m, k] (int8), scales and bias [m].
+Case linear_int8_case(const Sample& s, Rng& rng, bool small) {
+  Shape x_shape = random_shape(rng, 0, 2, small);
+  int64_t k = random_size(rng, 4), m = random_size(rng, 4);
+  x_shape.push_back(k);
+  return {.inputs = {draw(s, 0, x_shape, rng), draw(s, 1, {m, k}, rng), draw(s, 2, {m}, rng), draw(s, 3, {m}, rng)}};
+}
+
 Case softmax_case(const Sample& s, Rng& rng, bool small) {
   auto [shape, dim] = shape_and_dim(rng, 0, small);
   Case c{.inputs = {draw(s, 0, shape, rng)},
@@ -592,6 +600,7 @@ ValidGenerator valid_generator(OpId id) {
     case matmul: return matmul_case;
     case linear:
     case linear_relu: return linear_case;
+    case linear_int8: return linear_int8_case;
     case softmax:
     case log_softmax: return softmax_case;
     case layer_norm: return layer_norm_case;

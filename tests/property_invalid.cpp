@@ -426,6 +426,14 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
       c.call("int64 operands", {as(x, DType::Int64), as(weight, DType::Int64), as(bias, DType::Int64)}, v.attrs);
       return c.take();
     }
+    case linear_int8: {
+      const Tensor &values = v.inputs[1], &scales = v.inputs[2];
+      c.input("0-dim input", 0, filled({}, x.dtype())).input("values of another in-size", 1, grown(values, 1));
+      c.input("1-d values", 1, filled({x.shape().back()}, DType::Int8)).input("scales of another size", 2, grown(scales, 0));
+      c.dtype("float64 input", 0, DType::Float64).dtype("float32 values", 1, DType::Float32);
+      c.dtype("float64 bias", 3, DType::Float64);
+      return c.take();
+    }
     case softmax:
     case log_softmax: c.dtype("int64 input", 0, DType::Int64).bad_dim("dim out of range"); return c.take();
     case layer_norm: {

@@ -59,6 +59,30 @@ TEST_CASE("a saved translator translates exactly as before after loading") {
   CHECK(loaded.model().config().to_json() == translator.model().config().to_json());
 }
 
+TEST_CASE("an int8 translator saves int8 weights and loads back quantized, translating exactly as before") {
+  models::Translator translator = toy_translator();
+  translator.model().eval();
+  CHECK(!translator.is_quantized());
+  translator.quantize_int8();
+  CHECK(translator.is_quantized());
+  std::vector<std::string> sentences{"ich mochte ein bier", "Ich mochte ein COLA !", "unbekannt"};
+  std::vector<std::string> before = translator.translate_greedy(sentences, 6);
+  auto beams_before = translator.translate(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
+  std::filesystem::path path = temp_file("miniflow_test_translator_int8.safetensors");
+  translator.save(path);
+  nn::TensorFile file = nn::load_tensors(path);
+  int64_t int8_tensors = 0;
+  for (const nn::NamedTensor& t : file.tensors) int8_tensors += t.tensor.dtype() == DType::Int8;
+  CHECK(int8_tensors == 2 + 6 + 10);  // two embeddings, the encoder's 6 Linear layers, the decoder's 10
+  models::Translator loaded = models::Translator::load(path);
+  std::filesystem::remove(path);
+  CHECK(loaded.is_quantized());
+  CHECK(loaded.translate_greedy(sentences, 6) == before);
+  auto beams_after = loaded.translate(sentences, {.beam_size = 3, .max_new_tokens = 6, .nbest = 2});
+  REQUIRE(beams_after.size() == beams_before.size());
+  for (size_t s = 0; s < beams_after.size(); ++s) CHECK(beams_after[s] == beams_before[s]);
+}
+
 TEST_CASE("checkpoints that are not translators, or do not fit their config, are refused by name") {
   std::filesystem::path path = temp_file("miniflow_test_translator_bad.safetensors");
   nn::save_tensors(path, {{"x", zeros({2})}});

@@ -2,12 +2,13 @@
 # tools/translate end to end: a toy model memorises eight pairs (tests/make_toy_checkpoint.cpp), then
 # its translations (greedy, beam, n-best), BLEU and chrF, the attention heatmap, stdin/--input/--output and
 # every bad-input case are checked against the documented output and exit statuses.
-# tools/average_checkpoints is checked here too, on the same toy checkpoint.
-# Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT AVERAGE_CHECKPOINTS
+# tools/average_checkpoints and tools/quantize_checkpoint are checked here too, on the same toy checkpoint.
+# Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT AVERAGE_CHECKPOINTS QUANTIZE_CHECKPOINT
 set -u
 translate="$1"
 maker="$2"
 average="$3"
+quantize="$4"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 passed=0
@@ -61,6 +62,29 @@ expect "--timing reports sentences and tokens" 0 "translate: 8 sentences, 25 tok
   "$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --timing
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --precision bf16 >"$dir/bf16.txt"
 same_file "--precision bf16 (autocast) translates the memorised pairs alike" "$dir/ref.txt" "$dir/bf16.txt"
+# int8: weights quantized per output channel as the model loads, or once by quantize_checkpoint into
+# a file of int8 values ("I8" in its header) about a quarter the size, which translates the same.
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --precision int8 >"$dir/int8.txt"
+same_file "--precision int8 translates the memorised pairs alike" "$dir/ref.txt" "$dir/int8.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --precision int8 >"$dir/int8_beam.txt"
+same_file "--precision int8 with beam 4 too" "$dir/ref.txt" "$dir/int8_beam.txt"
+expect "quantize_checkpoint writes an int8 checkpoint" 0 "" \
+  "$quantize" --checkpoint "$ckpt" --output "$dir/toy.int8.safetensors"
+if grep -aq '"dtype":"I8"' "$dir/toy.int8.safetensors" &&
+   [ "$(stat -c %s "$dir/toy.int8.safetensors")" -lt "$(( $(stat -c %s "$ckpt") / 2 ))" ]; then
+  pass "... holding I8 tensors, under half the float32 file's size"
+else
+  fail "the int8 checkpoint holds no I8 tensors or is not smaller"
+fi
+"$translate" --checkpoint "$dir/toy.int8.safetensors" --input "$dir/src.txt" >"$dir/int8_file.txt"
+same_file "the int8 checkpoint translates as --precision int8 does" "$dir/int8.txt" "$dir/int8_file.txt"
+expect "--precision int8 on a GPU is refused" 2 "--precision int8 runs on the CPU only" \
+  "$translate" --checkpoint "$ckpt" --precision int8 --device cuda
+expect "averaging an int8 checkpoint is refused" 1 "holds int8 weights" \
+  "$average" --output "$dir/avg_int8.safetensors" "$dir/toy.int8.safetensors" "$ckpt"
+expect "quantize_checkpoint without --output" 2 "--output is required" "$quantize" --checkpoint "$ckpt"
+expect "quantize_checkpoint of a missing file" 1 "no_such.safetensors" \
+  "$quantize" --checkpoint "$dir/no_such.safetensors" --output "$dir/never.safetensors"
 "$translate" --checkpoint "$ckpt" <"$dir/src.txt" >"$dir/stdin.txt"
 same_file "stdin gives what --input gives" "$dir/greedy.txt" "$dir/stdin.txt"
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --output "$dir/out.txt" >"$dir/stdout.txt"
@@ -184,7 +208,7 @@ expect "--beam-stop sometimes" 2 "--beam-stop must be finished or exact, not 'so
 expect "--batch-tokens 0" 2 "--batch-tokens must be at least 1, not 0" "$translate" --checkpoint "$ckpt" --batch-tokens 0
 expect "--nbest above --beam" 2 "--nbest 3 needs a beam at least as wide, but --beam is 2" \
   "$translate" --checkpoint "$ckpt" --beam 2 --nbest 3
-expect "--precision fp16" 2 "--precision: expected fp32 or bf16, got 'fp16'" \
+expect "--precision fp16" 2 "--precision: expected fp32, bf16 or int8, got 'fp16'" \
   "$translate" --checkpoint "$ckpt" --precision fp16
 expect "unknown device" 2 "--device: unknown device 'tpu' (expected cpu, cuda or cuda:N)" \
   "$translate" --checkpoint "$ckpt" --device tpu

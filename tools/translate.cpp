@@ -31,6 +31,10 @@
 // --device cuda (or cuda:N) loads the checkpoint onto that GPU and decodes there; only the chosen
 // tokens come back to the host each step.
 //
+// --precision int8 quantizes the model's Linear and Embedding weights to int8 per output channel as it
+// loads (nn::quantize_int8) and decodes with the int8 GEMM on the CPU; a checkpoint written by
+// quantize_checkpoint is int8 already, and decodes so whatever --precision says.
+//
 // Exit status: 0 on success, 2 on bad usage (unknown or malformed flags, --nbest > --beam, an unknown
 // device, ...), 1 on any other error (missing or corrupt checkpoint, missing input, mismatched
 // reference, --device cuda without CUDA or without a GPU).
@@ -100,7 +104,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add_switch("timing", &o.timing,
                   "print the sentences and tokens translated per second to stderr (model loading excluded)");
   args.add("device", &o.device, "where the model runs: cpu, cuda or cuda:N");
-  args.add("precision", &o.precision, "fp32, or bf16: the GEMMs on bfloat16 operands summed in float32 (autocast)");
+  args.add("precision", &o.precision,
+           "fp32; bf16: the GEMMs on bfloat16 operands summed in float32 (autocast); int8: int8 weights and "
+           "inputs, int32 sums (CPU)");
   if (!args.parse(argc, argv)) return false;
   if (o.checkpoint.empty()) throw UsageError("--checkpoint is required");
   if (o.beam < 1) throw UsageError(fmt::format("--beam must be at least 1, not {}", o.beam));
@@ -116,6 +122,10 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.lowercase_bleu && o.reference.empty()) throw UsageError("--lowercase-bleu needs --reference");
   if (o.attention_sentence < 1)
     throw UsageError(fmt::format("--attention-sentence is a 1-based line number, not {}", o.attention_sentence));
+  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "int8")
+    throw UsageError(fmt::format("--precision: expected fp32, bf16 or int8, got '{}'", o.precision));
+  if (o.precision == "int8" && !o.device.is_cpu())
+    throw UsageError(fmt::format("--precision int8 runs on the CPU only, not on {}", o.device.str()));
   return true;
 }
 
@@ -247,11 +257,15 @@ int run(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) return 0;
   mf::tools::check_device_available(o.device, "--device");
+  const bool int8 = o.precision == "int8";
   mf::AutocastGuard autocast(o.device.type, mf::DType::BFloat16,
-                             mf::tools::autocast_from_precision_flag(o.precision, o.device));
+                             !int8 && mf::tools::autocast_from_precision_flag(o.precision, o.device));
   mf::set_num_threads(o.threads);
 
   models::Translator translator = models::Translator::load(o.checkpoint);
+  if (int8) translator.quantize_int8();
+  if (translator.is_quantized() && !o.device.is_cpu())
+    mf::fail("'{}' holds int8 weights, which run on the CPU only (not on {})", o.checkpoint, o.device.str());
   translator.model().to(o.device);
   std::string input_name = o.input.empty() ? "stdin" : "'" + o.input + "'";
   std::vector<std::string> lines = o.input.empty() ? read_lines(std::cin) : read_lines(o.input, "input file");
