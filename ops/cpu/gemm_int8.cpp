@@ -189,28 +189,37 @@ void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scal
   const int64_t panels = (cols + kPanel - 1) / kPanel;
   if (rows == 0 || cols == 0) return;
   const bool avx2 = weight.isa() >= Isa::avx2;
-  std::vector<int16_t> widened;  // the AVX2 path's rows as int16, padded to whole groups with zeros
+  // The AVX2 path's rows as int16, padded to whole groups with zeros; kept per thread, so that
+  // decoding's calls reuse one buffer instead of faulting in fresh pages each time.
+  thread_local std::vector<int16_t> widened;
   if (avx2) {
     widened.assign(static_cast<size_t>(rows * padded), 0);
     for (int64_t i = 0; i < rows; ++i)
       std::copy(q_x + i * ldq, q_x + i * ldq + depth, widened.begin() + i * padded);
   }
-  // Panels per thread: enough work to be worth a thread (about 2^17 multiply-adds).
+  const int16_t* a = widened.data();
+  // Panels per thread: enough work to be worth a thread (about 2^17 multiply-adds). Each thread takes
+  // its panels in blocks of about 64 KiB, which stay in L2 while every strip of rows passes over them
+  // (a strip's rows stay in L1), so the weight is read from memory once per call, not once per strip.
   int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, rows * padded * kPanel));
+  const int64_t block = std::max<int64_t>(1, (int64_t{64} << 10) / (kPanel * padded));
   parallel_for(0, panels, grain, [&](int64_t first, int64_t last) {
     int32_t sums[kStripRows][kPanel];
-    for (int64_t i0 = 0; i0 < rows; i0 += kStripRows) {
-      int64_t strip = std::min(kStripRows, rows - i0);
-      for (int64_t p = first; p < last; ++p) {
-        int64_t j0 = p * kPanel, channels = std::min(kPanel, cols - j0);
+    for (int64_t block_first = first; block_first < last; block_first += block) {
+      const int64_t block_last = std::min(last, block_first + block);
+      for (int64_t i0 = 0; i0 < rows; i0 += kStripRows) {
+        int64_t strip = std::min(kStripRows, rows - i0);
+        for (int64_t p = block_first; p < block_last; ++p) {
+          int64_t j0 = p * kPanel, channels = std::min(kPanel, cols - j0);
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (avx2)
-          strip_sums_avx2(strip, padded / 4, widened.data() + i0 * padded, padded, weight.panel(p), sums);
-        else
+          if (avx2)
+            strip_sums_avx2(strip, padded / 4, a + i0 * padded, padded, weight.panel(p), sums);
+          else
 #endif
-          panel_sums_baseline(strip, depth, q_x + i0 * ldq, ldq, weight.panel(p), sums);
-        store_tile(strip, channels, sums, x_scales + i0, weight.scales() + j0, bias ? bias + j0 : nullptr, relu,
-                   c + i0 * ldc + j0, ldc);
+            panel_sums_baseline(strip, depth, q_x + i0 * ldq, ldq, weight.panel(p), sums);
+          store_tile(strip, channels, sums, x_scales + i0, weight.scales() + j0, bias ? bias + j0 : nullptr, relu,
+                     c + i0 * ldc + j0, ldc);
+        }
       }
     }
   });
