@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmarks CTranslate2 (CPU, float32) against miniflow's tools/translate on one miniflow translation
+"""Benchmarks CTranslate2 (CPU, float32 or int8) against miniflow's tools/translate on one miniflow translation
 checkpoint, in the same run: converts the checkpoint into a CTranslate2 model, checks that both decode
 the first validation sentences greedily to the same text, then times both on the whole validation set
 at every thread count and beam width, and reports tokens/s, sentences/s and how often the two print
@@ -224,15 +224,17 @@ class Miniflow:
     """Runs build/tools/translate on a file (with --timing and the given extra flags) and reads its
     timing line."""
 
-    def __init__(self, binary, checkpoint, extra_flags):
+    def __init__(self, binary, checkpoint, extra_flags, precision):
         if not os.access(binary, os.X_OK):
             sys.exit(f"bench_ctranslate2.py: no miniflow translate binary at '{binary}' (ninja -C build)")
-        self.binary, self.checkpoint, self.extra_flags = binary, checkpoint, extra_flags
+        self.binary, self.checkpoint, self.extra_flags, self.precision = binary, checkpoint, extra_flags, precision
 
-    def translate(self, input_path, threads, beam, length_penalty):
-        """Returns (output lines, tokens, seconds), tokens and seconds as --timing prints them."""
+    def translate(self, input_path, threads, beam, length_penalty, precision=None):
+        """Returns (output lines, tokens, seconds), tokens and seconds as --timing prints them; in the
+        benchmark's --miniflow-precision unless `precision` says otherwise."""
         command = [self.binary, "--checkpoint", self.checkpoint, "--input", input_path, "--threads", str(threads),
-                   "--beam", str(beam), "--length-penalty", str(length_penalty), "--timing"] + self.extra_flags
+                   "--beam", str(beam), "--length-penalty", str(length_penalty), "--timing",
+                   "--precision", precision or self.precision] + self.extra_flags
         run = subprocess.run(command, capture_output=True, text=True)
         if run.returncode != 0:
             sys.exit(f"bench_ctranslate2.py: {' '.join(command)} failed ({run.returncode}):\n{run.stderr}")
@@ -300,10 +302,10 @@ def choose_batching(translator, sources, beam, length_penalty, max_decoding_leng
 
 def verify(miniflow, translator, lines, sources, target, output_dir, max_decoding_length, disable_unk):
     """Exits unless CTranslate2's greedy translations of the first VERIFY_SENTENCES sources are the text
-    miniflow prints for them: the converted model must compute what miniflow computes."""
+    miniflow prints for them, both in float32: the converted model must compute what miniflow computes."""
     path = os.path.join(output_dir, "verify.src")
     write_lines(path, lines[:VERIFY_SENTENCES])
-    expected, _, _ = miniflow.translate(path, 1, 1, 0.0)
+    expected, _, _ = miniflow.translate(path, 1, 1, 0.0, precision="fp32")
     pieces, _ = ct2_translate(translator, sources[:VERIFY_SENTENCES], 1, 0.0, (64, "examples"),
                               max_decoding_length, disable_unk)
     got = [target.decode(p) for p in pieces]
@@ -411,6 +413,9 @@ def main():
                         help="the miniflow translate binary (default build/tools/translate)")
     parser.add_argument("--miniflow-flags", default="",
                         help="more flags for miniflow's translate, space-separated (e.g. \"--beam-stop finished\")")
+    parser.add_argument("--miniflow-precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                        help="translate's --precision for the timed runs (default fp32; int8 to set beside "
+                             "--ct2-compute-type int8); the conversion is checked in fp32 either way")
     parser.add_argument("--output-dir", help="keep the converted model and all translations here "
                         "(default: a temporary directory, removed at the end)")
     parser.add_argument("--ct2-compute-type", default="float32",
@@ -427,7 +432,7 @@ def main():
         sys.exit(f"bench_ctranslate2.py: {args.reference} and {args.source} have different line counts")
     if not os.path.isfile(args.checkpoint):
         sys.exit(f"bench_ctranslate2.py: no checkpoint at '{args.checkpoint}'")
-    miniflow = Miniflow(args.miniflow_translate, args.checkpoint, args.miniflow_flags.split())
+    miniflow = Miniflow(args.miniflow_translate, args.checkpoint, args.miniflow_flags.split(), args.miniflow_precision)
 
     with tempfile.TemporaryDirectory(prefix="bench_ctranslate2.") as scratch:
         args.output_dir = args.output_dir or scratch
@@ -449,7 +454,7 @@ def main():
         rows = benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_length, disable_unk)
 
     cpu, flags = cpu_description()
-    timing = " ".join(["translate --timing"] + miniflow.extra_flags)
+    timing = " ".join(["translate --timing --precision", args.miniflow_precision] + miniflow.extra_flags)
     batching = ", ".join(f"beam {r['beam']}: {r['batching'][0]} {r['batching'][1]}"
                          for r in rows if r["threads"] == args.threads[0])
     beam_agreement = "; beam agreement measured at alpha 0" if args.length_penalty != 0 else ""
