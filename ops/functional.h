@@ -145,19 +145,20 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Si
 
 // ---- int8 quantized inference (PyTorch's dynamic quantization) ----------------------------------
 /// A weight [out, in] quantized symmetrically per output channel: w[j, k] ~ scales[j] * values[j, k],
-/// values int8 in [-127, 127], scales float32 [out].
+/// values int8 in [-63, 63] (7 bits, as oneDNN's AVX2 kernels take them: see ops/cpu/gemm_int8.h),
+/// scales float32 [out].
 struct QuantizedWeight {
   Tensor values;
   Tensor scales;
 };
-/// Quantizes a float32 CPU weight [out, in]: scales[j] = max_k |w[j, k]| / 127 and values the
-/// weight times 127 / max rounded to nearest, ties to even (a row of zeros gets scale 1; a row holding
+/// Quantizes a float32 CPU weight [out, in]: scales[j] = max_k |w[j, k]| / 63 and values the
+/// weight times 63 / max rounded to nearest, ties to even (a row of zeros gets scale 1; a row holding
 /// NaN or an infinity a NaN scale, so its outputs come out NaN).
 QuantizedWeight quantize_per_channel(const Tensor& weight, Site site = Site::current());
 /// values * scales[:, None] as float32 [out, in].
 Tensor dequantize_per_channel(const QuantizedWeight& weight, Site site = Site::current());
 /// x @ (the quantized weight)^T + bias for float32 x [..., in] on the CPU, as torch.ao.nn.quantized.
-/// dynamic.Linear: each row of x is quantized the same way on the fly, the products are summed
+/// dynamic.Linear: each row of x is quantized to [-127, 127] on the fly, the products are summed
 /// exactly in int32, and y = sum * (x_scale * w_scale) + bias in float32 (the same bits on every
 /// instruction-set path). Inference only: no gradient flows through it.
 Tensor linear_int8(const Tensor& x, const QuantizedWeight& weight, const Tensor& bias = {},

@@ -92,14 +92,17 @@ void cpu_linear_int8(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
   Tensor& c = out[0];  // [..., out], contiguous and not empty (the dispatcher skips empty outputs)
   const int64_t cols = values.size(0), depth = values.size(1), rows = c.numel() / cols;
   std::shared_ptr<const cpu::PackedInt8Weight> packed = packed_weights().get(values, scales);
-  std::vector<int8_t> q_x(static_cast<size_t>(rows * depth));
-  std::vector<float> x_scales(static_cast<size_t>(rows));
-  cpu::quantize_rows(rows, depth, x.data_ptr<float>(), depth, q_x.data(), depth, x_scales.data());
+  thread_local std::vector<int8_t> q_x;  // reused across calls: decoding makes thousands
+  thread_local std::vector<float> x_scales;
+  q_x.resize(static_cast<size_t>(rows * depth));
+  x_scales.resize(static_cast<size_t>(rows));
+  cpu::quantize_rows(rows, depth, x.data_ptr<float>(), depth, q_x.data(), depth, x_scales.data(), cpu::kInputLimit);
   cpu::gemm_int8(rows, q_x.data(), depth, x_scales.data(), *packed, c.data_ptr<float>(), cols, bias.data_ptr<float>());
 }
 
 /// The op's formula in naive loops, in float32 as the kernel's epilogue: x's rows quantized with
 /// multiplier 127 / max|row| (ties to even), exact integer sums, then sum * (x_scale * w_scale) + bias.
+/// (Weight values outside [-63, 63] are refused by the kernel's packing, not checked here.)
 std::vector<Tensor> reference_linear_int8(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor &x = in[0], &values = in[1], &scales = in[2], &bias = in[3];
   Shape shape = infer_linear_int8(in, attrs)[0].shape;
@@ -158,7 +161,7 @@ QuantizedWeight quantize_per_channel(const Tensor& weight, Site site) {
   const int64_t rows = w.size(0), depth = w.size(1);
   QuantizedWeight q{.values = Tensor::empty({rows, depth}, DType::Int8), .scales = Tensor::empty({rows})};
   cpu::quantize_rows(rows, depth, w.data_ptr<float>(), depth, q.values.data_ptr<int8_t>(), depth,
-                     q.scales.data_ptr<float>());
+                     q.scales.data_ptr<float>(), cpu::kWeightLimit);
   return q;
 }
 

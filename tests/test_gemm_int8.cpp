@@ -27,8 +27,8 @@ std::vector<Isa> int8_paths() {
   return paths;
 }
 
-std::vector<int8_t> random_int8(size_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> value(-127, 127);
+std::vector<int8_t> random_int8(size_t n, std::mt19937& rng, int limit) {
+  std::uniform_int_distribution<int> value(-limit, limit);
   std::vector<int8_t> out(n);
   for (int8_t& v : out) v = static_cast<int8_t>(value(rng));
   return out;
@@ -53,29 +53,33 @@ TEST_CASE("quantize_rows: scales and rounded values worked out by hand") {
   std::vector<float> x{127.0f, 2.5f, -3.5f, 0.5f, -1.5f, 126.4f, -0.5f, 4.5f, 5.5f, -126.5f, 0.49f};
   std::vector<int8_t> q(11);
   float scale = 0;
-  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale);
+  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale, mf::cpu::kInputLimit);
   CHECK(scale == 1.0f);
   CHECK(q == std::vector<int8_t>{127, 2, -4, 0, -2, 126, 0, 4, 6, -126, 0});
   // The largest magnitude found by the tail, and a NaN hidden in the vector loop's lanes.
   x[10] = -254.0f;
-  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale);
+  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale, mf::cpu::kInputLimit);
   CHECK(scale == 2.0f);
   CHECK(q[0] == 64);  // 127 * 0.5 = 63.5 ties to the even 64
   CHECK(q[10] == -127);
   x[3] = std::numeric_limits<float>::quiet_NaN();
-  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale);
+  mf::cpu::quantize_rows(1, 11, x.data(), 11, q.data(), 11, &scale, mf::cpu::kInputLimit);
   CHECK(std::isnan(scale));
   // Largest |x| 2: scale 2 / 127; 1 * 63.5 = 63.5 ties to 64, -2 gives -127, 0.25 * 63.5 = 15.875 -> 16.
   std::vector<float> y{1.0f, -2.0f, 0.25f};
-  mf::cpu::quantize_rows(1, 3, y.data(), 3, q.data(), 3, &scale);
+  mf::cpu::quantize_rows(1, 3, y.data(), 3, q.data(), 3, &scale, mf::cpu::kInputLimit);
   CHECK(scale == 2.0f / 127.0f);
   CHECK(std::vector<int8_t>(q.begin(), q.begin() + 3) == std::vector<int8_t>{64, -127, 16});
+  // Weights stop at 63: largest |x| 2, multiplier 31.5: 1 -> 31.5 ties to 32, -2 -> -63, 0.25 -> 7.875 -> 8.
+  mf::cpu::quantize_rows(1, 3, y.data(), 3, q.data(), 3, &scale, mf::cpu::kWeightLimit);
+  CHECK(scale == 2.0f / 63.0f);
+  CHECK(std::vector<int8_t>(q.begin(), q.begin() + 3) == std::vector<int8_t>{32, -63, 8});
   // Rows of zeros get scale 1; a NaN or an infinity makes the scale NaN (outputs NaN, not finite).
   std::vector<float> rows{0, 0, 0, 1, std::numeric_limits<float>::quiet_NaN(), 2,
                           3, std::numeric_limits<float>::infinity(), 4};
   std::vector<float> scales(3);
   q.assign(9, 1);
-  mf::cpu::quantize_rows(3, 3, rows.data(), 3, q.data(), 3, scales.data());
+  mf::cpu::quantize_rows(3, 3, rows.data(), 3, q.data(), 3, scales.data(), mf::cpu::kInputLimit);
   CHECK(scales[0] == 1.0f);
   CHECK(std::isnan(scales[1]));
   CHECK(std::isnan(scales[2]));
@@ -87,15 +91,17 @@ TEST_CASE("gemm_int8 sums exactly and applies its epilogue, bit for bit on every
   struct Shape {
     int64_t rows, cols, depth;
   };
-  // Edges of the 6-row strips, the 8-channel panels and the 4-value groups, and one larger product.
-  for (Shape shape : {Shape{1, 1, 1}, Shape{5, 7, 3}, Shape{6, 8, 4}, Shape{7, 9, 5}, Shape{13, 20, 37},
+  // No depth (sums of nothing), edges of the 6-row strips, the 8-channel panels and the 4-value
+  // groups, and one larger product.
+  // Extremes too: inputs at +-127 against weights at +-63 are the AVX2 path's largest pair sums.
+  for (Shape shape : {Shape{3, 5, 0}, Shape{1, 1, 1}, Shape{5, 7, 3}, Shape{6, 8, 4}, Shape{7, 9, 5}, Shape{13, 20, 37},
                       Shape{64, 130, 515}}) {
     CAPTURE(shape.rows);
     CAPTURE(shape.cols);
     CAPTURE(shape.depth);
     const int64_t ldq = shape.depth + 3, ldw = shape.depth + 1, ldc = shape.cols + 2;  // rows apart, not packed
-    std::vector<int8_t> q_x = random_int8(static_cast<size_t>(shape.rows * ldq), rng);
-    std::vector<int8_t> q_w = random_int8(static_cast<size_t>(shape.cols * ldw), rng);
+    std::vector<int8_t> q_x = random_int8(static_cast<size_t>(shape.rows * ldq), rng, mf::cpu::kInputLimit);
+    std::vector<int8_t> q_w = random_int8(static_cast<size_t>(shape.cols * ldw), rng, mf::cpu::kWeightLimit);
     std::vector<float> x_scales = random_floats(static_cast<size_t>(shape.rows), rng, 0.001f, 0.1f);
     std::vector<float> w_scales = random_floats(static_cast<size_t>(shape.cols), rng, 0.001f, 0.1f);
     std::vector<float> bias = random_floats(static_cast<size_t>(shape.cols), rng, -1, 1);
@@ -124,6 +130,31 @@ TEST_CASE("gemm_int8 sums exactly and applies its epilogue, bit for bit on every
   }
 }
 
+TEST_CASE("gemm_int8 sums the extremes exactly, and packing refuses weights past +-63") {
+  // Every input 127 or -127 against weights 63 or -63 over 1000 values: the largest pair sums the
+  // AVX2 path's int16 step sees, and int32 sums of +-8,001,000.
+  const int64_t rows = 3, cols = 9, depth = 1000;
+  std::vector<int8_t> q_x(rows * depth), q_w(cols * depth);
+  for (int64_t i = 0; i < rows * depth; ++i) q_x[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127);
+  for (int64_t i = 0; i < cols * depth; ++i) q_w[i] = static_cast<int8_t>(i % 5 == 0 ? -63 : 63);
+  std::vector<float> ones(cols, 1.0f), x_ones(rows, 1.0f);
+  for (Isa isa : int8_paths()) {
+    CAPTURE(static_cast<int>(isa));
+    mf::cpu::PackedInt8Weight weight(cols, depth, q_w.data(), depth, ones.data(), isa);
+    std::vector<float> got(rows * cols);
+    mf::cpu::gemm_int8(rows, q_x.data(), depth, x_ones.data(), weight, got.data(), cols);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        int64_t sum = 0;
+        for (int64_t k = 0; k < depth; ++k) sum += int64_t{q_x[i * depth + k]} * q_w[j * depth + k];
+        CHECK(got[i * cols + j] == static_cast<float>(sum));
+      }
+  }
+  q_w[7] = 64;
+  CHECK_THROWS_WITH_AS(mf::cpu::PackedInt8Weight(cols, depth, q_w.data(), depth, ones.data()),
+                       doctest::Contains("value 64 of channel 0 lies outside [-63, 63]"), mf::Error);
+}
+
 TEST_CASE("a product quantized to int8 stays within the bound its two roundings allow") {
   std::mt19937 rng(11);
   const int64_t rows = 9, cols = 17, depth = 200;
@@ -131,8 +162,8 @@ TEST_CASE("a product quantized to int8 stays within the bound its two roundings 
   std::vector<float> w = random_floats(static_cast<size_t>(cols * depth), rng, -0.2f, 0.2f);
   std::vector<int8_t> q_x(x.size()), q_w(w.size());
   std::vector<float> x_scales(rows), w_scales(cols);
-  mf::cpu::quantize_rows(rows, depth, x.data(), depth, q_x.data(), depth, x_scales.data());
-  mf::cpu::quantize_rows(cols, depth, w.data(), depth, q_w.data(), depth, w_scales.data());
+  mf::cpu::quantize_rows(rows, depth, x.data(), depth, q_x.data(), depth, x_scales.data(), mf::cpu::kInputLimit);
+  mf::cpu::quantize_rows(cols, depth, w.data(), depth, q_w.data(), depth, w_scales.data(), mf::cpu::kWeightLimit);
   for (Isa isa : int8_paths()) {
     CAPTURE(static_cast<int>(isa));
     mf::cpu::PackedInt8Weight weight(cols, depth, q_w.data(), depth, w_scales.data(), isa);
@@ -143,7 +174,7 @@ TEST_CASE("a product quantized to int8 stays within the bound its two roundings 
         // x = s_x (q_x + e_x) with |e_x| <= 1/2 (rounding to the nearest integer), w likewise, so
         // x w - s_x s_w q_x q_w = s_x s_w (q_x e_w + q_w e_x + e_x e_w), each term at most
         // |x| s_w / 2 + |w| s_x / 2 + s_x s_w / 4 once q is traded for x / s (to first order). The
-        // multiplier 127 / max is itself rounded (float32, 2^-24 relative) and the epilogue rounds
+        // multipliers 127 / max and 63 / max are themselves rounded (float32, 2^-24 relative) and the epilogue rounds
         // twice more: 1% of slack and 1e-6 relative cover those.
         double exact = 0, bound = 0;
         for (int64_t k = 0; k < depth; ++k) {

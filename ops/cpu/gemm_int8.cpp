@@ -1,9 +1,12 @@
-// The int8 GEMM (ops/cpu/gemm_int8.h). The AVX2 micro-kernel keeps a 4 x 8 tile of int32 sums in 8
-// registers (GCC spills 6 x 8's twelve, and 4 rows ran 1.2-1.6x faster than 6 on Zen 3): per group of 4 values of k it widens a panel's 32 bytes (8 channels x 4 values) to two
-// vectors of int16, broadcasts each row's 4 values (int16, widened once per call) and issues two
-// vpmaddwd + vpaddd per row. Each int32 lane then holds half a channel's sum (values 0-1 or 2-3 of
-// every group); a horizontal add at the end joins the halves. The epilogue is scalar and shared
-// with the baseline path, so that both give the same bits.
+// The int8 GEMM (ops/cpu/gemm_int8.h). The AVX2 micro-kernel is oneDNN's AVX2 scheme: each input row
+// is shifted to unsigned (q + 128, one xor per call) so that vpmaddubsw can multiply it by the signed
+// weights, adding pairs of products to int16 (at most 2 x 255 x 63 = 32,130: weights stop at +-63 so
+// that this never saturates), and vpmaddwd against ones adds those pairs into int32 lanes, one per
+// channel of the panel. Per group of 4 values of k a row costs a broadcast, those two and a vpaddd,
+// for 32 multiply-adds; 6 rows keep their 6 x 8 sums in 6 registers. The shift adds 128 times the
+// channel's weight sum to every sum, taken off at the end (the packing keeps those sums). The baseline
+// path sums the signed values directly, and the scalar epilogue is shared: every path gives the same
+// bits.
 #include "ops/cpu/gemm_int8.h"
 
 #include "core/error.h"
@@ -23,7 +26,7 @@ namespace {
 
 constexpr int64_t kPanel = PackedInt8Weight::kPanelColumns;
 constexpr int64_t kQuadBytes = 4 * kPanel;  // one group of 4 values of k, for a panel's 8 channels
-constexpr int64_t kStripRows = 4;
+constexpr int64_t kStripRows = 6;
 
 /// c[i, j] for sums[i][c] of channel j = first + c: the formula of gemm_int8.h, on every path.
 void store_tile(int64_t rows, int64_t channels, const int32_t (*sums)[kPanel], const float* x_scales,
@@ -59,53 +62,51 @@ float largest_magnitude(const float* row, int64_t depth) {
   return finite ? largest : std::numeric_limits<float>::infinity();
 }
 
-/// out[k] = x[k] * multiplier rounded to nearest, ties to even, clamped to [-127, 127] (|x| <= the
-/// row's largest, so only the multiplier's own rounding could take a product past 127).
-void quantize_values(const float* x, int64_t count, float multiplier, int8_t* out) {
+/// out[k] = x[k] * multiplier rounded to nearest, ties to even, clamped to [-limit, limit] (|x| <=
+/// the row's largest, so only the multiplier's own rounding could take a product past the limit).
+void quantize_values(const float* x, int64_t count, float multiplier, float limit, int8_t* out) {
   for (int64_t k = 0; k < count; ++k)
-    out[k] = static_cast<int8_t>(std::clamp(std::nearbyint(x[k] * multiplier), -127.0f, 127.0f));
+    out[k] = static_cast<int8_t>(std::clamp(std::nearbyint(x[k] * multiplier), -limit, limit));
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 MF_BEGIN_TARGET("avx2,fma")
 
-/// Sums of Rows rows of a (int16, lda apart, padded to whole groups with zeros) with one panel.
+/// Sums of Rows rows of a (q + 128 as unsigned bytes, lda apart, padded to whole groups) with one
+/// panel, less the shift's share: 128 times each channel's weight sum.
 template <int64_t Rows>
-MF_INLINE void panel_sums_avx2(int64_t quads, const int16_t* a, int64_t lda, const int8_t* panel,
-                               int32_t (*sums)[kPanel]) {
-  __m256i low[Rows], high[Rows];
+MF_INLINE void panel_sums_avx2(int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
+                               const int32_t* column_sums, int32_t (*sums)[kPanel]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[Rows];
 #pragma GCC unroll 6
-  for (int64_t i = 0; i < Rows; ++i) low[i] = high[i] = _mm256_setzero_si256();
+  for (int64_t i = 0; i < Rows; ++i) acc[i] = _mm256_setzero_si256();
   for (int64_t g = 0; g < quads; ++g) {
-    const int8_t* quad = panel + g * kQuadBytes;
-    __m256i b_low = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quad)));
-    __m256i b_high = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quad + 16)));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + g * kQuadBytes));
 #pragma GCC unroll 6
     for (int64_t i = 0; i < Rows; ++i) {
-      int64_t values;
+      int32_t values;
       std::memcpy(&values, a + i * lda + 4 * g, sizeof values);
-      __m256i a_i = _mm256_set1_epi64x(values);
-      low[i] = _mm256_add_epi32(low[i], _mm256_madd_epi16(a_i, b_low));
-      high[i] = _mm256_add_epi32(high[i], _mm256_madd_epi16(a_i, b_high));
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(values), b);
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(pairs, ones));
     }
   }
-  // low's lanes: channels 0,0,1,1 | 2,2,3,3 (values 0-1, 2-3 of each group); high's the same for 4-7.
-  // hadd gives 0,1,4,5 | 2,3,6,7; the 64-bit permute puts them in order.
+  const __m256i shift = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(column_sums)), 7);
 #pragma GCC unroll 6
-  for (int64_t i = 0; i < Rows; ++i) {
-    __m256i joined = _mm256_permute4x64_epi64(_mm256_hadd_epi32(low[i], high[i]), 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[i]), joined);
-  }
+  for (int64_t i = 0; i < Rows; ++i)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[i]), _mm256_sub_epi32(acc[i], shift));
 }
 
-void strip_sums_avx2(int64_t rows, int64_t quads, const int16_t* a, int64_t lda, const int8_t* panel,
-                     int32_t (*sums)[kPanel]) {
-  static_assert(kStripRows == 4);
+void strip_sums_avx2(int64_t rows, int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
+                     const int32_t* column_sums, int32_t (*sums)[kPanel]) {
+  static_assert(kStripRows == 6);
   switch (rows) {
-    case 1: return panel_sums_avx2<1>(quads, a, lda, panel, sums);
-    case 2: return panel_sums_avx2<2>(quads, a, lda, panel, sums);
-    case 3: return panel_sums_avx2<3>(quads, a, lda, panel, sums);
-    default: return panel_sums_avx2<4>(quads, a, lda, panel, sums);
+    case 1: return panel_sums_avx2<1>(quads, a, lda, panel, column_sums, sums);
+    case 2: return panel_sums_avx2<2>(quads, a, lda, panel, column_sums, sums);
+    case 3: return panel_sums_avx2<3>(quads, a, lda, panel, column_sums, sums);
+    case 4: return panel_sums_avx2<4>(quads, a, lda, panel, column_sums, sums);
+    case 5: return panel_sums_avx2<5>(quads, a, lda, panel, column_sums, sums);
+    default: return panel_sums_avx2<6>(quads, a, lda, panel, column_sums, sums);
   }
 }
 
@@ -126,8 +127,8 @@ float largest_magnitude_avx2(const float* row, int64_t depth) {
 }
 
 /// quantize_values over a row, 8 values at a time with the same arithmetic.
-void quantize_row_avx2(const float* row, int64_t depth, float multiplier, int8_t* out) {
-  const __m256 scale = _mm256_set1_ps(multiplier), high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
+void quantize_row_avx2(const float* row, int64_t depth, float multiplier, float limit, int8_t* out) {
+  const __m256 scale = _mm256_set1_ps(multiplier), high = _mm256_set1_ps(limit), low = _mm256_set1_ps(-limit);
   int64_t k = 0;
   for (; k + 8 <= depth; k += 8) {
     __m256 rounded = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), scale),
@@ -136,7 +137,7 @@ void quantize_row_avx2(const float* row, int64_t depth, float multiplier, int8_t
     __m128i halves = _mm_packs_epi32(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + k), _mm_packs_epi16(halves, halves));
   }
-  quantize_values(row + k, depth - k, multiplier, out + k);
+  quantize_values(row + k, depth - k, multiplier, limit, out + k);
 }
 
 MF_END_TARGET
@@ -144,8 +145,11 @@ MF_END_TARGET
 
 }  // namespace
 
-void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales) {
+void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales,
+                   int limit) {
+  MF_CHECK(limit >= 1 && limit <= 127, "quantize_rows: limit {} is outside [1, 127]", limit);
   const bool avx2 = kernel_isa() >= Isa::avx2;
+  const float top = static_cast<float>(limit);
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = x + i * ld;
     int8_t* out = q + i * ldq;
@@ -159,14 +163,14 @@ void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8
       std::fill(out, out + depth, int8_t{0});
       continue;
     }
-    scales[i] = largest / 127.0f;
+    scales[i] = largest / top;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (avx2) {
-      quantize_row_avx2(row, depth, 127.0f / largest, out);
+      quantize_row_avx2(row, depth, top / largest, top, out);
       continue;
     }
 #endif
-    quantize_values(row, depth, 127.0f / largest, out);
+    quantize_values(row, depth, top / largest, top, out);
   }
 }
 
@@ -177,9 +181,17 @@ PackedInt8Weight::PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q,
   MF_CHECK(depth <= 133144, "int8 weight: depth {} could overflow the int32 sums (at most 133144)", depth);
   int64_t panels = (cols + kPanel - 1) / kPanel;
   packed_.assign(static_cast<size_t>(panels * kPanel * padded_depth()), 0);
+  column_sums_.assign(static_cast<size_t>(panels * kPanel), 0);
   for (int64_t j = 0; j < cols; ++j) {
     int8_t* panel_start = packed_.data() + j / kPanel * kPanel * padded_depth();
-    for (int64_t k = 0; k < depth; ++k) panel_start[k / 4 * kQuadBytes + j % kPanel * 4 + k % 4] = q[j * ldq + k];
+    for (int64_t k = 0; k < depth; ++k) {
+      const int8_t value = q[j * ldq + k];
+      MF_CHECK(value >= -kWeightLimit && value <= kWeightLimit,
+               "int8 weight: value {} of channel {} lies outside [-{}, {}], the range quantized weights take (so "
+               "that the AVX2 kernel's pairwise int16 sums cannot saturate)", value, j, kWeightLimit, kWeightLimit);
+      panel_start[k / 4 * kQuadBytes + j % kPanel * 4 + k % 4] = value;
+      column_sums_[static_cast<size_t>(j)] += value;
+    }
   }
 }
 
@@ -189,20 +201,21 @@ void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scal
   const int64_t panels = (cols + kPanel - 1) / kPanel;
   if (rows == 0 || cols == 0) return;
   const bool avx2 = weight.isa() >= Isa::avx2;
-  // The AVX2 path's rows as int16, padded to whole groups with zeros; kept per thread, so that
-  // decoding's calls reuse one buffer instead of faulting in fresh pages each time.
-  thread_local std::vector<int16_t> widened;
+  // The AVX2 path's rows as unsigned bytes q + 128 (q xor 0x80), padded to whole groups; kept per
+  // thread, so that decoding's calls reuse one buffer instead of faulting in fresh pages each time.
+  thread_local std::vector<uint8_t> shifted;
   if (avx2) {
-    widened.assign(static_cast<size_t>(rows * padded), 0);
-    for (int64_t i = 0; i < rows; ++i)
-      std::copy(q_x + i * ldq, q_x + i * ldq + depth, widened.begin() + i * padded);
+    shifted.assign(static_cast<size_t>(rows * padded), 0x80);
+    uint8_t* row = shifted.data();  // a plain pointer: the loop then vectorizes, with no TLS lookups
+    for (int64_t i = 0; i < rows; ++i, row += padded)
+      for (int64_t k = 0; k < depth; ++k) row[k] = static_cast<uint8_t>(q_x[i * ldq + k]) ^ 0x80;
   }
-  const int16_t* a = widened.data();
+  const uint8_t* a = shifted.data();
   // Panels per thread: enough work to be worth a thread (about 2^17 multiply-adds). Each thread takes
   // its panels in blocks of about 64 KiB, which stay in L2 while every strip of rows passes over them
   // (a strip's rows stay in L1), so the weight is read from memory once per call, not once per strip.
   int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, rows * padded * kPanel));
-  const int64_t block = std::max<int64_t>(1, (int64_t{64} << 10) / (kPanel * padded));
+  const int64_t block = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, kPanel * padded));
   parallel_for(0, panels, grain, [&](int64_t first, int64_t last) {
     int32_t sums[kStripRows][kPanel];
     for (int64_t block_first = first; block_first < last; block_first += block) {
@@ -213,7 +226,7 @@ void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scal
           int64_t j0 = p * kPanel, channels = std::min(kPanel, cols - j0);
 #if defined(__x86_64__) && defined(__GNUC__)
           if (avx2)
-            strip_sums_avx2(strip, padded / 4, a + i0 * padded, padded, weight.panel(p), sums);
+            strip_sums_avx2(strip, padded / 4, a + i0 * padded, padded, weight.panel(p), weight.column_sums(p), sums);
           else
 #endif
             panel_sums_baseline(strip, depth, q_x + i0 * ldq, ldq, weight.panel(p), sums);

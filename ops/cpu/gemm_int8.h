@@ -1,14 +1,14 @@
 // The int8 GEMM of quantized inference (PyTorch's dynamic quantization, CTranslate2's int8): a
 // Linear's weight is quantized once, per output channel, and each call quantizes its input per row:
 //
-//   w[j, k] ~ w_scale[j] q_w[j, k],  x[i, k] ~ x_scale[i] q_x[i, k],  q in [-127, 127]
+//   w[j, k] ~ w_scale[j] q_w[j, k] (q_w in [-63, 63]),  x[i, k] ~ x_scale[i] q_x[i, k] (q_x in [-127, 127])
 //   y[i, j] = float(sum_k q_x[i, k] q_w[j, k]) * (x_scale[i] * w_scale[j]) (+ bias[j]) (relu)
 //
-// The sums are int32 and exact (each product is at most 127^2, so depth up to 2^31 / 127^2 = 133,144
-// cannot overflow), and the epilogue is the same float32 arithmetic on every path: every path gives
-// the same bits. The AVX2 path widens the int8 values to int16 and sums pairs with vpmaddwd (AVX2's
-// vpmaddubsw would be faster but saturates: 2 x 255 x 127 overflows int16); the baseline path runs
-// scalar loops over the same layout.
+// Weights take 7 bits, as oneDNN's AVX2 int8 kernels (and so CTranslate2's) scale theirs, because
+// AVX2's fast int8 product (vpmaddubsw) adds pairs of products into int16. The sums are int32 and
+// exact (depth up to 133,144 cannot overflow them, shifted as the AVX2 path keeps them), and the
+// epilogue is the same float32 arithmetic on every path: every path gives the same bits. The baseline
+// path runs scalar loops over the same layout.
 #pragma once
 
 #include "core/isa.h"
@@ -18,11 +18,17 @@
 
 namespace mf::cpu {
 
-/// Symmetric int8 quantization of `rows` rows of `depth` floats, rows `ld` apart: with m the row's
-/// largest |x|, scales[i] = m / 127 and q[i, k] = x[i, k] * (127 / m) rounded to nearest, ties to
-/// even, into q (rows `ldq` apart). A row of zeros gets scale 1; a row holding NaN or an infinity
-/// gets a NaN scale (its outputs come out NaN, not silently finite).
-void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales);
+/// The largest |value| of quantized inputs and weights.
+inline constexpr int kInputLimit = 127;
+inline constexpr int kWeightLimit = 63;
+
+/// Symmetric int8 quantization of `rows` rows of `depth` floats, rows `ld` apart, to [-limit, limit]
+/// (kInputLimit for inputs, kWeightLimit for weights): with m the row's largest |x|, scales[i] =
+/// m / limit and q[i, k] = x[i, k] * (limit / m) rounded to nearest, ties to even, into q (rows `ldq`
+/// apart). A row of zeros gets scale 1; a row holding NaN or an infinity gets a NaN scale (its outputs
+/// come out NaN, not silently finite).
+void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales,
+                   int limit);
 
 /// A quantized weight [cols x depth] (cols output channels, as nn::Linear's weight) in the int8
 /// GEMM's layout for one instruction-set path: panels of kPanelColumns channels, each holding per
@@ -32,8 +38,9 @@ class PackedInt8Weight {
  public:
   static constexpr int64_t kPanelColumns = 8;
 
-  /// q [cols x depth] (rows ldq apart) and its per-channel scales, for the given path (the kernel
-  /// path of the machine by default; tests force narrower ones).
+  /// q [cols x depth] (rows ldq apart, values in [-kWeightLimit, kWeightLimit]: others throw) and its
+  /// per-channel scales, for the given path (the kernel path of the machine by default; tests force
+  /// narrower ones).
   PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q, int64_t ldq, const float* scales,
                    Isa isa = kernel_isa());
 
@@ -43,12 +50,15 @@ class PackedInt8Weight {
   Isa isa() const { return isa_; }
   const int8_t* panel(int64_t index) const { return packed_.data() + index * kPanelColumns * padded_depth(); }
   const float* scales() const { return scales_.data(); }
+  /// Each channel's sum of values, for the panel's kPanelColumns channels (zero past cols).
+  const int32_t* column_sums(int64_t panel) const { return column_sums_.data() + panel * kPanelColumns; }
 
  private:
   int64_t cols_, depth_;
   Isa isa_;
   std::vector<int8_t> packed_;
   std::vector<float> scales_;
+  std::vector<int32_t> column_sums_;
 };
 
 /// c[rows x cols] (rows ldc apart) = the formula above for quantized rows q_x (rows ldq apart, with
