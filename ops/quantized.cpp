@@ -17,7 +17,8 @@ namespace {
 /// The packed form of the int8 weights linear_int8 has met, by the tensors it came from: a weight is
 /// packed on its first call and the packing reused while its values and scales are the same view of
 /// unchanged storage (a quantized model calls the same weights at every decoding step). An entry goes
-/// when either storage is freed or written to.
+/// once either storage is freed, and is packed anew when its tensors come back written to. The
+/// packings are a second copy of the int8 weights, a quarter of the float32 model's size.
 class PackedWeightCache {
  public:
   std::shared_ptr<const cpu::PackedInt8Weight> get(const Tensor& values, const Tensor& scales) {
