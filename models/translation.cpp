@@ -17,7 +17,8 @@ constexpr const char* kFormat = "miniflow-translator-1";
 // How much bigger than the tensors in a checkpoint the model its config describes may be.
 constexpr int64_t kMaxGrowth = 2;
 
-/// Whether a state_dict name is a quantized layer's scales (nn::quantize_int8): an int8 model's mark.
+/// Whether a checkpoint's tensor name is a quantized layer's scales (nn::quantize_int8): an int8
+/// checkpoint's mark.
 bool holds_int8_scales(const std::string& name) { return name.ends_with("weight_scale"); }
 // Each side's text codec (text::TextCodec::to_json); the target's is kSameAsSource when both share one.
 constexpr const char* kSourceKey = "translation.source";
@@ -185,10 +186,7 @@ Translator Translator::load(const std::filesystem::path& path) {
 
 void Translator::quantize_int8() { nn::quantize_int8(*model_); }
 
-bool Translator::is_quantized() const {
-  const nn::StateDict state = model_->state_dict();
-  return std::any_of(state.begin(), state.end(), [](const nn::NamedTensor& t) { return holds_int8_scales(t.name); });
-}
+bool Translator::is_quantized() const { return nn::is_quantized_int8(*model_); }
 
 Translator Translator::average(const std::vector<std::filesystem::path>& paths) {
   MF_CHECK(!paths.empty(), "averaging checkpoints: no checkpoint given");

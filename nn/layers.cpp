@@ -112,17 +112,35 @@ void tie_weights(LinearImpl& output, const EmbeddingImpl& embedding) {
   output.weight = output.replace_parameter("weight", shared);
 }
 
+namespace {
+
+/// Calls fn(layer) for every Linear and Embedding in `model`, itself included: the layers
+/// quantize_int8 converts.
+template <typename Fn>
+void for_each_quantizable(Module& model, Fn&& fn) {
+  for (auto& [name, module] : model.named_modules()) {
+    if (auto* projection = dynamic_cast<LinearImpl*>(module))
+      fn(*projection);
+    else if (auto* table = dynamic_cast<EmbeddingImpl*>(module))
+      fn(*table);
+  }
+}
+
+}  // namespace
+
 int64_t quantize_int8(Module& model) {
   int64_t quantized = 0;
-  for (auto& [name, module] : model.named_modules()) {
-    if (auto* linear_layer = dynamic_cast<LinearImpl*>(module); linear_layer && !linear_layer->is_quantized()) {
-      linear_layer->quantize_int8();
-      ++quantized;
-    } else if (auto* table = dynamic_cast<EmbeddingImpl*>(module); table && !table->is_quantized()) {
-      table->quantize_int8();
-      ++quantized;
-    }
-  }
+  for_each_quantizable(model, [&](auto& layer) {
+    if (layer.is_quantized()) return;
+    layer.quantize_int8();
+    ++quantized;
+  });
+  return quantized;
+}
+
+bool is_quantized_int8(Module& model) {
+  bool quantized = false;
+  for_each_quantizable(model, [&](const auto& layer) { quantized = quantized || layer.is_quantized(); });
   return quantized;
 }
 

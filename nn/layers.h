@@ -111,6 +111,8 @@ void tie_weights(LinearImpl& output, const EmbeddingImpl& embedding);
 /// other layers stay float32. Gives the number of layers quantized. The model is then inference-only
 /// and its state_dict() holds the int8 values and their scales.
 int64_t quantize_int8(Module& model);
+/// Whether any Linear or Embedding in `model` holds int8 weights.
+bool is_quantized_int8(Module& model);
 
 struct LayerNormOptions {
   /// The trailing dims to normalise over.

@@ -145,7 +145,7 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Si
 
 // ---- int8 quantized inference (PyTorch's dynamic quantization) ----------------------------------
 /// A weight [out, in] quantized symmetrically per output channel: w[j, k] ~ scales[j] * values[j, k],
-/// values int8 in [-63, 63] (7 bits, as oneDNN's AVX2 kernels take them: see ops/cpu/gemm_int8.h),
+/// values int8 in [-63, 63] (7 bits, as oneDNN's AVX2 int8 kernels scale theirs: ops/cpu/gemm_int8.h),
 /// scales float32 [out].
 struct QuantizedWeight {
   Tensor values;

@@ -1,4 +1,4 @@
-// The int8 GEMM (ops/cpu/gemm_int8.h). The AVX2 micro-kernel is oneDNN's AVX2 scheme: each input row
+// The int8 GEMM (ops/cpu/gemm_int8.h). The AVX2 micro-kernel follows oneDNN's AVX2 int8 scheme: each input row
 // is shifted to unsigned (q + 128, one xor per call) so that vpmaddubsw can multiply it by the signed
 // weights, adding pairs of products to int16 (at most 2 x 255 x 63 = 32,130: weights stop at +-63 so
 // that this never saturates), and vpmaddwd against ones adds those pairs into int32 lanes, one per

@@ -4,7 +4,7 @@
 //   w[j, k] ~ w_scale[j] q_w[j, k] (q_w in [-63, 63]),  x[i, k] ~ x_scale[i] q_x[i, k] (q_x in [-127, 127])
 //   y[i, j] = float(sum_k q_x[i, k] q_w[j, k]) * (x_scale[i] * w_scale[j]) (+ bias[j]) (relu)
 //
-// Weights take 7 bits, as oneDNN's AVX2 int8 kernels (and so CTranslate2's) scale theirs, because
+// Weights take 7 bits, as oneDNN's AVX2 int8 kernels scale theirs, because
 // AVX2's fast int8 product (vpmaddubsw) adds pairs of products into int16. The sums are int32 and
 // exact (depth up to 133,144 cannot overflow them, shifted as the AVX2 path keeps them), and the
 // epilogue is the same float32 arithmetic on every path: every path gives the same bits. The baseline
