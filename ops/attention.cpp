@@ -94,30 +94,48 @@ struct HeadMatrices {
 /// more than its arithmetic.
 constexpr int64_t kDirectQueries = 8;
 
-/// out[0, n) = sum_r factor(r) * rows[r][0, n) over `count` rows `stride` apart, summed in registers
-/// four vectors of columns at a time (a sum through memory would wait on each store).
+/// out[offsets[u] + lane] = sum_r factor(r) * rows[r][offsets[u] + lane] for Count packs P, summed
+/// in registers (a sum through memory would wait on each store), the packs' chains interleaved.
+template <typename P, int Count, typename E, typename Factor>
+MF_INLINE void weighted_packs(E* out, const E* rows, int64_t stride, int64_t count, const int64_t (&offsets)[4],
+                              Factor factor) {
+  P acc[Count] = {};
+  for (int64_t r = 0; r < count; ++r) {
+    const E f = factor(r);
+    for (int u = 0; u < Count; ++u) acc[u] += f * cpu::load<P>(rows + r * stride + offsets[u]);
+  }
+  for (int u = 0; u < Count; ++u) std::memcpy(out + offsets[u], &acc[u], sizeof(P));
+}
+
+/// out[0, n) = sum_r factor(r) * rows[r][0, n) over `count` rows `stride` apart, four packs of
+/// columns at a time. The columns after the last such four are taken in up to four packs, the last one
+/// ending at n and overlapping its neighbour where n is not a whole number of packs: an overlapped
+/// column is summed twice, each time the same chain over r, and stored twice with the same bits. A
+/// row narrower than a pack takes half-width packs, down to 16 bytes; then scalars.
 template <typename E, int W, typename Factor>
 MF_INLINE void weighted_row_sum(E* out, const E* rows, int64_t stride, int64_t count, int64_t n, Factor factor) {
   using P = cpu::Pack<E, W>;
   constexpr int64_t kWidth = cpu::kPackWidth<E, W>;
-  int64_t c = 0;
-  for (; c + 4 * kWidth <= n; c += 4 * kWidth) {
-    P acc[4] = {};
-    for (int64_t r = 0; r < count; ++r) {
-      const E f = factor(r);
-      for (int64_t u = 0; u < 4; ++u) acc[u] += f * cpu::load<P>(rows + r * stride + c + u * kWidth);
+  if (n < kWidth) {
+    if constexpr (W > cpu::kBaselineWidth) return weighted_row_sum<E, W / 2>(out, rows, stride, count, n, factor);
+    for (int64_t c = 0; c < n; ++c) {
+      E acc{0};
+      for (int64_t r = 0; r < count; ++r) acc += factor(r) * rows[r * stride + c];
+      out[c] = acc;
     }
-    std::memcpy(out + c, acc, sizeof(acc));
+    return;
   }
-  for (; c + kWidth <= n; c += kWidth) {
-    P acc{};
-    for (int64_t r = 0; r < count; ++r) acc += factor(r) * cpu::load<P>(rows + r * stride + c);
-    std::memcpy(out + c, &acc, sizeof(acc));
-  }
-  for (; c < n; ++c) {
-    E acc{0};
-    for (int64_t r = 0; r < count; ++r) acc += factor(r) * rows[r * stride + c];
-    out[c] = acc;
+  int64_t c = 0;
+  for (; c + 4 * kWidth <= n; c += 4 * kWidth)
+    weighted_packs<P, 4>(out, rows, stride, count, {c, c + kWidth, c + 2 * kWidth, c + 3 * kWidth}, factor);
+  if (c == n) return;
+  const int64_t packs = (n - c + kWidth - 1) / kWidth, last = n - kWidth;
+  const int64_t offsets[4] = {std::min(c, last), std::min(c + kWidth, last), std::min(c + 2 * kWidth, last), last};
+  switch (packs) {
+    case 1: return weighted_packs<P, 1>(out, rows, stride, count, offsets, factor);
+    case 2: return weighted_packs<P, 2>(out, rows, stride, count, offsets, factor);
+    case 3: return weighted_packs<P, 3>(out, rows, stride, count, offsets, factor);
+    default: return weighted_packs<P, 4>(out, rows, stride, count, offsets, factor);
   }
 }
 

@@ -197,6 +197,45 @@ TEST_CASE("the project / attend steps serve one decoding step over all keys") {
   check_close(step, full_out.narrow(1, 3, 1).contiguous(), 1e-12, 1e-12);
 }
 
+TEST_CASE("few queries against keys kept by column, as a decoding cache keeps them, match naive loops") {
+  // The fused op's direct path for up to 8 queries reads keys laid out [B, H, D, S] and takes each
+  // row of scores, and of outputs, in vectors whose last one overlaps its neighbour: every width of
+  // row from 1 to 40 (and head dims that are not whole vectors) against float64 loops of the formula.
+  manual_seed(5);
+  for (int64_t D : {1, 3, 8, 12, 40}) {
+    for (int64_t S = 1; S <= 40; ++S) {
+      CAPTURE(D);
+      CAPTURE(S);
+      const int64_t H = 2, T = 2;
+      Tensor q = randn({1, H, T, D}), keys_by_column = randn({1, H, D, S}), v = randn({1, H, S, D});
+      AttentionResult got = scaled_dot_product_attention_with_weights(q, keys_by_column.transpose(2, 3), v);
+      Vec qs = q.to_vector<double>(), ks = keys_by_column.to_vector<double>(), vs = v.to_vector<double>();
+      Vec weights(static_cast<size_t>(H * T * S)), output(static_cast<size_t>(H * T * D));
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          Vec p(static_cast<size_t>(S));
+          double largest = -INFINITY, total = 0;
+          for (int64_t s = 0; s < S; ++s) {
+            double score = 0;
+            for (int64_t d = 0; d < D; ++d)
+              score += qs[static_cast<size_t>((h * T + t) * D + d)] * ks[static_cast<size_t>((h * D + d) * S + s)];
+            p[static_cast<size_t>(s)] = score / std::sqrt(static_cast<double>(D));
+            largest = std::max(largest, p[static_cast<size_t>(s)]);
+          }
+          for (double& e : p) total += (e = std::exp(e - largest));
+          for (int64_t s = 0; s < S; ++s) {
+            double prob = p[static_cast<size_t>(s)] / total;
+            weights[static_cast<size_t>((h * T + t) * S + s)] = prob;
+            for (int64_t d = 0; d < D; ++d)
+              output[static_cast<size_t>((h * T + t) * D + d)] += prob * vs[static_cast<size_t>((h * S + s) * D + d)];
+          }
+        }
+      check_close(got.weights, from_vector(weights, {1, H, T, S}).to(DType::Float32), 1e-5, 1e-6);
+      check_close(got.output, from_vector(output, {1, H, T, D}).to(DType::Float32), 1e-5, 1e-5);
+    }
+  }
+}
+
 TEST_CASE("attention dropout acts in training only; the returned weights are the probabilities") {
   auto mha = make_attention({.embed_dim = 8, .num_heads = 2, .dropout = 0.5}, 51);
   auto plain = make_attention({.embed_dim = 8, .num_heads = 2}, 51);  // same seed, same weights

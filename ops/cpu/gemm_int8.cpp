@@ -4,9 +4,9 @@
 // that this never saturates), and vpmaddwd against ones adds those pairs into int32 lanes, one per
 // channel of the panel. Per group of 4 values of k a row costs a broadcast, those two and a vpaddd,
 // for 32 multiply-adds; 6 rows keep their 6 x 8 sums in 6 registers. The shift adds 128 times the
-// channel's weight sum to every sum, taken off at the end (the packing keeps those sums). The baseline
-// path sums the signed values directly, and the scalar epilogue is shared: every path gives the same
-// bits.
+// channel's weight sum to every sum, taken off at the end (the packing keeps those sums), and the
+// epilogue runs on the sums still in registers. The baseline path sums the signed values directly and
+// runs the same epilogue in scalars: every path gives the same bits.
 #include "ops/cpu/gemm_int8.h"
 
 #include "core/error.h"
@@ -28,14 +28,27 @@ constexpr int64_t kPanel = PackedInt8Weight::kPanelColumns;
 constexpr int64_t kQuadBytes = 4 * kPanel;  // one group of 4 values of k, for a panel's 8 channels
 constexpr int64_t kStripRows = 6;
 
-/// c[i, j] for sums[i][c] of channel j = first + c: the formula of gemm_int8.h, on every path.
-void store_tile(int64_t rows, int64_t channels, const int32_t (*sums)[kPanel], const float* x_scales,
-                const float* w_scales, const float* bias, bool relu, float* c, int64_t ldc) {
+/// Where a strip's sums with one panel go: c (rows ldc apart, at the strip's first row and the
+/// panel's first channel) through the formula of gemm_int8.h, with the strip's x_scales and the
+/// panel's w_scales and bias (nullptr: none).
+struct TileOutput {
+  const float* x_scales;
+  const float* w_scales;
+  const float* bias;
+  bool relu;
+  float* c;
+  int64_t ldc;
+};
+
+/// c[i, j] for sums[i][j] of the panel's first `channels` channels: the formula, in scalars. The AVX2
+/// path's full panels do the same float operations in the same order in vectors (no FMA: the build
+/// contracts nothing), so every path gives the same bits.
+void store_tile(int64_t rows, int64_t channels, const int32_t (*sums)[kPanel], const TileOutput& out) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < channels; ++j) {
-      float value = static_cast<float>(sums[i][j]) * (x_scales[i] * w_scales[j]);
-      if (bias != nullptr) value += bias[j];
-      c[i * ldc + j] = relu ? math::Relu{}(value) : value;
+      float value = static_cast<float>(sums[i][j]) * (out.x_scales[i] * out.w_scales[j]);
+      if (out.bias != nullptr) value += out.bias[j];
+      out.c[i * out.ldc + j] = out.relu ? math::Relu{}(value) : value;
     }
 }
 
@@ -72,11 +85,13 @@ void quantize_values(const float* x, int64_t count, float multiplier, float limi
 #if defined(__x86_64__) && defined(__GNUC__)
 MF_BEGIN_TARGET("avx2,fma")
 
-/// Sums of Rows rows of a (q + 128 as unsigned bytes, lda apart, padded to whole groups) with one
-/// panel, less the shift's share: 128 times each channel's weight sum.
+/// Rows of a (q + 128 as unsigned bytes, lda apart, padded to whole groups) times one panel, the
+/// shift's share (128 times each channel's weight sum) taken off, through `out` for `channels` of the
+/// panel's channels: a full panel in vectors straight from the sums' registers, a partial one through
+/// store_tile.
 template <int64_t Rows>
-MF_INLINE void panel_sums_avx2(int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
-                               const int32_t* column_sums, int32_t (*sums)[kPanel]) {
+MF_INLINE void panel_tile_avx2(int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
+                               const int32_t* column_sums, int64_t channels, const TileOutput& out) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[Rows];
 #pragma GCC unroll 6
@@ -92,21 +107,51 @@ MF_INLINE void panel_sums_avx2(int64_t quads, const uint8_t* a, int64_t lda, con
     }
   }
   const __m256i shift = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(column_sums)), 7);
+  if (channels < kPanel) {
+    int32_t sums[Rows][kPanel];
 #pragma GCC unroll 6
-  for (int64_t i = 0; i < Rows; ++i)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[i]), _mm256_sub_epi32(acc[i], shift));
+    for (int64_t i = 0; i < Rows; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[i]), _mm256_sub_epi32(acc[i], shift));
+    return store_tile(Rows, channels, sums, out);
+  }
+  const __m256 w_scales = _mm256_loadu_ps(out.w_scales);
+  const __m256 bias = out.bias != nullptr ? _mm256_loadu_ps(out.bias) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+  for (int64_t i = 0; i < Rows; ++i) {
+    const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(out.x_scales[i]), w_scales);
+    __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i], shift)), scales);
+    if (out.bias != nullptr) value = _mm256_add_ps(value, bias);
+    if (out.relu) value = Avx2Floats::relu(value);
+    _mm256_storeu_ps(out.c + i * out.ldc, value);
+  }
 }
 
-void strip_sums_avx2(int64_t rows, int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
-                     const int32_t* column_sums, int32_t (*sums)[kPanel]) {
+void strip_tile_avx2(int64_t rows, int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
+                     const int32_t* column_sums, int64_t channels, const TileOutput& out) {
   static_assert(kStripRows == 6);
   switch (rows) {
-    case 1: return panel_sums_avx2<1>(quads, a, lda, panel, column_sums, sums);
-    case 2: return panel_sums_avx2<2>(quads, a, lda, panel, column_sums, sums);
-    case 3: return panel_sums_avx2<3>(quads, a, lda, panel, column_sums, sums);
-    case 4: return panel_sums_avx2<4>(quads, a, lda, panel, column_sums, sums);
-    case 5: return panel_sums_avx2<5>(quads, a, lda, panel, column_sums, sums);
-    default: return panel_sums_avx2<6>(quads, a, lda, panel, column_sums, sums);
+    case 1: return panel_tile_avx2<1>(quads, a, lda, panel, column_sums, channels, out);
+    case 2: return panel_tile_avx2<2>(quads, a, lda, panel, column_sums, channels, out);
+    case 3: return panel_tile_avx2<3>(quads, a, lda, panel, column_sums, channels, out);
+    case 4: return panel_tile_avx2<4>(quads, a, lda, panel, column_sums, channels, out);
+    case 5: return panel_tile_avx2<5>(quads, a, lda, panel, column_sums, channels, out);
+    default: return panel_tile_avx2<6>(quads, a, lda, panel, column_sums, channels, out);
+  }
+}
+
+/// Rows of q (ldq apart) as unsigned bytes q + 128 (q xor 0x80) in out, rows `padded` apart, the
+/// padding past depth 0x80 (q = 0).
+void shift_rows_avx2(int64_t rows, int64_t depth, const int8_t* q, int64_t ldq, uint8_t* out, int64_t padded) {
+  const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t i = 0; i < rows; ++i) {
+    const int8_t* row = q + i * ldq;
+    uint8_t* shifted = out + i * padded;
+    int64_t k = 0;
+    for (; k + 32 <= depth; k += 32)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(shifted + k),
+                          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)), sign));
+    for (; k < depth; ++k) shifted[k] = static_cast<uint8_t>(row[k]) ^ 0x80;
+    for (; k < padded; ++k) shifted[k] = 0x80;
   }
 }
 
@@ -201,15 +246,15 @@ void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scal
   const int64_t panels = (cols + kPanel - 1) / kPanel;
   if (rows == 0 || cols == 0) return;
   const bool avx2 = weight.isa() >= Isa::avx2;
-  // The AVX2 path's rows as unsigned bytes q + 128 (q xor 0x80), padded to whole groups; kept per
-  // thread, so that decoding's calls reuse one buffer instead of faulting in fresh pages each time.
+  // The AVX2 path's rows as unsigned bytes q + 128, padded to whole groups; kept per thread, so that
+  // decoding's calls reuse one buffer instead of faulting in fresh pages each time.
   thread_local std::vector<uint8_t> shifted;
+#if defined(__x86_64__) && defined(__GNUC__)
   if (avx2) {
-    shifted.assign(static_cast<size_t>(rows * padded), 0x80);
-    uint8_t* row = shifted.data();  // a plain pointer: the loop then vectorizes, with no TLS lookups
-    for (int64_t i = 0; i < rows; ++i, row += padded)
-      for (int64_t k = 0; k < depth; ++k) row[k] = static_cast<uint8_t>(q_x[i * ldq + k]) ^ 0x80;
+    if (shifted.size() < static_cast<size_t>(rows * padded)) shifted.resize(static_cast<size_t>(rows * padded));
+    shift_rows_avx2(rows, depth, q_x, ldq, shifted.data(), padded);
   }
+#endif
   const uint8_t* a = shifted.data();
   // Panels per thread: enough work to be worth a thread (about 2^17 multiply-adds). Each thread takes
   // its panels in blocks of about 64 KiB, which stay in L2 while every strip of rows passes over them
@@ -217,21 +262,24 @@ void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scal
   int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, rows * padded * kPanel));
   const int64_t block = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, kPanel * padded));
   parallel_for(0, panels, grain, [&](int64_t first, int64_t last) {
-    int32_t sums[kStripRows][kPanel];
     for (int64_t block_first = first; block_first < last; block_first += block) {
       const int64_t block_last = std::min(last, block_first + block);
       for (int64_t i0 = 0; i0 < rows; i0 += kStripRows) {
         int64_t strip = std::min(kStripRows, rows - i0);
         for (int64_t p = block_first; p < block_last; ++p) {
           int64_t j0 = p * kPanel, channels = std::min(kPanel, cols - j0);
+          const TileOutput out{.x_scales = x_scales + i0, .w_scales = weight.scales() + j0,
+                               .bias = bias ? bias + j0 : nullptr, .relu = relu, .c = c + i0 * ldc + j0, .ldc = ldc};
 #if defined(__x86_64__) && defined(__GNUC__)
-          if (avx2)
-            strip_sums_avx2(strip, padded / 4, a + i0 * padded, padded, weight.panel(p), weight.column_sums(p), sums);
-          else
+          if (avx2) {
+            strip_tile_avx2(strip, padded / 4, a + i0 * padded, padded, weight.panel(p), weight.column_sums(p),
+                            channels, out);
+            continue;
+          }
 #endif
-            panel_sums_baseline(strip, depth, q_x + i0 * ldq, ldq, weight.panel(p), sums);
-          store_tile(strip, channels, sums, x_scales + i0, weight.scales() + j0, bias ? bias + j0 : nullptr, relu,
-                     c + i0 * ldc + j0, ldc);
+          int32_t sums[kStripRows][kPanel];
+          panel_sums_baseline(strip, depth, q_x + i0 * ldq, ldq, weight.panel(p), sums);
+          store_tile(strip, channels, sums, out);
         }
       }
     }
