@@ -14,8 +14,9 @@
 
 namespace mf::cpu {
 
-/// out[j] = exp(inp[j] - shift[kShiftPerElement ? j : 0]) for one vector of lanes; sum += out.
-template <int W, bool kShiftPerElement>
+/// out[j] = exp(inp[j] - shift[kShiftPerElement ? j : 0]) for one vector of lanes (with kStore; without,
+/// out is not touched); sum += the exps.
+template <int W, bool kShiftPerElement, bool kStore>
 MF_INLINE void exp_lanes(const float* inp, const float* shift, float* out, typename Simd<float, W>::V& sum) {
   using V = typename Simd<float, W>::V;
   using I = typename Simd<int32_t, W>::V;
@@ -23,17 +24,22 @@ MF_INLINE void exp_lanes(const float* inp, const float* shift, float* out, typen
   std::memcpy(&x, inp, sizeof(V));
   if constexpr (kShiftPerElement) std::memcpy(&b, shift, sizeof(V));
   V y = exp_poly<V, I>(x - b);
-  std::memcpy(out, &y, sizeof(V));
+  if constexpr (kStore) std::memcpy(out, &y, sizeof(V));
   sum += y;
 }
 
-/// out[i] = exp(inp[i] - shift[kShiftPerElement ? i : 0]) for i < n; returns the sum of the results,
-/// kept in kSumLanes partial sums whatever W (the same bits on every ISA).
-template <int W, bool kShiftPerElement, typename T>
+/// out[i] = exp(inp[i] - shift[kShiftPerElement ? i : 0]) for i < n (with kStore; without, out is
+/// not touched); returns the sum of the exps, kept in kSumLanes partial sums whatever
+/// W (the same bits on every ISA).
+template <int W, bool kShiftPerElement, bool kStore = true, typename T>
 MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
   if constexpr (std::is_same_v<T, double>) {
     double total = 0;
-    for (int64_t i = 0; i < n; ++i) total += out[i] = std::exp(inp[i] - shift[kShiftPerElement ? i : 0]);
+    for (int64_t i = 0; i < n; ++i) {
+      double value = std::exp(inp[i] - shift[kShiftPerElement ? i : 0]);
+      if constexpr (kStore) out[i] = value;
+      total += value;
+    }
     return total;
   } else {
     using S = Simd<float, W>;
@@ -43,7 +49,7 @@ MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
     auto exp_run = [&](const float* x, const float* x_shift, float* x_out) MF_LAMBDA_INLINE {
       for (int64_t part = 0; part < kParts; ++part) {
         int64_t at = part * S::kLanes;
-        exp_lanes<W, kShiftPerElement>(x + at, x_shift + (kShiftPerElement ? at : 0), x_out + at, sum[part]);
+        exp_lanes<W, kShiftPerElement, kStore>(x + at, x_shift + (kShiftPerElement ? at : 0), x_out + at, sum[part]);
       }
     };
     int64_t i = 0;
@@ -55,18 +61,18 @@ MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
       std::copy(inp + i, inp + n, a);
       std::copy(shift + (kShiftPerElement ? i : 0), shift + (kShiftPerElement ? n : 1), b);
       exp_run(a, b, o);
-      std::copy(o, o + (n - i), out + i);
+      if constexpr (kStore) std::copy(o, o + (n - i), out + i);
     }
     return fold_parts<float>(sum);
   }
 }
 
-/// One contiguous row of n: out = softmax(inp) or log_softmax(inp). Log softmax writes the exps to
-/// out first, as scratch.
+/// One contiguous row of n: out = softmax(inp) or log_softmax(inp). Log softmax needs only the exps'
+/// sum, and writes out once.
 template <int W, bool Log, typename T>
 MF_INLINE void softmax_row(const T* inp, T* out, int64_t n) {
   T max = row_extreme<true, W>(inp, n);
-  T total = exp_diff<W, false>(inp, &max, out, n);
+  T total = exp_diff<W, false, !Log>(inp, &max, out, n);
   if constexpr (Log) {
     T log_total = std::log(total);
     for (int64_t i = 0; i < n; ++i) out[i] = (inp[i] - max) - log_total;  // max + log_total would round
