@@ -9,6 +9,7 @@
 #include "ops/cpu/reduce_util.h"
 #include "ops/reference.h"
 #include "ops/cpu/skinny_gemm.h"
+#include "ops/packed_weights.h"
 
 #include "core/graph.h"
 #include "core/parallel.h"
@@ -86,6 +87,43 @@ void parallel_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t m,
   }
 }
 
+/// The float weights products under NoGradGuard have packed (ops/packed_weights.h): a second copy of
+/// each weight an inference run multiplies, the model's size again.
+PackedWeightCache<cpu::PackedSgemmWeight, 1>& packed_float_weights() {
+  static PackedWeightCache<cpu::PackedSgemmWeight, 1> cache;
+  return cache;
+}
+
+/// c = x w^T through `epilogue` for x [rows, k] and w [m, k] (rows ldw apart; `weight` the tensor
+/// viewing it, which keys the packing) from w packed once, split over the pool as parallel_gemm
+/// splits a product. Only where nothing will differentiate the product (grad mode off: decoding
+/// multiplies the same weights at every step, and sgemm would pack w at every call) and products
+/// stay in float32; returns false, computing nothing, otherwise. The same bits as sgemm.
+bool packed_product(int64_t rows, int64_t m, int64_t k, const float* x, const Tensor& weight, const float* w,
+                    int64_t ldw, float* c, const cpu::GemmEpilogue<float>& epilogue) {
+  if (grad_mode_enabled()) {  // training: let go of packings its optimizer has made stale
+    packed_float_weights().sweep();
+    return false;
+  }
+  if (kernel_isa() < Isa::avx2 || cpu::products_in_bfloat16() || kernel_settings().bfloat16_products) return false;
+  std::shared_ptr<const cpu::PackedSgemmWeight> packed =
+      packed_float_weights().get({&weight}, [&] { return cpu::PackedSgemmWeight(m, k, w, ldw); });
+  int64_t threads = intra_op_threads();
+  if (threads == 1 || static_cast<double>(rows) * m * k < kParallelGemmWork) {
+    cpu::sgemm_packed(rows, 0, m, x, k, *packed, c, m, epilogue);
+  } else if (rows >= m) {
+    parallel_for(0, rows, (rows + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
+      cpu::sgemm_packed(hi - lo, 0, m, x + lo * k, k, *packed, c + lo * m, m, epilogue);
+    });
+  } else {
+    const int64_t width = packed->panel_columns(), panels = (m + width - 1) / width;
+    parallel_for(0, panels, (panels + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
+      cpu::sgemm_packed(rows, lo * width, std::min(m, hi * width), x, k, *packed, c, m, epilogue);
+    });
+  }
+  return true;
+}
+
 void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
   Tensor a = in[0], b = in[1];
   Tensor& c = out[0];  // [..., N, M], contiguous
@@ -112,7 +150,9 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     if (b_shared && a_full && a.is_contiguous()) {
       int64_t rows = c.numel() / m;
       if constexpr (std::is_same_v<T, float>)  // a linear layer over a few rows: W is not worth packing
-        if (lb.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, pa, k, pb, lb.ld, pc, m)) return;
+        if (lb.trans == CblasTrans && (cpu::skinny_gemm_nt(rows, m, k, pa, k, pb, lb.ld, pc, m) ||
+                                       packed_product(rows, m, k, pa, b, pb, lb.ld, pc, {})))
+          return;
       parallel_gemm<T>(CblasNoTrans, lb.trans, rows, m, k, pa, k, pb, lb.ld, pc, m);
       return;
     }
@@ -276,7 +316,9 @@ void linear_forward(const std::vector<Tensor>& in, std::vector<Tensor>& out, boo
     // The GEMM adds the bias (and clamps) as it writes C: no pass over C before or after.
     const cpu::GemmEpilogue<T> epilogue{.bias = pb, .relu = relu};
     if constexpr (std::is_same_v<T, float>)  // a few rows: W is not worth packing (see matmul)
-      if (lw.trans == CblasTrans && cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m, epilogue)) return;
+      if (lw.trans == CblasTrans && (cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m, epilogue) ||
+                                     packed_product(rows, m, k, px, weight_t, pw, lw.ld, pc, epilogue)))
+        return;
     parallel_gemm<T>(CblasNoTrans, lw.trans, rows, m, k, px, k, pw, lw.ld, pc, m, epilogue);
   });
 }

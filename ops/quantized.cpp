@@ -4,68 +4,20 @@
 #include "ops/cpu/gemm_int8.h"
 #include "ops/families.h"
 #include "ops/functional.h"
+#include "ops/packed_weights.h"
 #include "ops/reference.h"
 #include "ops/registry.h"
 
 #include <cmath>
 #include <limits>
-#include <mutex>
 
 namespace mf {
 namespace {
 
-/// The packed form of the int8 weights linear_int8 has met, by the tensors it came from: a weight is
-/// packed on its first call and the packing reused while its values and scales are the same view of
-/// unchanged storage (a quantized model calls the same weights at every decoding step). An entry goes
-/// once either storage is freed, and is packed anew when its tensors come back written to. The
-/// packings are a second copy of the int8 weights, a quarter of the float32 model's size.
-class PackedWeightCache {
- public:
-  std::shared_ptr<const cpu::PackedInt8Weight> get(const Tensor& values, const Tensor& scales) {
-    Key key = key_of(values, scales);
-    std::lock_guard lock(mutex_);
-    std::erase_if(entries_, [&](const Entry& e) {
-      return e.values.expired() || e.scales.expired() || (e.key.same_tensors(key) && !(e.key == key));
-    });
-    for (const Entry& e : entries_)
-      if (e.key == key) return e.packed;
-    auto packed = std::make_shared<const cpu::PackedInt8Weight>(
-        values.size(0), values.size(1), values.data_ptr<int8_t>(), values.size(1), scales.data_ptr<float>());
-    entries_.push_back({key, values.storage(), scales.storage(), packed});
-    return packed;
-  }
-
- private:
-  struct Key {
-    const Storage* values_storage;
-    const Storage* scales_storage;
-    int64_t values_offset, scales_offset, cols, depth;
-    uint32_t values_version, scales_version;
-    Isa isa;
-    bool operator==(const Key&) const = default;
-    bool same_tensors(const Key& o) const {
-      return values_storage == o.values_storage && scales_storage == o.scales_storage &&
-             values_offset == o.values_offset && scales_offset == o.scales_offset && cols == o.cols && depth == o.depth;
-    }
-  };
-  struct Entry {
-    Key key;
-    std::weak_ptr<Storage> values, scales;
-    std::shared_ptr<const cpu::PackedInt8Weight> packed;
-  };
-
-  static Key key_of(const Tensor& values, const Tensor& scales) {
-    return {values.storage().get(), scales.storage().get(), values.offset(),       scales.offset(),
-            values.size(0),         values.size(1),         values.storage()->version(), scales.storage()->version(),
-            kernel_isa()};
-  }
-
-  std::mutex mutex_;
-  std::vector<Entry> entries_;
-};
-
-PackedWeightCache& packed_weights() {
-  static PackedWeightCache cache;
+/// The packed int8 weights linear_int8 has met (ops/packed_weights.h), by their values and scales: a
+/// second copy of the int8 weights, a quarter of the float32 model's size.
+PackedWeightCache<cpu::PackedInt8Weight, 2>& packed_weights() {
+  static PackedWeightCache<cpu::PackedInt8Weight, 2> cache;
   return cache;
 }
 
@@ -92,7 +44,9 @@ void cpu_linear_int8(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
   Tensor x = in[0].contiguous(), values = in[1].contiguous(), scales = in[2].contiguous(), bias = in[3].contiguous();
   Tensor& c = out[0];  // [..., out], contiguous and not empty (the dispatcher skips empty outputs)
   const int64_t cols = values.size(0), depth = values.size(1), rows = c.numel() / cols;
-  std::shared_ptr<const cpu::PackedInt8Weight> packed = packed_weights().get(values, scales);
+  std::shared_ptr<const cpu::PackedInt8Weight> packed = packed_weights().get({&values, &scales}, [&] {
+    return cpu::PackedInt8Weight(cols, depth, values.data_ptr<int8_t>(), depth, scales.data_ptr<float>());
+  });
   thread_local std::vector<int8_t> q_x;  // reused across calls: decoding makes thousands
   thread_local std::vector<float> x_scales;
   q_x.resize(static_cast<size_t>(rows * depth));

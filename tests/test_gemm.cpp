@@ -125,6 +125,80 @@ TEST_CASE("miniflow's float GEMM equals naive loops over its blocks and edges, o
           }
 }
 
+TEST_CASE("a weight packed once gives sgemm's bits, whole or split by columns or rows, on each path") {
+  // sgemm_packed runs sgemm's tiles over panels packed up front: every element must come out as sgemm
+  // computes it from the unpacked weight (c = a w^T), whichever share of columns (starting on a panel)
+  // or rows a thread takes. Shapes cross strips, panels, the last partial panel, two blocks of k and
+  // several blocks of columns; epilogues as sgemm's test; beta = 0 starts C as NaN.
+  if (gemm_paths().empty()) {
+    mf::cpu::PackedSgemmWeight w(2, 2, std::vector<float>(4, 1).data(), 2);
+    CHECK_FALSE(w.usable());
+    MESSAGE(fmt::format("skipped: kernels {}, so float products go to OpenBLAS", mf::isa_name(mf::kernel_isa())));
+    return;
+  }
+  std::mt19937 rng(13);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  for (mf::Isa isa : gemm_paths())
+    for (auto [n, m, k] : {std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{13, 33, 17},
+                           std::array<int64_t, 3>{40, 8000, 64}, std::array<int64_t, 3>{97, 70, 530},
+                           std::array<int64_t, 3>{7, 600, 1100}, std::array<int64_t, 3>{4, 5, 0}})
+      for (auto [alpha, beta, with_bias, relu] : {std::array<float, 4>{1, 0, 0, 0}, std::array<float, 4>{1, 0, 1, 1},
+                                                  std::array<float, 4>{0.5f, 1, 1, 0}}) {
+        CAPTURE(mf::isa_name(isa));
+        CAPTURE(n);
+        CAPTURE(m);
+        CAPTURE(k);
+        CAPTURE(beta);
+        Operand a = random_matrix(n, k, 2, nan, rng), w = random_matrix(m, k, 3, nan, rng);
+        Operand bias = random_matrix(1, m, 0, 0, rng), start = random_matrix(n, m, 1, 2.5f, rng);
+        if (beta == 0) std::fill(start.values.begin(), start.values.end(), nan);
+        const mf::cpu::GemmEpilogue<float> epilogue{
+            .alpha = alpha, .beta = beta, .bias = with_bias ? bias.values.data() : nullptr, .relu = relu != 0};
+        Operand want = start;
+        REQUIRE(mf::cpu::detail::sgemm_on(isa, false, true, n, m, k, a.values.data(), a.ld, w.values.data(), w.ld,
+                                          want.values.data(), want.ld, epilogue));
+        const mf::cpu::PackedSgemmWeight packed(m, k, w.values.data(), w.ld, isa);
+        REQUIRE(packed.usable());
+        const int64_t panel = packed.panel_columns(), split_column = std::min(m, 2 * panel), split_row = n / 2;
+        Operand whole = start, by_columns = start, by_rows = start;
+        mf::cpu::sgemm_packed(n, 0, m, a.values.data(), a.ld, packed, whole.values.data(), whole.ld, epilogue);
+        for (auto [first, last] : {std::pair{int64_t{0}, split_column}, std::pair{split_column, m}})
+          mf::cpu::sgemm_packed(n, first, last, a.values.data(), a.ld, packed, by_columns.values.data(), by_columns.ld,
+                                epilogue);
+        mf::cpu::sgemm_packed(split_row, 0, m, a.values.data(), a.ld, packed, by_rows.values.data(), by_rows.ld,
+                              epilogue);
+        mf::cpu::sgemm_packed(n - split_row, 0, m, a.values.data() + split_row * a.ld, a.ld, packed,
+                              by_rows.values.data() + split_row * by_rows.ld, by_rows.ld, epilogue);
+        for (const Operand* got : {&whole, &by_columns, &by_rows})
+          CHECK(std::memcmp(got->values.data(), want.values.data(), want.values.size() * sizeof(float)) == 0);
+      }
+}
+
+TEST_CASE("linear and matmul under NoGradGuard run on weights packed once, with the bits of a plain product") {
+  // Without grad mode a float product against a weight's transpose packs the weight on its first call
+  // and reuses the packing while the weight is unchanged (ops/packed_weights.h). Results must be those
+  // of the product in grad mode, which packs on every call; a weight written in place must be packed
+  // anew, its next product following the new values. 40 rows: past the skinny kernel's 32.
+  mf::manual_seed(3);
+  mf::Tensor x = mf::randn({40, 70}), weight = mf::randn({300, 70}), bias = mf::randn({300});
+  mf::Tensor plain = mf::linear(x, weight, bias), plain_matmul = mf::matmul(x, weight.t());
+  auto same_bits = [](const mf::Tensor& a, const mf::Tensor& b) {
+    return a.to_vector<float>() == b.to_vector<float>();
+  };
+  mf::Tensor doubled;
+  {
+    mf::NoGradGuard no_grad;
+    for (int call = 0; call < 2; ++call) {  // the first call packs, the second reuses
+      CHECK(same_bits(mf::linear(x, weight, bias), plain));
+      CHECK(same_bits(mf::matmul(x, weight.t()), plain_matmul));
+    }
+    weight.mul_(2.0);
+    doubled = mf::linear(x, weight, bias);
+  }
+  CHECK(same_bits(doubled, mf::linear(x, weight, bias)));  // in grad mode: packed on the call
+  CHECK_FALSE(same_bits(doubled, plain));
+}
+
 TEST_CASE("miniflow's GEMM gives the same bits on its AVX2 path as on its AVX-512 path") {
   // Each element of C is one chain of FMAs over k in order per block of k, on either path (the tiles
   // differ: 12 x 32 against 6 x 16), so a training step's products do not depend on the CPU. The

@@ -1,0 +1,85 @@
+// Weights packed once for the CPU GEMMs and kept while they are unchanged: linear_int8's int8
+// weights (ops/quantized.cpp) and, in products under NoGradGuard, float weights (ops/matmul.cpp).
+#pragma once
+
+#include "core/isa.h"
+#include "core/storage.h"
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace mf {
+
+/// The packings of the weights an op has met, by the tensors they came from: a weight is packed on
+/// its first call and the packing reused while its tensors are the same views of unchanged storage
+/// and the kernel path is the same. An entry goes once any of its storage is freed or written to
+/// (checked at every call), so a model trained between inference calls is packed anew, and holds no
+/// stale copy meanwhile beyond the next call.
+template <typename Packed, size_t Tensors>
+class PackedWeightCache {
+ public:
+  /// The packing of `tensors`, made by pack() if there is none yet.
+  template <typename Pack>
+  std::shared_ptr<const Packed> get(const std::array<const Tensor*, Tensors>& tensors, Pack&& pack) {
+    Key key = key_of(tensors);
+    std::lock_guard lock(mutex_);
+    std::erase_if(entries_, [](const Entry& e) { return !e.current(); });
+    for (const Entry& e : entries_)
+      if (e.key == key) return e.packed;
+    Entry entry{key, {}, std::make_shared<const Packed>(pack())};
+    for (size_t i = 0; i < Tensors; ++i) entry.storages[i] = tensors[i]->storage();
+    entries_.push_back(entry);
+    return entry.packed;
+  }
+
+  /// Drops the packings of weights that were freed or written to (get() does so too).
+  void sweep() {
+    std::lock_guard lock(mutex_);
+    std::erase_if(entries_, [](const Entry& e) { return !e.current(); });
+  }
+
+ private:
+  struct View {
+    const Storage* storage;
+    int64_t offset;
+    Shape shape, strides;
+    uint32_t version;
+    bool operator==(const View&) const = default;
+  };
+  struct Key {
+    std::array<View, Tensors> views;
+    Isa isa;
+    bool operator==(const Key&) const = default;
+  };
+  struct Entry {
+    Key key;
+    std::array<std::weak_ptr<Storage>, Tensors> storages;
+    std::shared_ptr<const Packed> packed;
+    /// Whether every storage is alive and unwritten since the packing.
+    bool current() const {
+      for (size_t i = 0; i < Tensors; ++i) {
+        std::shared_ptr<Storage> storage = storages[i].lock();
+        if (!storage || storage->version() != key.views[i].version) return false;
+      }
+      return true;
+    }
+  };
+
+  static Key key_of(const std::array<const Tensor*, Tensors>& tensors) {
+    Key key{.views = {}, .isa = kernel_isa()};
+    for (size_t i = 0; i < Tensors; ++i) {
+      const Tensor& t = *tensors[i];
+      key.views[i] = {t.storage().get(), t.offset(), t.shape(), t.strides(), t.storage()->version()};
+    }
+    return key;
+  }
+
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace mf
