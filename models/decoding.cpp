@@ -66,7 +66,13 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
 
   std::vector<std::vector<generation::Hypothesis>> out(sources.size());
   const int64_t source_tokens = std::max<int64_t>(1, options.batch_tokens / std::max<int64_t>(1, options.beam_size));
-  for (const text::Batch& batch : text::sorted_batches(lengths, source_tokens)) {
+  // Batches of the shortest sources first: they hold the most sentences, so each step's
+  // [sentences, vocabulary] logits are largest there, and the caching allocator's blocks from them
+  // serve the later, smaller batches. Taken longest first, every batch would need larger blocks than
+  // any before it, fresh pages the kernel must clear (14% of a 1-thread int8 run on Zen 3).
+  std::vector<text::Batch> batches = text::sorted_batches(lengths, source_tokens);
+  std::reverse(batches.begin(), batches.end());
+  for (const text::Batch& batch : batches) {
     const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]
     const int64_t budget = std::min(options.max_new_tokens, output_budget(src.size(1), config.max_len));
     std::vector<std::vector<generation::Hypothesis>> decoded;
