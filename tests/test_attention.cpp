@@ -39,6 +39,32 @@ struct NaiveAttention {
   Vec weights;  // [B, H, T, S]
 };
 
+/// One query's attention over S keys from the paper's formula, in float64: the weights softmax over s of
+/// (sum_d product(s, d)) / sqrt(D) + mask(s), and the output sum_s weight(s) value(s, d).
+struct NaiveRow {
+  Vec weights;  // [S]
+  Vec output;   // [D]
+};
+NaiveRow naive_attention_row(int64_t S, int64_t D, const std::function<double(int64_t, int64_t)>& product,
+                             const std::function<double(int64_t)>& mask,
+                             const std::function<double(int64_t, int64_t)>& value) {
+  NaiveRow row{Vec(static_cast<size_t>(S)), Vec(static_cast<size_t>(D))};
+  double largest = -INFINITY, total = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    double score = 0;
+    for (int64_t d = 0; d < D; ++d) score += product(s, d);
+    row.weights[static_cast<size_t>(s)] = score / std::sqrt(static_cast<double>(D)) + mask(s);
+    largest = std::max(largest, row.weights[static_cast<size_t>(s)]);
+  }
+  for (double& e : row.weights) total += (e = std::exp(e - largest));
+  for (int64_t s = 0; s < S; ++s) {
+    double& weight = row.weights[static_cast<size_t>(s)];
+    weight /= total;
+    for (int64_t d = 0; d < D; ++d) row.output[static_cast<size_t>(d)] += weight * value(s, d);
+  }
+  return row;
+}
+
 /// Multi-head attention written out element by element from the paper's formula, with the module's
 /// separate projection weights: softmax(Q K^T / sqrt(D) + mask(b, t, s)) V per head, then out_proj.
 NaiveAttention naive_attention(const nn::MultiHeadAttentionImpl& mha, const Tensor& query, const Tensor& memory,
@@ -56,21 +82,13 @@ NaiveAttention naive_attention(const nn::MultiHeadAttentionImpl& mha, const Tens
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
-        Vec p(static_cast<size_t>(S));
-        double largest = -INFINITY, total = 0;
-        for (int64_t s = 0; s < S; ++s) {
-          double score = 0;
-          for (int64_t d = 0; d < D; ++d) score += at(q, b * T + t, h * D + d, C) * at(k, b * S + s, h * D + d, C);
-          p[static_cast<size_t>(s)] = score / std::sqrt(static_cast<double>(D)) + mask(b, t, s);
-          largest = std::max(largest, p[static_cast<size_t>(s)]);
-        }
-        for (double& e : p) total += (e = std::exp(e - largest));
-        for (int64_t s = 0; s < S; ++s) {
-          double prob = p[static_cast<size_t>(s)] / total;
-          weights[static_cast<size_t>(((b * H + h) * T + t) * S + s)] = prob;
-          for (int64_t d = 0; d < D; ++d)
-            context[static_cast<size_t>((b * T + t) * C + h * D + d)] += prob * at(v, b * S + s, h * D + d, C);
-        }
+        NaiveRow row = naive_attention_row(
+            S, D,
+            [&](int64_t s, int64_t d) { return at(q, b * T + t, h * D + d, C) * at(k, b * S + s, h * D + d, C); },
+            [&](int64_t s) { return mask(b, t, s); },
+            [&](int64_t s, int64_t d) { return at(v, b * S + s, h * D + d, C); });
+        std::copy(row.weights.begin(), row.weights.end(), weights.begin() + ((b * H + h) * T + t) * S);
+        std::copy(row.output.begin(), row.output.end(), context.begin() + (b * T + t) * C + h * D);
       }
   return {naive_linear(context, B * T, mha.out_proj->weight, mha.out_proj->bias), weights};
 }
@@ -211,24 +229,15 @@ TEST_CASE("few queries against keys kept by column, as a decoding cache keeps th
       AttentionResult got = scaled_dot_product_attention_with_weights(q, keys_by_column.transpose(2, 3), v);
       Vec qs = q.to_vector<double>(), ks = keys_by_column.to_vector<double>(), vs = v.to_vector<double>();
       Vec weights(static_cast<size_t>(H * T * S)), output(static_cast<size_t>(H * T * D));
+      auto element = [](const Vec& m, int64_t at) { return m[static_cast<size_t>(at)]; };
       for (int64_t h = 0; h < H; ++h)
         for (int64_t t = 0; t < T; ++t) {
-          Vec p(static_cast<size_t>(S));
-          double largest = -INFINITY, total = 0;
-          for (int64_t s = 0; s < S; ++s) {
-            double score = 0;
-            for (int64_t d = 0; d < D; ++d)
-              score += qs[static_cast<size_t>((h * T + t) * D + d)] * ks[static_cast<size_t>((h * D + d) * S + s)];
-            p[static_cast<size_t>(s)] = score / std::sqrt(static_cast<double>(D));
-            largest = std::max(largest, p[static_cast<size_t>(s)]);
-          }
-          for (double& e : p) total += (e = std::exp(e - largest));
-          for (int64_t s = 0; s < S; ++s) {
-            double prob = p[static_cast<size_t>(s)] / total;
-            weights[static_cast<size_t>((h * T + t) * S + s)] = prob;
-            for (int64_t d = 0; d < D; ++d)
-              output[static_cast<size_t>((h * T + t) * D + d)] += prob * vs[static_cast<size_t>((h * S + s) * D + d)];
-          }
+          NaiveRow row = naive_attention_row(
+              S, D,
+              [&](int64_t s, int64_t d) { return element(qs, (h * T + t) * D + d) * element(ks, (h * D + d) * S + s); },
+              [](int64_t) { return 0.0; }, [&](int64_t s, int64_t d) { return element(vs, (h * S + s) * D + d); });
+          std::copy(row.weights.begin(), row.weights.end(), weights.begin() + (h * T + t) * S);
+          std::copy(row.output.begin(), row.output.end(), output.begin() + (h * T + t) * D);
         }
       check_close(got.weights, from_vector(weights, {1, H, T, S}).to(DType::Float32), 1e-5, 1e-6);
       check_close(got.output, from_vector(output, {1, H, T, D}).to(DType::Float32), 1e-5, 1e-5);
