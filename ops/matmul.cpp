@@ -149,7 +149,9 @@ void cpu_matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const A
     bool a_full = std::equal(batch.begin(), batch.end(), a.shape().begin(), a.shape().end() - 2);
     if (b_shared && a_full && a.is_contiguous()) {
       int64_t rows = c.numel() / m;
-      if constexpr (std::is_same_v<T, float>)  // a linear layer over a few rows: W is not worth packing
+      // A linear layer (x W^T): over a few rows W is not worth packing; under NoGradGuard it is packed
+      // once and kept.
+      if constexpr (std::is_same_v<T, float>)
         if (lb.trans == CblasTrans && (cpu::skinny_gemm_nt(rows, m, k, pa, k, pb, lb.ld, pc, m) ||
                                        packed_product(rows, m, k, pa, b, pb, lb.ld, pc, {})))
           return;
@@ -315,7 +317,7 @@ void linear_forward(const std::vector<Tensor>& in, std::vector<Tensor>& out, boo
     T* pc = c.data_ptr<T>();
     // The GEMM adds the bias (and clamps) as it writes C: no pass over C before or after.
     const cpu::GemmEpilogue<T> epilogue{.bias = pb, .relu = relu};
-    if constexpr (std::is_same_v<T, float>)  // a few rows: W is not worth packing (see matmul)
+    if constexpr (std::is_same_v<T, float>)  // a few rows, or a weight packed once (see matmul)
       if (lw.trans == CblasTrans && (cpu::skinny_gemm_nt(rows, m, k, px, k, pw, lw.ld, pc, m, epilogue) ||
                                      packed_product(rows, m, k, px, weight_t, pw, lw.ld, pc, epilogue)))
         return;
