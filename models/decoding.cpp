@@ -58,6 +58,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
                                                                 const std::vector<std::vector<int64_t>>& sources,
                                                                 const DecodingOptions& options) {
   MF_CHECK(options.batch_tokens >= 1, "decode_sources: batch_tokens must be at least 1, got {}", options.batch_tokens);
+  MF_CHECK(options.batch_sentences >= 0, "decode_sources: batch_sentences must be 0 (no cap) or positive, got {}",
+           options.batch_sentences);
   NoGradGuard no_grad;
   const TransformerConfig& config = model.config();
   std::vector<int64_t> lengths;  // as padded: truncated to max_len - 1, then <eos>
@@ -70,7 +72,7 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   // [sentences, vocabulary] logits are largest there, and the caching allocator's blocks from them
   // serve the later, smaller batches. Taken longest first, every batch would need larger blocks than
   // any before it, fresh pages the kernel must clear (14% of a 1-thread int8 run on Zen 3).
-  std::vector<text::Batch> batches = text::sorted_batches(lengths, source_tokens);
+  std::vector<text::Batch> batches = text::sorted_batches(lengths, source_tokens, options.batch_sentences);
   std::reverse(batches.begin(), batches.end());
   for (const text::Batch& batch : batches) {
     const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]

@@ -28,6 +28,10 @@ struct DecodingOptions {
   /// larger GEMM per weight, at the cost of memory for the key/value caches. A sentence longer than
   /// that on its own gets a batch of its own.
   int64_t batch_tokens = 4096;
+  /// At most this many sentences per batch (0: no cap), as fairseq's --max-sentences: short sources
+  /// would otherwise fill the token budget with hundreds of sentences, whose [sentences, vocabulary]
+  /// logits and caches outgrow the caches of the CPU for no larger GEMM rate.
+  int64_t batch_sentences = 256;
   /// A token never generated, or -1 (generation::GreedyOptions::banned_id).
   int64_t banned_id = -1;
   /// When beam search ends a sentence (generation::BeamStop).

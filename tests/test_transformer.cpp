@@ -321,10 +321,12 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
     std::vector<std::vector<generation::Hypothesis>> alone;
     for (const std::vector<int64_t>& source : sources)
       alone.push_back(models::decode_sources(*model, {source}, options).front());
-    for (int64_t batch_tokens : {1, 8, 1000}) {
+    for (auto [batch_tokens, batch_sentences] : {std::pair<int64_t, int64_t>{1, 0}, {8, 0}, {1000, 0}, {1000, 2}}) {
       CAPTURE(batch_tokens);
+      CAPTURE(batch_sentences);
       models::DecodingOptions batched = options;
       batched.batch_tokens = batch_tokens;
+      batched.batch_sentences = batch_sentences;
       const auto together = models::decode_sources(*model, sources, batched);
       REQUIRE(together.size() == sources.size());
       for (size_t i = 0; i < sources.size(); ++i) {
@@ -351,6 +353,8 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
   CHECK(models::decode_sources(*model, {}, {}).empty());
   CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.batch_tokens = 0}),
                        "decode_sources: batch_tokens must be at least 1, got 0", Error);
+  CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.batch_sentences = -1}),
+                       "decode_sources: batch_sentences must be 0 (no cap) or positive, got -1", Error);
 }
 
 TEST_CASE("beam width 1 is greedy; beams come back best first") {

@@ -6,7 +6,8 @@
 //
 // Input: UTF-8 text, one sentence per line (a trailing '\r' is dropped), from stdin or --input; all of
 // it is read before translating, then sorted by length and translated in batches of at most
-// --batch-tokens source tokens (models::decode_sources). --timing prints the speed to stderr.
+// --batch-tokens source tokens and --batch-sentences sentences (models::decode_sources). --timing
+// prints the speed to stderr.
 // Output, one line per input line, in input order:
 //   --nbest 1 (default)  the best translation, as the target side's codec writes it (detokenized text
 //                        for subwords; "i want a beer ." for a word vocabulary);
@@ -62,7 +63,9 @@ using mf::tools::UsageError;
 struct Options {
   std::string checkpoint, input, output, reference, attention_svg, beam_stop = "exact", precision = "fp32";
   mf::Device device = mf::Device::cpu();
-  int64_t beam = 1, nbest = 1, max_len = 100, batch_tokens = 4096, attention_sentence = 1;
+  int64_t beam = 1, nbest = 1, max_len = 100, attention_sentence = 1;
+  int64_t batch_tokens = mf::models::DecodingOptions{}.batch_tokens;
+  int64_t batch_sentences = mf::models::DecodingOptions{}.batch_sentences;
   double length_penalty = 0.6;
   int threads = mf::get_num_threads();
   bool lowercase_bleu = false, timing = false;
@@ -93,6 +96,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("max-len", &o.max_len, "most tokens generated per sentence (capped by the model's max length)");
   args.add("batch-tokens", &o.batch_tokens,
            "source tokens decoded together times --beam, padding included (sentences are sorted by length first)");
+  args.add("batch-sentences", &o.batch_sentences, "most sentences decoded together; 0: no cap");
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
   // Not sacrebleu's bare --lowercase: here that would read as lowercasing the translations.
@@ -118,6 +122,8 @@ bool parse_options(int argc, char** argv, Options& o) {
     throw UsageError(fmt::format("--beam-stop must be finished or exact, not '{}'", o.beam_stop));
   if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
   if (o.batch_tokens < 1) throw UsageError(fmt::format("--batch-tokens must be at least 1, not {}", o.batch_tokens));
+  if (o.batch_sentences < 0)
+    throw UsageError(fmt::format("--batch-sentences must be 0 (no cap) or positive, not {}", o.batch_sentences));
   if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
   if (o.lowercase_bleu && o.reference.empty()) throw UsageError("--lowercase-bleu needs --reference");
   if (o.attention_sentence < 1)
@@ -156,6 +162,7 @@ models::DecodingOptions decoding_options(const Options& o) {
           .length_penalty = o.length_penalty,
           .nbest = o.nbest,
           .batch_tokens = o.batch_tokens,
+          .batch_sentences = o.batch_sentences,
           .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact : mf::generation::BeamStop::BeamFinished};
 }
 
