@@ -6,7 +6,6 @@
 #include "core/storage.h"
 #include "core/tensor.h"
 
-#include <algorithm>
 #include <array>
 #include <memory>
 #include <mutex>
