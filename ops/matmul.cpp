@@ -97,8 +97,10 @@ PackedWeightCache<cpu::PackedSgemmWeight, 1>& packed_float_weights() {
 /// c = x w^T through `epilogue` for x [rows, k] and w [m, k] (rows ldw apart; `weight` the tensor
 /// viewing it, which keys the packing) from w packed once, split over the pool as parallel_gemm
 /// splits a product. Only where nothing will differentiate the product (grad mode off: decoding
-/// multiplies the same weights at every step, and sgemm would pack w at every call) and products
-/// stay in float32; returns false, computing nothing, otherwise. The same bits as sgemm.
+/// multiplies the same weights at every step, and sgemm would pack w at every call), products stay
+/// in float32, and w has been multiplied before (a weight is packed at its second product, an
+/// activation multiplied once never); returns false, computing nothing, otherwise. The same bits as
+/// sgemm.
 bool packed_product(int64_t rows, int64_t m, int64_t k, const float* x, const Tensor& weight, const float* w,
                     int64_t ldw, float* c, const cpu::GemmEpilogue<float>& epilogue) {
   if (grad_mode_enabled()) {  // training: let go of packings its optimizer has made stale
@@ -107,7 +109,8 @@ bool packed_product(int64_t rows, int64_t m, int64_t k, const float* x, const Te
   }
   if (kernel_isa() < Isa::avx2 || cpu::products_in_bfloat16() || kernel_settings().bfloat16_products) return false;
   std::shared_ptr<const cpu::PackedSgemmWeight> packed =
-      packed_float_weights().get({&weight}, [&] { return cpu::PackedSgemmWeight(m, k, w, ldw); });
+      packed_float_weights().get_if_seen({&weight}, [&] { return cpu::PackedSgemmWeight(m, k, w, ldw); });
+  if (!packed) return false;  // met for the first time: perhaps an activation, multiplied once
   int64_t threads = intra_op_threads();
   if (threads == 1 || static_cast<double>(rows) * m * k < kParallelGemmWork) {
     cpu::sgemm_packed(rows, 0, m, x, k, *packed, c, m, epilogue);

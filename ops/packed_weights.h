@@ -14,7 +14,7 @@
 namespace mf {
 
 /// The packings of the weights an op has met, by the tensors they came from: a weight is packed on
-/// its first call and the packing reused while its tensors are the same views of unchanged storage
+/// its first call (or its second, through get_if_seen) and the packing reused while its tensors are the same views of unchanged storage
 /// and the kernel path is the same. An entry goes once any of its storage is freed or written to
 /// (checked at every call), so a model trained between inference calls is packed anew, and holds no
 /// stale copy meanwhile beyond the next call.
@@ -24,15 +24,14 @@ class PackedWeightCache {
   /// The packing of `tensors`, made by pack() if there is none yet.
   template <typename Pack>
   std::shared_ptr<const Packed> get(const std::array<const Tensor*, Tensors>& tensors, Pack&& pack) {
-    Key key = key_of(tensors);
-    std::lock_guard lock(mutex_);
-    std::erase_if(entries_, [](const Entry& e) { return !e.current(); });
-    for (const Entry& e : entries_)
-      if (e.key == key) return e.packed;
-    Entry entry{key, {}, std::make_shared<const Packed>(pack())};
-    for (size_t i = 0; i < Tensors; ++i) entry.storages[i] = tensors[i]->storage();
-    entries_.push_back(entry);
-    return entry.packed;
+    return find_or_pack(tensors, pack, true);
+  }
+
+  /// get() for tensors met before; the first call only records them and returns nullptr (the caller
+  /// multiplies unpacked), so that a tensor multiplied once, as an activation is, is never packed.
+  template <typename Pack>
+  std::shared_ptr<const Packed> get_if_seen(const std::array<const Tensor*, Tensors>& tensors, Pack&& pack) {
+    return find_or_pack(tensors, pack, false);
   }
 
   /// Drops the packings of weights that were freed or written to (get() does so too).
@@ -57,7 +56,7 @@ class PackedWeightCache {
   struct Entry {
     Key key;
     std::array<std::weak_ptr<Storage>, Tensors> storages;
-    std::shared_ptr<const Packed> packed;
+    std::shared_ptr<const Packed> packed;  // null while met only once (get_if_seen)
     /// Whether every storage is alive and unwritten since the packing.
     bool current() const {
       for (size_t i = 0; i < Tensors; ++i) {
@@ -67,6 +66,23 @@ class PackedWeightCache {
       return true;
     }
   };
+
+  template <typename Pack>
+  std::shared_ptr<const Packed> find_or_pack(const std::array<const Tensor*, Tensors>& tensors, Pack& pack,
+                                             bool pack_when_new) {
+    Key key = key_of(tensors);
+    std::lock_guard lock(mutex_);
+    std::erase_if(entries_, [](const Entry& e) { return !e.current(); });
+    for (Entry& e : entries_)
+      if (e.key == key) {
+        if (!e.packed) e.packed = std::make_shared<const Packed>(pack());
+        return e.packed;
+      }
+    Entry entry{key, {}, pack_when_new ? std::make_shared<const Packed>(pack()) : nullptr};
+    for (size_t i = 0; i < Tensors; ++i) entry.storages[i] = tensors[i]->storage();
+    entries_.push_back(entry);
+    return entry.packed;
+  }
 
   static Key key_of(const std::array<const Tensor*, Tensors>& tensors) {
     Key key{.views = {}, .isa = kernel_isa()};

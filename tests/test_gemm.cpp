@@ -175,8 +175,8 @@ TEST_CASE("a weight packed once gives sgemm's bits, whole or split by columns or
 }
 
 TEST_CASE("linear and matmul under NoGradGuard run on weights packed once, with the bits of a plain product") {
-  // Without grad mode a float product against a weight's transpose packs the weight on its first call
-  // and reuses the packing while the weight is unchanged (ops/packed_weights.h). Results must be those
+  // Without grad mode a float product against a weight's transpose packs the weight at its second
+  // call and reuses the packing while the weight is unchanged (ops/packed_weights.h). Results must be those
   // of the product in grad mode, which packs on every call; a weight written in place must be packed
   // anew, its next product following the new values. 40 rows: past the skinny kernel's 32.
   mf::manual_seed(3);
@@ -188,11 +188,12 @@ TEST_CASE("linear and matmul under NoGradGuard run on weights packed once, with 
   mf::Tensor doubled;
   {
     mf::NoGradGuard no_grad;
-    for (int call = 0; call < 2; ++call) {  // the first call packs, the second reuses
+    for (int call = 0; call < 3; ++call) {  // unpacked, packed, the packing reused
       CHECK(same_bits(mf::linear(x, weight, bias), plain));
       CHECK(same_bits(mf::matmul(x, weight.t()), plain_matmul));
     }
     weight.mul_(2.0);
+    mf::linear(x, weight, bias);  // the written weight met anew: unpacked
     doubled = mf::linear(x, weight, bias);
   }
   CHECK(same_bits(doubled, mf::linear(x, weight, bias)));  // in grad mode: packed on the call
