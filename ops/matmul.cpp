@@ -103,7 +103,7 @@ PackedWeightCache<cpu::PackedSgemmWeight, 1>& packed_float_weights() {
 /// sgemm.
 bool packed_product(int64_t rows, int64_t m, int64_t k, const float* x, const Tensor& weight, const float* w,
                     int64_t ldw, float* c, const cpu::GemmEpilogue<float>& epilogue) {
-  if (grad_mode_enabled()) {  // training: let go of packings its optimizer has made stale
+  if (grad_mode_enabled()) {  // training: let go of packings its optimizer has made stale (cheap when none)
     packed_float_weights().sweep();
     return false;
   }

@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -14,10 +15,10 @@
 namespace mf {
 
 /// The packings of the weights an op has met, by the tensors they came from: a weight is packed on
-/// its first call (or its second, through get_if_seen) and the packing reused while its tensors are the same views of unchanged storage
-/// and the kernel path is the same. An entry goes once any of its storage is freed or written to
-/// (checked at every call), so a model trained between inference calls is packed anew, and holds no
-/// stale copy meanwhile beyond the next call.
+/// its first call (or its second, through get_if_seen) and the packing reused while its tensors are
+/// the same views of unchanged storage and the kernel path is the same. An entry goes once any of its
+/// storage is freed or written to (checked at every call, and by sweep()), so a model trained between
+/// inference calls is packed anew.
 template <typename Packed, size_t Tensors>
 class PackedWeightCache {
  public:
@@ -34,10 +35,12 @@ class PackedWeightCache {
     return find_or_pack(tensors, pack, false);
   }
 
-  /// Drops the packings of weights that were freed or written to (get() does so too).
+  /// Drops the packings of weights that were freed or written to (get() does so too). Costs one
+  /// atomic load while the cache is empty, as it is while a model trains.
   void sweep() {
+    if (count_.load(std::memory_order_relaxed) == 0) return;
     std::lock_guard lock(mutex_);
-    std::erase_if(entries_, [](const Entry& e) { return !e.current(); });
+    erase_stale();
   }
 
  private:
@@ -72,7 +75,7 @@ class PackedWeightCache {
                                              bool pack_when_new) {
     Key key = key_of(tensors);
     std::lock_guard lock(mutex_);
-    std::erase_if(entries_, [](const Entry& e) { return !e.current(); });
+    erase_stale();
     for (Entry& e : entries_)
       if (e.key == key) {
         if (!e.packed) e.packed = std::make_shared<const Packed>(pack());
@@ -81,7 +84,14 @@ class PackedWeightCache {
     Entry entry{key, {}, pack_when_new ? std::make_shared<const Packed>(pack()) : nullptr};
     for (size_t i = 0; i < Tensors; ++i) entry.storages[i] = tensors[i]->storage();
     entries_.push_back(entry);
+    count_.store(entries_.size(), std::memory_order_relaxed);
     return entry.packed;
+  }
+
+  /// Drops the entries that are no longer current; needs mutex_.
+  void erase_stale() {
+    std::erase_if(entries_, [](const Entry& e) { return !e.current(); });
+    count_.store(entries_.size(), std::memory_order_relaxed);
   }
 
   static Key key_of(const std::array<const Tensor*, Tensors>& tensors) {
@@ -95,6 +105,7 @@ class PackedWeightCache {
 
   std::mutex mutex_;
   std::vector<Entry> entries_;
+  std::atomic<size_t> count_{0};  // entries_.size(), for sweep()'s check without the lock
 };
 
 }  // namespace mf
