@@ -1,10 +1,14 @@
 #include "models/decoding.h"
 
 #include "core/graph.h"
+#include "core/parallel.h"
 #include "ops/functional.h"
 #include "text/batching.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
 
 namespace mf::models {
 namespace {
@@ -60,7 +64,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   MF_CHECK(options.batch_tokens >= 1, "decode_sources: batch_tokens must be at least 1, got {}", options.batch_tokens);
   MF_CHECK(options.batch_sentences >= 0, "decode_sources: batch_sentences must be 0 (no cap) or positive, got {}",
            options.batch_sentences);
-  NoGradGuard no_grad;
+  MF_CHECK(options.workers >= 0, "decode_sources: workers must be 0 (one per intra-op thread) or positive, got {}",
+           options.workers);
   const TransformerConfig& config = model.config();
   std::vector<int64_t> lengths;  // as padded: truncated to max_len - 1, then <eos>
   for (const std::vector<int64_t>& ids : sources)
@@ -74,7 +79,7 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   // any before it, fresh pages the kernel must clear (14% of a 1-thread int8 run on Zen 3).
   std::vector<text::Batch> batches = text::sorted_batches(lengths, source_tokens, options.batch_sentences);
   std::reverse(batches.begin(), batches.end());
-  for (const text::Batch& batch : batches) {
+  auto decode_batch = [&](const text::Batch& batch) {
     const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]
     const int64_t budget = std::min(options.max_new_tokens, output_budget(src.size(1), config.max_len));
     std::vector<std::vector<generation::Hypothesis>> decoded;
@@ -93,7 +98,40 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
                              .stop = options.stop});
     }
     for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
+  };
+
+  const int64_t wanted = options.workers == 0 ? get_num_threads() : options.workers;
+  const auto workers = static_cast<size_t>(std::min<int64_t>(wanted, static_cast<int64_t>(batches.size())));
+  if (workers <= 1 || !model.device().is_cpu()) {
+    NoGradGuard no_grad;
+    for (const text::Batch& batch : batches) decode_batch(batch);
+    return out;
   }
+  // Each worker takes the next batch not yet taken and runs its ops on its own thread alone: the
+  // batches' decoder steps are too small to split well over threads, so whole batches side by side
+  // keep the cores busier (CTranslate2's inter_threads, Marian's --cpu-threads). Autocast is per
+  // thread: the workers compute as the caller would.
+  const bool autocast = is_autocast_enabled(DeviceType::CPU);
+  std::atomic<size_t> next_batch{0};
+  std::vector<std::exception_ptr> errors(workers);
+  auto work = [&](size_t worker) {
+    SerialThreadGuard serial;
+    NoGradGuard no_grad;
+    AutocastGuard same_autocast(DeviceType::CPU, DType::BFloat16, autocast);
+    try {
+      for (size_t b = next_batch++; b < batches.size(); b = next_batch++) decode_batch(batches[b]);
+    } catch (...) {
+      errors[worker] = std::current_exception();
+      next_batch = batches.size();  // the others stop after their current batch
+    }
+  };
+  {
+    std::vector<std::jthread> helpers;
+    for (size_t worker = 1; worker < workers; ++worker) helpers.emplace_back(work, worker);
+    work(0);
+  }
+  for (const std::exception_ptr& error : errors)
+    if (error) std::rethrow_exception(error);
   return out;
 }
 

@@ -321,12 +321,17 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
     std::vector<std::vector<generation::Hypothesis>> alone;
     for (const std::vector<int64_t>& source : sources)
       alone.push_back(models::decode_sources(*model, {source}, options).front());
-    for (auto [batch_tokens, batch_sentences] : {std::pair<int64_t, int64_t>{1, 0}, {8, 0}, {1000, 0}, {1000, 2}}) {
-      CAPTURE(batch_tokens);
-      CAPTURE(batch_sentences);
+    struct Batching {
+      int64_t tokens, sentences, workers;
+    };
+    for (Batching batching : {Batching{1, 0, 1}, {8, 0, 1}, {1000, 0, 1}, {1000, 2, 1}, {1, 0, 3}, {8, 0, 0}}) {
+      CAPTURE(batching.tokens);
+      CAPTURE(batching.sentences);
+      CAPTURE(batching.workers);
       models::DecodingOptions batched = options;
-      batched.batch_tokens = batch_tokens;
-      batched.batch_sentences = batch_sentences;
+      batched.batch_tokens = batching.tokens;
+      batched.batch_sentences = batching.sentences;
+      batched.workers = batching.workers;
       const auto together = models::decode_sources(*model, sources, batched);
       REQUIRE(together.size() == sources.size());
       for (size_t i = 0; i < sources.size(); ++i) {
@@ -355,6 +360,56 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
                        "decode_sources: batch_tokens must be at least 1, got 0", Error);
   CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.batch_sentences = -1}),
                        "decode_sources: batch_sentences must be 0 (no cap) or positive, got -1", Error);
+  CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.workers = -1}),
+                       "decode_sources: workers must be 0 (one per intra-op thread) or positive, got -1", Error);
+}
+
+TEST_CASE("decode_sources' workers compute as the calling thread would: under its autocast, rethrowing their errors") {
+  auto model = std::make_shared<models::Transformer>(reference_config());
+  model->to(DType::Float64);
+  model->load_state_dict(testing::reference_with_prefix("trained."));
+  model->to(DType::Float32);  // autocast lowers float32 products only
+  model->eval();
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9}, {12, 3}, {6, 8, 11}, {4}, {9, 9, 4, 6, 8}};
+  // One sentence per batch, so that three workers share five batches.
+  const models::DecodingOptions serial{.max_new_tokens = 8, .batch_sentences = 1, .workers = 1};
+  models::DecodingOptions parallel = serial;
+  parallel.workers = 3;
+  const auto plain = models::decode_sources(*model, sources, serial);
+  std::vector<std::vector<generation::Hypothesis>> autocast_serial, autocast_parallel;
+  {
+    AutocastGuard autocast(DeviceType::CPU);
+    autocast_serial = models::decode_sources(*model, sources, serial);
+    autocast_parallel = models::decode_sources(*model, sources, parallel);
+  }
+  // Autocast rounds the attention products' operands to bfloat16: the log-probabilities move (so a
+  // worker that lost the caller's autocast would be seen), and each sentence's batch is computed the
+  // same way on a worker as on the caller.
+  bool autocast_changed_a_score = false;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    CAPTURE(i);
+    CHECK(autocast_parallel[i][0].tokens == autocast_serial[i][0].tokens);
+    CHECK(autocast_parallel[i][0].score == doctest::Approx(autocast_serial[i][0].score).epsilon(1e-6));
+    autocast_changed_a_score |= std::abs(autocast_serial[i][0].score - plain[i][0].score) > 1e-4;
+  }
+  CHECK(autocast_changed_a_score);
+  // A token id past the vocabulary fails on whichever worker takes its batch; the caller gets the
+  // error the serial decoding gives.
+  std::vector<std::vector<int64_t>> bad = sources;
+  bad[3] = {reference_config().src_vocab + 5};
+  std::string serial_error, parallel_error;
+  try {
+    models::decode_sources(*model, bad, serial);
+  } catch (const Error& e) {
+    serial_error = e.what();
+  }
+  try {
+    models::decode_sources(*model, bad, parallel);
+  } catch (const Error& e) {
+    parallel_error = e.what();
+  }
+  CHECK_FALSE(serial_error.empty());
+  CHECK(parallel_error == serial_error);
 }
 
 TEST_CASE("beam width 1 is greedy; beams come back best first") {

@@ -102,6 +102,11 @@ expect "invalid UTF-8 in the input is translated, not refused" 0 "" \
   "$translate" --checkpoint "$ckpt" --input "$dir/invalid_utf8.txt"
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --threads 1 >"$dir/one_thread.txt"
 same_file "--threads 1 translates the same" "$dir/greedy.txt" "$dir/one_thread.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --threads 2 --batch-sentences 1 \
+  --batch-workers 2 >"$dir/two_workers.txt"
+same_file "two batches side by side (--batch-workers 2) translate the same" "$dir/beam.txt" "$dir/two_workers.txt"
+expect "more --batch-workers than --threads is refused" 2 "--batch-workers must be between 0 and --threads (2), not 3" \
+  "$translate" --checkpoint "$ckpt" --threads 2 --batch-workers 3
 
 # The toy model's max_len is 16: sources keep 15 tokens (+ <eos>); a 20-word line is cut and counted.
 echo "hello world hello world hello world hello world hello world hello world hello world hello world \

@@ -8,8 +8,11 @@ the same translation.
 What is timed: for CTranslate2, Translator.translate_batch over the whole set, the sources already cut
 into SentencePiece pieces (tokenization and detokenization outside the timer); for miniflow, the
 figure `translate --timing` prints (model loading excluded), with --miniflow-flags added to its
-command line (say "--beam-stop finished" for CTranslate2's stopping rule)
-Tokens are the generated target pieces without <eos>. Each measurement is repeated --repeat times,
+command line (say "--beam-stop finished" for CTranslate2's stopping rule).
+At more than one thread CTranslate2 is timed both ways it can use them, splitting each batch's ops
+(intra_threads) and decoding whole batches side by side (inter_threads), and the faster counts;
+miniflow runs translate's default, batches side by side (--batch-workers 0) once there are more batches
+than one. Tokens are the generated target pieces without <eos>. Each measurement is repeated --repeat times,
 miniflow and CTranslate2 alternating so that the machine's noise hits both, and the fastest is kept.
 
 Beam search ranks finished hypotheses differently in the two: miniflow divides the log-probability by
@@ -324,8 +327,13 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_le
     write_lines(input_path, lines)
     rows, batchings = [], {}
     for threads in args.threads:
-        translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=args.ct2_compute_type,
-                                            intra_threads=threads, inter_threads=1)
+        # CTranslate2 splits its threads within each batch (intra_threads) or runs whole batches side by
+        # side (inter_threads); each repeat times both ways and the faster counts.
+        splits = [(1, threads)] + ([(threads, 1)] if threads > 1 else [])
+        translators = {split: ctranslate2.Translator(model_dir, device="cpu", compute_type=args.ct2_compute_type,
+                                                     inter_threads=split[0], intra_threads=split[1])
+                       for split in splits}
+        translator = translators[splits[0]]
         for beam in args.beams:
             lp = args.length_penalty if beam > 1 else 0.0
             if beam not in batchings:
@@ -335,10 +343,11 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_le
                 mf_lines, mf_tokens, mf_seconds = miniflow.translate(input_path, threads, beam, lp)
                 if best_mf is None or mf_seconds < best_mf[1]:
                     best_mf = (mf_tokens, mf_seconds)
-                pieces, ct2_seconds = ct2_translate(translator, sources, beam, lp, batchings[beam],
-                                                    max_decoding_length, disable_unk)
-                if best_ct2 is None or ct2_seconds < best_ct2[1]:
-                    best_ct2 = (sum(len(p) for p in pieces), ct2_seconds)
+                for split, candidate in translators.items():
+                    pieces, ct2_seconds = ct2_translate(candidate, sources, beam, lp, batchings[beam],
+                                                        max_decoding_length, disable_unk)
+                    if best_ct2 is None or ct2_seconds < best_ct2[1]:
+                        best_ct2 = (sum(len(p) for p in pieces), ct2_seconds, split)
             ct2_lines = [target.decode(p) for p in pieces]
             agree_lp = lp
             if beam > 1 and lp != 0:  # the two penalties differ: compare the searches at alpha 0
@@ -352,16 +361,22 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_le
             write_lines(os.path.join(args.output_dir, f"ctranslate2.{tag}.txt"), ct2_lines)
             rows.append({"threads": threads, "beam": beam, "length_penalty": lp, "agreement_length_penalty": agree_lp,
                          "miniflow_tokens": best_mf[0], "miniflow_s": best_mf[1], "ct2_tokens": best_ct2[0],
-                         "ct2_s": best_ct2[1], "agreement": agreement(mf_lines, ct2_lines),
+                         "ct2_s": best_ct2[1], "ct2_split": best_ct2[2], "agreement": agreement(mf_lines, ct2_lines),
                          "batching": batchings[beam]})
             print(format_row(rows[-1], len(lines)), file=sys.stderr)
     return rows
 
 
+def split_name(split):
+    """How CTranslate2's threads were used: "inter 2 x intra 1"."""
+    return f"inter {split[0]} x intra {split[1]}"
+
+
 def format_row(r, sentences):
     mf_tps, ct2_tps = r["miniflow_tokens"] / r["miniflow_s"], r["ct2_tokens"] / r["ct2_s"]
     return (f"threads {r['threads']} beam {r['beam']}: miniflow {mf_tps:.0f} tok/s {sentences / r['miniflow_s']:.1f} "
-            f"sent/s, CTranslate2 {ct2_tps:.0f} tok/s {sentences / r['ct2_s']:.1f} sent/s, "
+            f"sent/s, CTranslate2 {ct2_tps:.0f} tok/s {sentences / r['ct2_s']:.1f} sent/s "
+            f"({split_name(r['ct2_split'])}), "
             f"miniflow/CT2 {r['ct2_s'] / r['miniflow_s']:.2f}x, agreement {100 * r['agreement']:.1f}%")
 
 
@@ -369,7 +384,7 @@ def table(rows, sentences, markdown):
     """The results table, plain text or Markdown. The ratio is miniflow's sentences/s over CTranslate2's
     (the same sentences, so the inverse ratio of their times)."""
     header = ["threads", "beam", "miniflow tok/s", "CT2 tok/s", "miniflow sent/s", "CT2 sent/s", "miniflow/CT2",
-              "agreement"]
+              "agreement", "CT2 threads"]
     body = []
     for r in rows:
         agree = f"{100 * r['agreement']:.1f}%"
@@ -377,7 +392,8 @@ def table(rows, sentences, markdown):
             agree += f" (alpha {r['agreement_length_penalty']:g})"
         body.append([str(r["threads"]), str(r["beam"]), f"{r['miniflow_tokens'] / r['miniflow_s']:.0f}",
                      f"{r['ct2_tokens'] / r['ct2_s']:.0f}", f"{sentences / r['miniflow_s']:.1f}",
-                     f"{sentences / r['ct2_s']:.1f}", f"{r['ct2_s'] / r['miniflow_s']:.2f}x", agree])
+                     f"{sentences / r['ct2_s']:.1f}", f"{r['ct2_s'] / r['miniflow_s']:.2f}x", agree,
+                     split_name(r["ct2_split"])])
     if markdown:
         return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
                          ["| " + " | ".join(row) + " |" for row in body])

@@ -6,8 +6,9 @@
 //
 // Input: UTF-8 text, one sentence per line (a trailing '\r' is dropped), from stdin or --input; all of
 // it is read before translating, then sorted by length and translated in batches of at most
-// --batch-tokens source tokens and --batch-sentences sentences (models::decode_sources). --timing
-// prints the speed to stderr.
+// --batch-tokens source tokens and --batch-sentences sentences (models::decode_sources), on the CPU
+// --threads batches side by side, each on one thread (--batch-workers). --timing prints the speed to
+// stderr.
 // Output, one line per input line, in input order:
 //   --nbest 1 (default)  the best translation, as the target side's codec writes it (detokenized text
 //                        for subwords; "i want a beer ." for a word vocabulary);
@@ -66,6 +67,7 @@ struct Options {
   int64_t beam = 1, nbest = 1, max_len = 100, attention_sentence = 1;
   int64_t batch_tokens = mf::models::DecodingOptions{}.batch_tokens;
   int64_t batch_sentences = mf::models::DecodingOptions{}.batch_sentences;
+  int64_t batch_workers = 0;
   double length_penalty = 0.6;
   int threads = mf::get_num_threads();
   bool lowercase_bleu = false, timing = false;
@@ -97,6 +99,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("batch-tokens", &o.batch_tokens,
            "source tokens decoded together times --beam, padding included (sentences are sorted by length first)");
   args.add("batch-sentences", &o.batch_sentences, "most sentences decoded together; 0: no cap");
+  args.add("batch-workers", &o.batch_workers,
+           "batches decoded side by side on the CPU, each on one of the --threads threads (0: one per thread); "
+           "1: one batch at a time, its ops split over the threads");
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
   // Not sacrebleu's bare --lowercase: here that would read as lowercasing the translations.
@@ -125,6 +130,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.batch_sentences < 0)
     throw UsageError(fmt::format("--batch-sentences must be 0 (no cap) or positive, not {}", o.batch_sentences));
   if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
+  if (o.batch_workers < 0 || o.batch_workers > o.threads)
+    throw UsageError(fmt::format("--batch-workers must be between 0 and --threads ({}), not {}", o.threads,
+                                 o.batch_workers));
   if (o.lowercase_bleu && o.reference.empty()) throw UsageError("--lowercase-bleu needs --reference");
   if (o.attention_sentence < 1)
     throw UsageError(fmt::format("--attention-sentence is a 1-based line number, not {}", o.attention_sentence));
@@ -163,6 +171,7 @@ models::DecodingOptions decoding_options(const Options& o) {
           .nbest = o.nbest,
           .batch_tokens = o.batch_tokens,
           .batch_sentences = o.batch_sentences,
+          .workers = o.batch_workers,
           .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact : mf::generation::BeamStop::BeamFinished};
 }
 

@@ -318,7 +318,8 @@ ValidationScores validation_scores(models::Translator& translator, const Paralle
                                             data.references.begin() + static_cast<ptrdiff_t>(end));
   std::vector<std::string> hypotheses;
   for (const auto& best :
-       models::decode_sources(translator.model(), sources, {.beam_size = beam, .banned_id = translator.banned_token()}))
+       models::decode_sources(translator.model(), sources,
+                              {.beam_size = beam, .workers = 0, .banned_id = translator.banned_token()}))
     hypotheses.push_back(translator.decode_target(best.front().tokens));
   text::BleuScore bleu = text::corpus_sacrebleu(hypotheses, references);
   text::ChrfScore chrf = text::corpus_chrf(hypotheses, references);
