@@ -20,7 +20,8 @@ struct DistributedDataParallel::Bucket {
   Device device;
   int64_t elements = 0;
   Tensor flat;
-  Tensor gathered;              // deterministic mode: [world_size, flat.numel()]
+  Tensor compressed;            // with bfloat16 compression: flat rounded, what travels
+  Tensor gathered;              // deterministic mode: [world_size, flat.numel()] of what travels
   std::vector<bool> filled;     // per slot, this step
   size_t unfilled = 0;
   std::shared_ptr<Work> work;   // set once launched this step
@@ -162,14 +163,29 @@ void DistributedDataParallel::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->unfilled == 0) launch(*buckets_[next_launch_++]);
 }
 
+bool DistributedDataParallel::compresses(const Bucket& bucket) const {
+  return options_.compression == GradientCompression::BFloat16 && bucket.dtype == DType::Float32;
+}
+
 void DistributedDataParallel::launch(Bucket& bucket) {
+  Tensor payload = bucket.flat;
+  if (compresses(bucket)) {
+    NoGradGuard no_grad;
+    if (!bucket.compressed.defined() || bucket.compressed.numel() != bucket.flat.numel())
+      bucket.compressed = Tensor::empty({bucket.flat.numel()}, DType::BFloat16, bucket.flat.device());
+    bucket.compressed.copy_(bucket.flat);
+    payload = bucket.compressed;
+  }
   if (options_.deterministic) {
-    if (!bucket.gathered.defined() || bucket.gathered.size(1) != bucket.flat.numel())
-      bucket.gathered = Tensor::empty({group_->world_size(), bucket.flat.numel()}, bucket.flat.dtype(),
-                                      bucket.flat.device());
-    bucket.work = group_->all_gather_async(bucket.flat, bucket.gathered);
+    if (!bucket.gathered.defined() || bucket.gathered.size(1) != payload.numel())
+      bucket.gathered = Tensor::empty({group_->world_size(), payload.numel()}, payload.dtype(), payload.device());
+    bucket.work = group_->all_gather_async(payload, bucket.gathered);
+  } else if (compresses(bucket)) {
+    // bfloat16 has no average on the wire: its sum is divided once back in float32.
+    bucket.work = group_->all_reduce_async(payload, options_.reduce == ReduceOp::Average ? ReduceOp::Sum
+                                                                                         : options_.reduce);
   } else {
-    bucket.work = group_->all_reduce_async(bucket.flat, options_.reduce);
+    bucket.work = group_->all_reduce_async(payload, options_.reduce);
   }
 }
 
@@ -181,11 +197,20 @@ void DistributedDataParallel::finish_gradient_sync() {
   for (auto& bucket : buckets_) bucket->work->wait();
   NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
+    const bool compressed = compresses(*bucket);
+    bool divide = false;  // the average still to take
     if (options_.deterministic) {  // rank 0's + rank 1's + ..., as one process would accumulate them
       bucket->flat.copy_(bucket->gathered.select(0, 0));
-      for (int r = 1; r < group_->world_size(); ++r) bucket->flat.add_(bucket->gathered.select(0, r));
-      if (options_.reduce == ReduceOp::Average) bucket->flat.div_(scalar_tensor(group_->world_size(), bucket->flat.dtype(), bucket->flat.device()));
+      for (int r = 1; r < group_->world_size(); ++r) {
+        const Tensor share = bucket->gathered.select(0, r);
+        bucket->flat.add_(compressed ? share.to(DType::Float32) : share);
+      }
+      divide = options_.reduce == ReduceOp::Average;
+    } else if (compressed) {
+      bucket->flat.copy_(bucket->compressed);
+      divide = options_.reduce == ReduceOp::Average;
     }
+    if (divide) bucket->flat.div_(scalar_tensor(group_->world_size(), bucket->flat.dtype(), bucket->flat.device()));
     for (size_t slot = 0; slot < bucket->params.size(); ++slot) {
       Tensor& p = params_[bucket->params[slot]];
       // .grad becomes a view of the bucket (PyTorch's gradient_as_bucket_view): no copy back. The

@@ -27,6 +27,14 @@
 
 namespace mf::distributed {
 
+/// What gradients travel as between the ranks.
+enum class GradientCompression {
+  None,
+  /// Rounded to bfloat16 (PyTorch's bf16_compress_hook, Horovod's compression): half the bytes to
+  /// send and to sum, with bfloat16's 8 significant bits in each rank's share and in the sum.
+  BFloat16,
+};
+
 struct DataParallelOptions {
   /// Gradient bytes per bucket: larger buckets need fewer collectives, smaller ones start sooner.
   int64_t bucket_bytes = int64_t{4} << 20;
@@ -39,6 +47,11 @@ struct DataParallelOptions {
   /// result equals, bit for bit, one process accumulating the same gradients in the same order,
   /// whatever algorithm the backend reduces with. Costs world_size times a bucket's memory.
   bool deterministic = false;
+  /// BFloat16: each float32 bucket is rounded to bfloat16, summed over the ranks in bfloat16 (each
+  /// sum rounded to nearest), cast back, and divided by the world size in float32 for an average;
+  /// buckets of other dtypes travel as they are. With `deterministic`, the ranks' bfloat16 shares
+  /// are summed in float32, in rank order. Off by default: the result no longer equals one process's.
+  GradientCompression compression = GradientCompression::None;
   /// Also copy rank 0's buffers (not only its parameters) to every rank at the start.
   bool broadcast_buffers = true;
 };
@@ -86,6 +99,7 @@ class DistributedDataParallel {
   struct Bucket;
   void on_gradient_ready(size_t param);
   void launch_ready_buckets();
+  bool compresses(const Bucket& bucket) const;
   void launch(Bucket& bucket);
   void fill(Bucket& bucket, size_t slot);
 

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -48,13 +49,24 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::Float64: return MPI_DOUBLE;
     case DType::Int64: return MPI_INT64_T;
     case DType::Bool: return MPI_C_BOOL;
-    case DType::BFloat16:
-    case DType::Int8: break;  // check_tensor refuses them first
+    case DType::BFloat16: return MPI_UINT16_T;  // the bits; reductions take the ops below
+    case DType::Int8: break;  // check_tensor refuses it first
   }
   fail("mpi: unsupported dtype {}", dtype_name(dtype));
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
+/// MPI has no bfloat16: its reductions are user-defined ops on the 16-bit patterns, each pair of
+/// elements widened to float (exact), combined, and rounded back to nearest, ties to even.
+template <typename Combine>
+void reduce_bfloat16(void* in, void* inout, int* count, MPI_Datatype*) {
+  const auto* from = static_cast<const bfloat16*>(in);
+  auto* into = static_cast<bfloat16*>(inout);
+  for (int i = 0; i < *count; ++i)
+    into[i] = bfloat16(Combine{}(static_cast<float>(from[i]), static_cast<float>(into[i])));
+}
+struct Max {
+  float operator()(float a, float b) const { return a > b ? a : b; }
+};
 
 std::string mpi_error_text(int code) {
   std::array<char, MPI_MAX_ERROR_STRING> text{};
@@ -110,6 +122,8 @@ class MpiProcessGroup : public ProcessGroup {
   MpiProcessGroup(int rank, int world_size, MPI_Comm comm, MPI_Comm notices, bool owns_mpi,
                   const ProcessGroupOptions& options)
       : ProcessGroup(rank, world_size, options), comm_(comm), notices_(notices), owns_mpi_(owns_mpi) {
+    MPI_Op_create(&reduce_bfloat16<std::plus<float>>, /*commute=*/1, &bfloat16_sum_);
+    MPI_Op_create(&reduce_bfloat16<Max>, /*commute=*/1, &bfloat16_max_);
     worker_ = std::thread([this] { serve(); });
   }
 
@@ -120,6 +134,8 @@ class MpiProcessGroup : public ProcessGroup {
     }
     wake_.notify_one();
     worker_.join();
+    MPI_Op_free(&bfloat16_sum_);
+    MPI_Op_free(&bfloat16_max_);
     MPI_Comm_free(&notices_);
     MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
@@ -209,6 +225,11 @@ class MpiProcessGroup : public ProcessGroup {
     return (job.host_input.numel() + piece_elements(job.host_input) - 1) / piece_elements(job.host_input);
   }
 
+  MPI_Op mpi_op(ReduceOp op, DType dtype) const {
+    if (dtype == DType::BFloat16) return op == ReduceOp::Max ? bfloat16_max_ : bfloat16_sum_;
+    return op == ReduceOp::Max ? MPI_MAX : MPI_SUM;  // an average is summed, then divided
+  }
+
   /// Starts piece `piece` of the collective.
   int start(Job& job, int64_t piece, MPI_Request* request) {
     const Collective& c = job.collective;
@@ -221,14 +242,15 @@ class MpiProcessGroup : public ProcessGroup {
       case Collective::Kind::AllReduce: {
         const int64_t first = piece * piece_elements(in), count = std::min(piece_elements(in), in.numel() - first);
         return MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(in.raw_data()) + first * int64_t(in.element_size()),
-                              static_cast<int>(count), mpi_type(in.dtype()), mpi_op(c.op), comm_, request);
+                              static_cast<int>(count), mpi_type(in.dtype()), mpi_op(c.op, in.dtype()), comm_,
+                              request);
       }
       case Collective::Kind::AllGather:
         return MPI_Iallgather(in.raw_data(), static_cast<int>(in.numel()), mpi_type(in.dtype()), out.raw_data(),
                               static_cast<int>(in.numel()), mpi_type(in.dtype()), comm_, request);
       case Collective::Kind::ReduceScatter:
         return MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), static_cast<int>(out.numel()),
-                                         mpi_type(in.dtype()), mpi_op(c.op), comm_, request);
+                                         mpi_type(in.dtype()), mpi_op(c.op, in.dtype()), comm_, request);
     }
     return MPI_ERR_OP;
   }
@@ -340,6 +362,7 @@ class MpiProcessGroup : public ProcessGroup {
   };
 
   MPI_Comm comm_, notices_;
+  MPI_Op bfloat16_sum_ = MPI_OP_NULL, bfloat16_max_ = MPI_OP_NULL;
   bool owns_mpi_;
   std::thread worker_;
   std::mutex mutex_;

@@ -85,8 +85,8 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::Float64: return ncclFloat64;
     case DType::Int64: return ncclInt64;
     case DType::Bool: return ncclUint8;
-    case DType::BFloat16:
-    case DType::Int8: break;  // check_tensor refuses them first
+    case DType::BFloat16: return ncclBfloat16;
+    case DType::Int8: break;  // check_tensor refuses it first
   }
   fail("nccl: unsupported dtype {}", dtype_name(dtype));
 }

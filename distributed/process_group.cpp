@@ -46,15 +46,15 @@ class LocalProcessGroup : public ProcessGroup {
 
 void check_tensor(const Tensor& t, const char* what, const char* collective) {
   MF_CHECK(t.defined(), "{}: {} is undefined", collective, what);
-  MF_CHECK(!is_storage_only(t.dtype()), "{}: {} is {}, a storage type so far: collectives take float32, "
-           "float64, int64 or bool tensors", collective, what, dtype_name(t.dtype()));
-  MF_CHECK(t.numel() == 0 || t.is_contiguous(), "{}: {} of shape {} must be contiguous (collectives work on its memory in place; "
-           "call .contiguous())", collective, what, shape_str(t.shape()));
+  MF_CHECK(t.dtype() != DType::Int8, "{}: {} is int8, a storage type so far: collectives take float32, float64, "
+           "bfloat16, int64 or bool tensors", collective, what);
+  MF_CHECK(t.numel() == 0 || t.is_contiguous(), "{}: {} of shape {} must be contiguous (collectives work on its "
+           "memory in place; call .contiguous())", collective, what, shape_str(t.shape()));
 }
 
 void check_reducible(const Tensor& t, ReduceOp op, const char* collective) {
   MF_CHECK(t.dtype() != DType::Bool, "{}: cannot reduce a bool tensor (cast it to int64)", collective);
-  MF_CHECK(op != ReduceOp::Average || is_floating(t.dtype()),
+  MF_CHECK(op != ReduceOp::Average || t.dtype() == DType::Float32 || t.dtype() == DType::Float64,
            "{}: average needs a float32 or float64 tensor, got {} (sum it and divide)", collective,
            dtype_name(t.dtype()));
 }

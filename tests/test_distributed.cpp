@@ -197,12 +197,48 @@ TEST_CASE("broadcast, all_gather, reduce_scatter and barrier") {
   CHECK(empty.shape() == Shape{w, 0});
 }
 
+TEST_CASE("bfloat16 tensors: sums rounded to bfloat16, maxima, broadcast, all_gather and reduce_scatter") {
+  const int w = world().world_size(), r = world().rank();
+  // Integers up to 256 are exact in bfloat16, so these sums are too: as for the other dtypes.
+  const int64_t n = (256 - w * (w + 1) / 2) / w;
+  Tensor t = ramp(n, DType::BFloat16);
+  world().all_reduce(t);
+  check_close(t.to(DType::Float32), expected_sums(n, DType::Float32), 0, 0);
+  Tensor m = ramp(n, DType::BFloat16);
+  world().all_reduce(m, dist::ReduceOp::Max);
+  check_close(m.to(DType::Float32), ramp(n, DType::Float32) + (w - 1 - r), 0, 0);
+  if (w == 2) {
+    // A sum between two bfloat16 values rounds to nearest, ties to even (8 significant bits):
+    // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 and goes to 1; 1 + 3 * 2^-8 lies halfway between
+    // 1 + 2^-7 and 1 + 2^-6 and goes to 1 + 2^-6; 1 + 2^-7 + 2^-9 is nearer 1 + 2^-7.
+    const std::vector<double> mine = r == 0 ? std::vector<double>{1, 1 + 0x1p-7, 1 + 0x1p-7}
+                                            : std::vector<double>{0x1p-8, 0x1p-8, 0x1p-9};
+    Tensor sums = from_vector(mine, {3}).to(DType::BFloat16);
+    world().all_reduce(sums);
+    CHECK(sums.to(DType::Float64).to_vector<double>() == std::vector<double>{1, 1 + 0x1p-6, 1 + 0x1p-7});
+  }
+  Tensor b = ramp(4, DType::BFloat16);
+  world().broadcast(b, w - 1);
+  check_close(b.to(DType::Float32), ramp(4, DType::Float32) + (w - 1 - r), 0, 0);
+  Tensor gathered = world().all_gather(full({3}, r + 0.5, DType::BFloat16));
+  CHECK(gathered.shape() == Shape{w, 3});
+  CHECK(gathered.dtype() == DType::BFloat16);
+  for (int k = 0; k < w; ++k) check_close(gathered.select(0, k).to(DType::Float32), full({3}, k + 0.5), 0, 0);
+  Tensor share = world().reduce_scatter(ramp(2 * w, DType::BFloat16));
+  check_close(share.to(DType::Float32), expected_sums(2 * w, DType::Float32).narrow(0, 2 * r, 2), 0, 0);
+}
+
 TEST_CASE("collectives refuse what they cannot do, naming it") {
   Tensor strided = zeros({4, 4}).t();
   CHECK_THROWS_WITH_AS(world().all_reduce(strided), doctest::Contains("must be contiguous"), Error);
   Tensor ints = zeros({3}, DType::Int64);
   CHECK_THROWS_WITH_AS(world().all_reduce(ints, dist::ReduceOp::Average),
                        doctest::Contains("average needs a float32 or float64 tensor, got int64"), Error);
+  Tensor halves = zeros({3}, DType::BFloat16);
+  CHECK_THROWS_WITH_AS(world().all_reduce(halves, dist::ReduceOp::Average),
+                       doctest::Contains("average needs a float32 or float64 tensor, got bfloat16"), Error);
+  Tensor bytes = zeros({3}, DType::Int8);
+  CHECK_THROWS_WITH_AS(world().all_reduce(bytes), doctest::Contains("the tensor is int8, a storage type"), Error);
   CHECK_THROWS_WITH_AS(world().reduce_scatter(zeros({})), doctest::Contains("must be a multiple of the world size"),
                        Error);
   if (world().world_size() > 1)
@@ -302,6 +338,49 @@ TEST_CASE("data parallel: no_sync accumulates locally; the next backward reduces
     expected = r == 0 ? copy->second->weight.grad() : expected + copy->second->weight.grad();
   }
   check_close(model->second->weight.grad(), expected, 0, 0);
+}
+
+TEST_CASE("data parallel: bfloat16 compression reduces each rank's gradient rounded to bfloat16") {
+  // By hand, from each rank's gradients (computed here for every rank): rounded to bfloat16, summed a
+  // pair at a time in float32 and rounded again (the backend's bfloat16 sum), divided by the world
+  // size in float32; deterministic mode adds the rounded shares in float32, in rank order. Past two
+  // ranks the backend picks the order of its pairwise sums, so the check allows bfloat16's rounding.
+  const int w = world().world_size();
+  auto rounded = [](const Tensor& t) { return t.to(DType::BFloat16).to(DType::Float32); };
+  std::vector<std::vector<Tensor>> grads(static_cast<size_t>(w));  // [rank][parameter]
+  for (int r = 0; r < w; ++r) {
+    auto copy = make_model(13);
+    shard_backward(*copy, 0, r);
+    for (const Tensor& p : copy->parameters())
+      grads[static_cast<size_t>(r)].push_back(p.grad().defined() ? p.grad() : zeros_like(p));
+  }
+  for (bool deterministic : {false, true}) {
+    CAPTURE(deterministic);
+    auto model = make_model(13);
+    dist::DistributedDataParallel ddp(*model, shared_world(),
+                                      {.reduce = deterministic ? dist::ReduceOp::Sum : dist::ReduceOp::Average,
+                                       .deterministic = deterministic,
+                                       .compression = dist::GradientCompression::BFloat16});
+    shard_backward(*model, 0, world().rank());
+    ddp.finish_gradient_sync();
+    const std::vector<Tensor> params = model->parameters();
+    double largest_rounding = 0;
+    for (size_t k = 0; k < params.size(); ++k) {
+      CAPTURE(k);
+      Tensor expected = rounded(grads[0][k]), exact = grads[0][k];
+      for (size_t r = 1; r < grads.size(); ++r) {
+        expected = deterministic ? expected + rounded(grads[r][k]) : rounded(expected + rounded(grads[r][k]));
+        exact = exact + grads[r][k];
+      }
+      if (!deterministic) {
+        expected = expected / static_cast<double>(w);
+        exact = exact / static_cast<double>(w);
+      }
+      check_close(params[k].grad(), expected, w <= 2 || deterministic ? 0 : 1e-2, 0);
+      largest_rounding = std::max(largest_rounding, amax(abs(params[k].grad() - exact)).item<double>());
+    }
+    CHECK(largest_rounding > 0);  // the gradients did travel as bfloat16
+  }
 }
 
 TEST_CASE("data parallel: a second backward before finish_gradient_sync is an error") {

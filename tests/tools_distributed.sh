@@ -32,6 +32,8 @@ if [ "$(grep -c '^8/8 correct$' "$work/out")" -ne 1 ] || [ "$(grep -c '^model:' 
 else
   ok "only rank 0 prints"
 fi
+expect 0 "2 ranks learn it with bfloat16 gradients" '^8/8 correct$' \
+  "${ranks2[@]}" "$tool" --distributed --threads 1 --grad-compression bf16
 
 # A tiny parallel corpus of made-up words, 40 pairs: 3 epochs of 3 steps at this batch budget.
 for i in $(seq 0 39); do
@@ -65,4 +67,6 @@ fi
 expect 1 "an error on every rank ends the job, naming the rank" '\[rank [01]\] train_transformer: error: .*no-such' \
   "${ranks2[@]}" "$tool" --distributed --threads 1 --train-src "$work/no-such.de" --train-tgt "$work/no-such.en"
 expect 2 "--accumulate 0 is bad usage" "--accumulate must be positive" "$tool" --accumulate 0
+expect 2 "--grad-compression fp16 is bad usage" "--grad-compression must be none or bf16, not 'fp16'" \
+  "$tool" --grad-compression fp16
 exit $((failures > 0))

@@ -96,7 +96,7 @@ double time_reduction(dist::DistributedDataParallel& ddp, int64_t repeats) {
 }
 
 void bench_training(std::shared_ptr<dist::ProcessGroup> group, const mf::tools::BenchConfig& c, int64_t steps,
-                    double bucket_mb, bool overlap, bool json) {
+                    double bucket_mb, bool overlap, dist::GradientCompression compression, bool json) {
   MF_CHECK(c.batch % group->world_size() == 0, "bench_distributed: the {} config's batch of {} does not split over "
            "{} ranks", c.name, c.batch, group->world_size());
   mf::manual_seed(0);
@@ -106,7 +106,8 @@ void bench_training(std::shared_ptr<dist::ProcessGroup> group, const mf::tools::
   StepResult overlapped, alone;
   double reduction_s = 0;
   {
-    dist::DistributedDataParallel ddp(model, group, {.bucket_bytes = bucket_bytes, .overlap = overlap});
+    dist::DistributedDataParallel ddp(model, group,
+                                      {.bucket_bytes = bucket_bytes, .overlap = overlap, .compression = compression});
     overlapped = time_steps(model, adam, ddp, c, steps);
     reduction_s = time_reduction(ddp, 5);
   }
@@ -171,6 +172,7 @@ int main(int argc, char** argv) {
     int64_t steps = 10;
     double bucket_mb = 4;
     bool distributed = false, sweep = false, json = false, no_overlap = false;
+    std::string grad_compression = "none";
     mf::tools::ArgParser args("bench_distributed",
                               "Times data-parallel training steps (run it under mpirun with --distributed), or "
                               "all_reduce bandwidth with --sweep.");
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
     args.add("bucket-mb", &bucket_mb, "megabytes of gradients per bucket");
     args.add_switch("distributed", &distributed, "join the job mpirun started (else: one process)");
     args.add_switch("no-overlap", &no_overlap, "reduce the gradients after backward, not while it runs");
+    args.add("grad-compression", &grad_compression, "what gradients travel as: none (float32) or bf16");
     args.add_switch("sweep", &sweep, "time all_reduce over message sizes instead of training");
     args.add_switch("json", &json, "print JSON lines");
     if (!args.parse(argc, argv)) return 0;
@@ -187,6 +190,8 @@ int main(int argc, char** argv) {
     if (c == nullptr) throw mf::tools::UsageError(fmt::format("unknown config '{}' (seed, small or base)", config));
     if (threads < 1 || steps < 1 || !(bucket_mb > 0))
       throw mf::tools::UsageError("--threads, --steps and --bucket-mb must be positive");
+    if (grad_compression != "none" && grad_compression != "bf16")
+      throw mf::tools::UsageError(fmt::format("--grad-compression must be none or bf16, not '{}'", grad_compression));
     mf::set_num_threads(threads);
     auto group = distributed ? dist::init_process_group(dist::Backend::Mpi) : dist::local_process_group();
     if (group->rank() == 0 && !json)
@@ -195,7 +200,9 @@ int main(int argc, char** argv) {
     if (sweep)
       bench_sweep(*group, json);
     else
-      bench_training(group, *c, steps, bucket_mb, !no_overlap, json);
+      bench_training(group, *c, steps, bucket_mb, !no_overlap,
+                     grad_compression == "bf16" ? dist::GradientCompression::BFloat16 : dist::GradientCompression::None,
+                     json);
     return 0;
   });
 }

@@ -26,6 +26,7 @@ struct Flags {
   bool separate_subwords = false, no_byte_fallback = false;
   std::string subword;  // --subword: unigram, bpe or none (words)
   std::string precision = "fp32";
+  std::string grad_compression = "none";
   int threads = mf::get_num_threads();
   double dist_timeout = 600;  // seconds
   double bucket_mb = static_cast<double>(options.data_parallel.bucket_bytes) / (1 << 20);
@@ -82,6 +83,8 @@ void check_flags(const Flags& f) {
   if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint");
   if (o.accumulate < 1) throw UsageError("--accumulate must be positive");
   if (!(f.dist_timeout > 0) || !(f.bucket_mb > 0)) throw UsageError("--dist-timeout and --bucket-mb must be positive");
+  if (f.grad_compression != "none" && f.grad_compression != "bf16")
+    throw UsageError(fmt::format("--grad-compression must be none or bf16, not '{}'", f.grad_compression));
 }
 
 /// Reads a corpus, logging what was skipped or truncated.
@@ -215,6 +218,9 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("dist-timeout", &f.dist_timeout,
            "seconds a collective may take before the job is ended with an error naming it and the missing ranks");
   args.add("bucket-mb", &f.bucket_mb, "megabytes of gradients reduced together while backward runs");
+  args.add("grad-compression", &f.grad_compression,
+           "what gradients travel as between ranks: none (float32) or bf16 (half the bytes, rounded to "
+           "bfloat16 as PyTorch's bf16_compress_hook)");
   args.add_switch("shard-optimizer", &o.shard_optimizer,
                   "with --distributed: each rank keeps 1/W of Adam's state (ZeRO stage 1); same steps and checkpoints");
   args.add_switch("dist-deterministic", &f.dist_deterministic,
@@ -302,6 +308,8 @@ int run(int argc, char** argv) {
     o.group = group;
     o.data_parallel.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
     o.data_parallel.deterministic = f.dist_deterministic;
+    o.data_parallel.compression = f.grad_compression == "bf16" ? mf::distributed::GradientCompression::BFloat16
+                                                               : mf::distributed::GradientCompression::None;
   }
   try {
     return train_with_flags(f, toy);
