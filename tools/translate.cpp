@@ -283,6 +283,9 @@ int run(int argc, char** argv) {
   if (translator.is_quantized() && !o.device.is_cpu())
     mf::fail("'{}' holds int8 weights, which run on the CPU only (not on {})", o.checkpoint, o.device.str());
   translator.model().to(o.device);
+  // What loading (and quantizing) left in the CPU allocator's pool (the file's tensors, the float32
+  // weights int8 replaced) is in blocks of the weights' sizes, which decoding's requests rarely fit.
+  mf::empty_cache();
   std::string input_name = o.input.empty() ? "stdin" : "'" + o.input + "'";
   std::vector<std::string> lines = o.input.empty() ? read_lines(std::cin) : read_lines(o.input, "input file");
   std::vector<std::string> references;
