@@ -71,7 +71,9 @@ class ProcessGroup {
   void barrier();
   /// Copies root's `tensor` into every rank's (same shape and dtype on every rank).
   void broadcast(Tensor& tensor, int root = 0);
-  /// Reduces `tensor` element-wise over the ranks, in place on every rank.
+  /// Reduces `tensor` element-wise over the ranks, in place on every rank. Collectives take float32,
+  /// float64, bfloat16, int64 and bool tensors; a bfloat16 sum rounds each partial sum to bfloat16
+  /// (nearest, ties to even), and average takes float32 or float64 only.
   void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   /// Every rank's `tensor`, stacked in rank order: [world_size, *tensor.shape()].
   Tensor all_gather(const Tensor& tensor);
