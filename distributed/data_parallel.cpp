@@ -169,23 +169,21 @@ bool DistributedDataParallel::compresses(const Bucket& bucket) const {
 
 void DistributedDataParallel::launch(Bucket& bucket) {
   Tensor payload = bucket.flat;
+  ReduceOp op = options_.reduce;
   if (compresses(bucket)) {
     NoGradGuard no_grad;
     if (!bucket.compressed.defined() || bucket.compressed.numel() != bucket.flat.numel())
       bucket.compressed = Tensor::empty({bucket.flat.numel()}, DType::BFloat16, bucket.flat.device());
     bucket.compressed.copy_(bucket.flat);
     payload = bucket.compressed;
+    if (op == ReduceOp::Average) op = ReduceOp::Sum;  // bfloat16 has no average: the sum is divided in float32
   }
   if (options_.deterministic) {
     if (!bucket.gathered.defined() || bucket.gathered.size(1) != payload.numel())
       bucket.gathered = Tensor::empty({group_->world_size(), payload.numel()}, payload.dtype(), payload.device());
     bucket.work = group_->all_gather_async(payload, bucket.gathered);
-  } else if (compresses(bucket)) {
-    // bfloat16 has no average on the wire: its sum is divided once back in float32.
-    bucket.work = group_->all_reduce_async(payload, options_.reduce == ReduceOp::Average ? ReduceOp::Sum
-                                                                                         : options_.reduce);
   } else {
-    bucket.work = group_->all_reduce_async(payload, options_.reduce);
+    bucket.work = group_->all_reduce_async(payload, op);
   }
 }
 

@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
-#include <thread>
 
 namespace mf::models {
 namespace {
@@ -100,38 +98,30 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
     for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
   };
 
-  const int64_t wanted = options.workers == 0 ? get_num_threads() : options.workers;
-  const auto workers = static_cast<size_t>(std::min<int64_t>(wanted, static_cast<int64_t>(batches.size())));
+  const int64_t wanted = options.workers == 0 ? intra_op_threads() : options.workers;
+  const int64_t workers = std::min({wanted, static_cast<int64_t>(batches.size()), int64_t{intra_op_threads()}});
   if (workers <= 1 || !model.device().is_cpu()) {
     NoGradGuard no_grad;
     for (const text::Batch& batch : batches) decode_batch(batch);
     return out;
   }
-  // Each worker takes the next batch not yet taken and runs its ops on its own thread alone: the
-  // batches' decoder steps are too small to split well over threads, so whole batches side by side
-  // keep the cores busier (CTranslate2's inter_threads, Marian's --cpu-threads). Autocast is per
-  // thread: the workers compute as the caller would.
+  // Each worker, a chunk of the intra-op pool (whose ops inside a chunk run serially), takes the next
+  // batch not yet taken: the batches' decoder steps are too small to split well over threads, so whole
+  // batches side by side keep the cores busier (CTranslate2's inter_threads, Marian's --cpu-threads).
+  // Grad mode and autocast are per thread: the workers compute as the caller would. The pool rethrows
+  // the first worker's error once every worker has stopped.
   const bool autocast = is_autocast_enabled(DeviceType::CPU);
   std::atomic<size_t> next_batch{0};
-  std::vector<std::exception_ptr> errors(workers);
-  auto work = [&](size_t worker) {
-    SerialThreadGuard serial;
+  parallel_for(0, workers, 1, [&](int64_t, int64_t) {  // one worker per chunk: workers <= threads
     NoGradGuard no_grad;
     AutocastGuard same_autocast(DeviceType::CPU, DType::BFloat16, autocast);
     try {
       for (size_t b = next_batch++; b < batches.size(); b = next_batch++) decode_batch(batches[b]);
     } catch (...) {
-      errors[worker] = std::current_exception();
       next_batch = batches.size();  // the others stop after their current batch
+      throw;
     }
-  };
-  {
-    std::vector<std::jthread> helpers;
-    for (size_t worker = 1; worker < workers; ++worker) helpers.emplace_back(work, worker);
-    work(0);
-  }
-  for (const std::exception_ptr& error : errors)
-    if (error) std::rethrow_exception(error);
+  });
   return out;
 }
 

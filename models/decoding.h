@@ -32,10 +32,11 @@ struct DecodingOptions {
   /// would otherwise fill the token budget with hundreds of sentences, whose [sentences, vocabulary]
   /// logits and caches outgrow the caches of the CPU for no larger GEMM rate.
   int64_t batch_sentences = 256;
-  /// Batches decoded at once on the CPU, each on a thread of its own that runs its ops alone
-  /// (CTranslate2's inter_threads, Marian's --cpu-threads): 1 decodes one batch at a time with its ops
-  /// split over the intra-op threads (mf::set_num_threads), the lowest latency for a single batch; 0
-  /// takes one worker per intra-op thread. Never more workers than batches; CUDA decodes one at a time.
+  /// Batches decoded at once on the CPU, each on one of the intra-op threads (mf::set_num_threads),
+  /// which runs its ops alone (CTranslate2's inter_threads, Marian's --cpu-threads): 1 decodes one
+  /// batch at a time with its ops split over the threads, the lowest latency for a single batch; 0
+  /// takes one worker per thread. Never more workers than threads or batches; CUDA decodes one batch
+  /// at a time.
   int64_t workers = 1;
   /// A token never generated, or -1 (generation::GreedyOptions::banned_id).
   int64_t banned_id = -1;

@@ -554,7 +554,9 @@ TEST_CASE("nccl: collectives and data-parallel gradients on CUDA tensors (a worl
   check_close(b.to(Device::cpu()), ramp(4, DType::Int64), 0, 0);
   CHECK(nccl->all_gather(ramp(3, DType::Float64).to(gpu)).to(Device::cpu()).reshape({3}).to_vector<double>() ==
         ramp(3, DType::Float64).to_vector<double>());
-  Tensor halves = ramp(5, DType::BFloat16).to(gpu);  // ncclBfloat16; in a world of one the sum is the tensor
+  // NCCL takes bfloat16 tensors (as ncclBfloat16); in a world of one their sum is the tensor itself, so
+  // this checks that they are accepted and come back whole, not NCCL's arithmetic.
+  Tensor halves = ramp(5, DType::BFloat16).to(gpu);
   nccl->all_reduce(halves);
   check_close(halves.to(Device::cpu()).to(DType::Float32), ramp(5, DType::Float32), 0, 0);
   nccl->barrier();

@@ -371,10 +371,13 @@ TEST_CASE("decode_sources' workers compute as the calling thread would: under it
   model->to(DType::Float32);  // autocast lowers float32 products only
   model->eval();
   const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9}, {12, 3}, {6, 8, 11}, {4}, {9, 9, 4, 6, 8}};
-  // One sentence per batch, so that three workers share five batches.
+  // One sentence per batch, so that three workers (three threads, whatever the machine's cores) share
+  // five batches.
   const models::DecodingOptions serial{.max_new_tokens = 8, .batch_sentences = 1, .workers = 1};
   models::DecodingOptions parallel = serial;
   parallel.workers = 3;
+  const int threads = get_num_threads();
+  set_num_threads(3);
   const auto plain = models::decode_sources(*model, sources, serial);
   std::vector<std::vector<generation::Hypothesis>> autocast_serial, autocast_parallel;
   {
@@ -408,6 +411,7 @@ TEST_CASE("decode_sources' workers compute as the calling thread would: under it
   } catch (const Error& e) {
     parallel_error = e.what();
   }
+  set_num_threads(threads);
   CHECK_FALSE(serial_error.empty());
   CHECK(parallel_error == serial_error);
 }
