@@ -11,18 +11,15 @@
 namespace mf::models {
 namespace {
 
-/// Greedy search's [B, L] result (<sos>, the tokens, <pad> after <eos>) as one hypothesis per row.
-std::vector<std::vector<generation::Hypothesis>> greedy_hypotheses(const generation::GreedyResult& result,
-                                                                   int64_t eos_id) {
+/// Greedy search's [B, L] result (<sos>, the tokens, <pad>) as one hypothesis per row.
+std::vector<std::vector<generation::Hypothesis>> greedy_hypotheses(const generation::GreedyResult& result) {
   const int64_t rows = result.tokens.size(0), width = result.tokens.size(1);
   const std::vector<int64_t> ids = result.tokens.to_vector<int64_t>();
   std::vector<std::vector<generation::Hypothesis>> out;
   for (int64_t row = 0; row < rows; ++row) {
     auto first = ids.begin() + row * width + 1;  // after <sos>
-    auto last = ids.begin() + (row + 1) * width;
-    auto eos = std::find(first, last, eos_id);
     double log_prob = result.log_probs[static_cast<size_t>(row)];
-    out.push_back({{.tokens = std::vector<int64_t>(first, eos == last ? last : eos + 1),
+    out.push_back({{.tokens = std::vector<int64_t>(first, first + result.lengths[static_cast<size_t>(row)]),
                     .log_prob = log_prob,
                     .score = log_prob}});
   }
@@ -52,8 +49,8 @@ Tensor pad_sources(const std::vector<std::vector<int64_t>>& sources, std::span<c
   return from_vector(flat, {static_cast<int64_t>(rows.size()), width}, device);
 }
 
-int64_t output_budget(int64_t longest_source, int64_t max_len) {
-  return std::min(max_len - 1, longest_source * 3 / 2 + 10);
+int64_t output_budget(int64_t source_length, int64_t max_len) {
+  return std::min(max_len - 1, source_length * 3 / 2 + 10);
 }
 
 std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& model,
@@ -79,21 +76,26 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   std::reverse(batches.begin(), batches.end());
   auto decode_batch = [&](const text::Batch& batch) {
     const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]
-    const int64_t budget = std::min(options.max_new_tokens, output_budget(src.size(1), config.max_len));
+    // Each sentence gets its own source's budget, not its longest batchmate's: a translation must not
+    // depend on the sentences decoded beside it (nor on batch_tokens and batch_sentences).
+    std::vector<int64_t> budgets;
+    for (int64_t i : batch) budgets.push_back(output_budget(lengths[static_cast<size_t>(i)], config.max_len));
     std::vector<std::vector<generation::Hypothesis>> decoded;
     if (options.beam_size == 1 && options.nbest == 1) {
-      decoded = greedy_hypotheses(
-          greedy_decode(model, src,
-                        {.max_new_tokens = budget, .pad_id = config.pad_id, .banned_id = options.banned_id}),
-          text::kEosId);
+      decoded = greedy_hypotheses(greedy_decode(model, src,
+                                                {.max_new_tokens = options.max_new_tokens,
+                                                 .pad_id = config.pad_id,
+                                                 .banned_id = options.banned_id,
+                                                 .sentence_max_new_tokens = std::move(budgets)}));
     } else {
       decoded = beam_search(model, src,
                             {.beam_size = options.beam_size,
-                             .max_new_tokens = budget,
+                             .max_new_tokens = options.max_new_tokens,
                              .length_penalty = options.length_penalty,
                              .nbest = options.nbest,
                              .banned_id = options.banned_id,
-                             .stop = options.stop});
+                             .stop = options.stop,
+                             .sentence_max_new_tokens = std::move(budgets)});
     }
     for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
   };

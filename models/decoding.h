@@ -16,8 +16,8 @@ namespace mf::models {
 struct DecodingOptions {
   /// 1: greedy search (generation::greedy_decode); more: beam search with this many beams.
   int64_t beam_size = 1;
-  /// At most this many tokens are generated per sentence, <eos> included; each batch is further held
-  /// to output_budget of its longest source.
+  /// At most this many tokens are generated per sentence, <eos> included; each sentence is further
+  /// held to output_budget of its own source.
   int64_t max_new_tokens = 1024;
   /// Beam search's length penalty alpha (generation::length_penalty); greedy search ignores it.
   double length_penalty = 0.6;
@@ -44,11 +44,11 @@ struct DecodingOptions {
   generation::BeamStop stop = generation::BeamStop::Exact;
 };
 
-/// Most tokens decoding generates for a batch whose longest source has `longest_source` ids (<eos>
-/// included): 1.5 times that plus 10, as fairseq's default max_len_a/b (a translation rarely runs longer,
-/// and a model that has not learned to stop would otherwise run to max_len), within the model's
-/// max_len - 1. translate and the training loop's validation share it.
-int64_t output_budget(int64_t longest_source, int64_t max_len);
+/// Most tokens decoding generates for a source of `source_length` ids (<eos> included): 1.5 times that
+/// plus 10, as fairseq's default max_len_a/b (a translation rarely runs longer, and a model that has not
+/// learned to stop would otherwise run to max_len), within the model's max_len - 1. Each sentence has
+/// its own, whatever it is batched with; translate and the training loop's validation share it.
+int64_t output_budget(int64_t source_length, int64_t max_len);
 
 /// The sources at `rows`, each truncated to max_len - 1 ids and ended with <eos>, padded with <pad>
 /// (text::kPadId): [rows, longest + 1] int64 on `device`, as the encoder takes them.

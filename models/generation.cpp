@@ -96,9 +96,9 @@ Hypothesis finish(std::vector<int64_t> tokens, double log_prob, double alpha) {
 }
 
 /// The early-stopping rule of beam_search's doc comment, for one sentence whose live hypotheses
-/// (length `length`) are live[begin, end).
+/// (length `length`) are live[begin, end) and whose limit is `limit` tokens.
 bool sentence_done(const std::vector<Hypothesis>& finished, const std::vector<Live>& live, size_t begin, size_t end,
-                   int64_t length, const BeamOptions& options) {
+                   int64_t length, int64_t limit, const BeamOptions& options) {
   auto beam = static_cast<size_t>(options.beam_size);
   if (finished.size() < beam) return false;
   if (options.stop == BeamStop::BeamFinished) return true;
@@ -108,7 +108,7 @@ bool sentence_done(const std::vector<Hypothesis>& finished, const std::vector<Li
                    std::greater<>());
   double kth_best = scores[beam - 1];
   double lp_next = length_penalty(length + 1, options.length_penalty);
-  double lp_max = length_penalty(options.max_new_tokens, options.length_penalty);
+  double lp_max = length_penalty(limit, options.length_penalty);
   for (size_t i = begin; i < end; ++i) {
     double bound = std::max(live[i].log_prob / lp_next, live[i].log_prob / lp_max);
     if (bound > kth_best) return false;
@@ -118,6 +118,21 @@ bool sentence_done(const std::vector<Hypothesis>& finished, const std::vector<Li
 
 }  // namespace
 
+std::vector<int64_t> sentence_limits(const char* op, int64_t batch_size, int64_t max_new_tokens,
+                                     const std::vector<int64_t>& sentence_max_new_tokens) {
+  if (sentence_max_new_tokens.empty()) return std::vector<int64_t>(static_cast<size_t>(batch_size), max_new_tokens);
+  MF_CHECK(static_cast<int64_t>(sentence_max_new_tokens.size()) == batch_size,
+           "{}: sentence_max_new_tokens holds {} limits for {} sentences", op, sentence_max_new_tokens.size(),
+           batch_size);
+  std::vector<int64_t> limits;
+  for (int64_t limit : sentence_max_new_tokens) {
+    MF_CHECK(limit >= 1, "{}: sentence_max_new_tokens must be at least 1, got {} for sentence {}", op, limit,
+             limits.size());
+    limits.push_back(std::min(limit, max_new_tokens));
+  }
+  return limits;
+}
+
 double length_penalty(int64_t length, double alpha) {
   return std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha);
 }
@@ -126,6 +141,8 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   const char* op = "greedy_decode";
   auto specials = {options.sos_id, options.eos_id, options.pad_id};
   check_common(op, batch_size, options.max_new_tokens, specials);
+  const std::vector<int64_t> limits =
+      sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   NoGradGuard no_grad;
 
   std::vector<std::vector<int64_t>> generated(static_cast<size_t>(batch_size));
@@ -142,24 +159,26 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
       int64_t s = sentence_of_row[row];
       generated[s].push_back(top.ids[row]);
       log_probs[s] += top.values[row];
-      if (top.ids[row] != options.eos_id) keep.push_back(static_cast<int64_t>(row));
+      if (top.ids[row] != options.eos_id && step < limits[s]) keep.push_back(static_cast<int64_t>(row));
     }
-    if (step == options.max_new_tokens || keep.empty()) break;
+    if (keep.empty()) break;
     select_if_changed(decoder, keep, sentence_of_row.size());
     std::vector<int64_t> kept_sentences;
     for (int64_t row : keep) kept_sentences.push_back(sentence_of_row[row]);
     sentence_of_row = std::move(kept_sentences);
   }
 
-  size_t longest = 0;
-  for (const auto& g : generated) longest = std::max(longest, g.size());
-  const size_t width = 1 + longest;
+  std::vector<int64_t> lengths;
+  for (const auto& g : generated) lengths.push_back(static_cast<int64_t>(g.size()));
+  const size_t width = 1 + static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));
   std::vector<int64_t> matrix(static_cast<size_t>(batch_size) * width, options.pad_id);  // [B, L]
   for (size_t s = 0; s < generated.size(); ++s) {
     matrix[s * width] = options.sos_id;
     std::copy(generated[s].begin(), generated[s].end(), matrix.begin() + static_cast<std::ptrdiff_t>(s * width + 1));
   }
-  return {.tokens = from_vector(matrix, {batch_size, static_cast<int64_t>(width)}), .log_probs = std::move(log_probs)};
+  return {.tokens = from_vector(matrix, {batch_size, static_cast<int64_t>(width)}),
+          .log_probs = std::move(log_probs),
+          .lengths = std::move(lengths)};
 }
 
 std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, int64_t batch_size,
@@ -172,6 +191,8 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
            "{}: nbest must be between 1 and beam_size ({}), got {}", op, options.beam_size, options.nbest);
   MF_CHECK(std::isfinite(options.length_penalty), "{}: length_penalty must be finite, got {}", op,
            options.length_penalty);
+  const std::vector<int64_t> limits =
+      sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   NoGradGuard no_grad;
 
   const auto beam = static_cast<size_t>(options.beam_size);
@@ -183,13 +204,14 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
     std::vector<int64_t> tokens;
     for (const Live& h : live) tokens.push_back(h.tokens.empty() ? options.sos_id : h.tokens.back());
     TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_id);
-    const bool last_step = step == options.max_new_tokens;
 
     std::vector<Live> next;
     std::vector<int64_t> parents;  // decoder row of each hypothesis in `next`
     for (size_t begin = 0, end = 0; begin < live.size(); begin = end) {
       const int64_t s = live[begin].sentence;
       while (end < live.size() && live[end].sentence == s) ++end;
+      const int64_t limit = limits[static_cast<size_t>(s)];
+      const bool last_step = step == limit;
       std::vector<Candidate> candidates;
       for (size_t row = begin; row < end; ++row)
         for (int64_t j = 0; j < top.k; ++j) {
@@ -216,7 +238,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
         for (size_t i = first_new; i < next.size(); ++i)
           finished[s].push_back(finish(std::move(next[i].tokens), next[i].log_prob, options.length_penalty));
       }
-      if (last_step || sentence_done(finished[s], next, first_new, next.size(), step, options)) {
+      if (last_step || sentence_done(finished[s], next, first_new, next.size(), step, limit, options)) {
         next.resize(first_new);
         parents.resize(first_new);
       }

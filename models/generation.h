@@ -46,21 +46,25 @@ struct GreedyOptions {
   /// A token never generated, or -1: <unk> for a subword model that spells every input (CTranslate2's
   /// disable_unk), so that an undertrained model cannot print it either.
   int64_t banned_id = -1;
+  /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
+  std::vector<int64_t> sentence_max_new_tokens;
 };
 
 struct GreedyResult {
-  /// [B, L] int64: SOS, then the generated tokens, then PAD after EOS (the layout of PyTorch's usual
-  /// greedy loop). L = 1 + the longest generation, at most 1 + max_new_tokens.
+  /// [B, L] int64: SOS, then the generated tokens, then PAD after EOS or the sentence's limit (the
+  /// layout of PyTorch's usual greedy loop). L = 1 + the longest generation, at most 1 + max_new_tokens.
   Tensor tokens;
   /// Per sentence, the sum of the log-probabilities of its generated tokens (EOS included).
   std::vector<double> log_probs;
+  /// Per sentence, how many tokens it generated (EOS included): where its PAD begins in `tokens`.
+  std::vector<int64_t> lengths;
 };
 
 /// Argmax decoding of `batch_size` sentences together: every step feeds each unfinished sentence's
 /// last token and appends the most probable next one (the lowest token id on a tie, as torch.argmax).
-/// A sentence is finished after EOS or after max_new_tokens tokens; finished sentences are dropped
-/// from the decoder with select_rows (only when a row finishes, so no copy otherwise), so later steps
-/// cost only the live rows, and decoding stops as soon as every sentence is finished. Runs with
+/// A sentence is finished after EOS or after its limit of tokens (sentence_limits); finished sentences
+/// are dropped from the decoder with select_rows (only when a row finishes, so no copy otherwise), so
+/// later steps cost only the live rows, and decoding stops as soon as every sentence is finished. Runs with
 /// autograd off. On return the decoder's cache is in no particular state. Throws mf::Error for
 /// batch_size or max_new_tokens below 1, a negative special token or one outside the vocabulary, and
 /// a decoder whose step returns the wrong shape or NaN.
@@ -94,6 +98,8 @@ struct BeamOptions {
   /// A token never generated, or -1 (GreedyOptions::banned_id).
   int64_t banned_id = -1;
   BeamStop stop = BeamStop::Exact;
+  /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
+  std::vector<int64_t> sentence_max_new_tokens;
 };
 
 /// One finished hypothesis of beam search.
@@ -105,6 +111,14 @@ struct Hypothesis {
   /// What hypotheses are ranked by: log_prob / length_penalty(tokens.size(), alpha).
   double score = 0;
 };
+
+/// The most tokens each of `batch_size` sentences may take: max_new_tokens, or min(max_new_tokens,
+/// sentence_max_new_tokens[s]) where that list is given. Batched decoding (models::decode_sources)
+/// gives each sentence the budget of its own source this way, so that a translation does not depend on
+/// the sentences batched with it. Throws mf::Error (naming `op`) for a list that is not one entry per
+/// sentence or holds a limit below 1.
+std::vector<int64_t> sentence_limits(const char* op, int64_t batch_size, int64_t max_new_tokens,
+                                     const std::vector<int64_t>& sentence_max_new_tokens);
 
 /// GNMT's length penalty (Wu et al. 2016, eq. 14): ((5 + length) / 6)^alpha, with length the number of
 /// generated tokens, EOS included. It is 1 for length 1 whatever alpha, so one-token hypotheses keep
@@ -125,11 +139,12 @@ double length_penalty(int64_t length, double alpha);
 /// Stopping: with BeamStop::Exact (the default) a sentence is done when it has at least beam_size
 /// finished hypotheses and the beam_size-th best of their scores is at least the best score any live
 /// hypothesis could still reach. Log-probabilities are <= 0, so a live hypothesis with sum S and
-/// length t can at best end with sum S at some length L in (t, max_new_tokens], i.e. at best
-/// max(S / lp(t + 1), S / lp(max)) (S / lp(L) is monotonic in L); continuing could therefore not
+/// length t can at best end with sum S at some length L in (t, max], max the sentence's limit
+/// (sentence_limits), i.e. at best max(S / lp(t + 1), S / lp(max)) (S / lp(L) is monotonic in L);
+/// continuing could therefore not
 /// change the sentence's beam_size best, unlike the common heuristic S / lp(t) that stops too soon
 /// when alpha > 0. With BeamStop::BeamFinished it is done once it has beam_size finished hypotheses.
-/// Either way a sentence is also done when it has no live hypotheses left; at max_new_tokens the live
+/// Either way a sentence is also done when it has no live hypotheses left; at its limit the live
 /// hypotheses are finished as they stand, without EOS. A done sentence's rows are dropped with
 /// select_rows, and the search ends when all are done.
 ///

@@ -229,6 +229,7 @@ TEST_CASE("greedy_decode: BOS first, PAD after EOS, finished rows dropped, early
     GreedyResult result = greedy_decode(decoder, 3, {.max_new_tokens = 4});
     check_close(result.tokens, from_vector<int64_t>({1, 5, 2, 0, 0, 1, 2, 0, 0, 0, 1, 4, 4, 4, 4}, {3, 5}), 0, 0);
     CHECK(result.log_probs == std::vector<double>{2 * l9, l9, 4 * l9});
+    CHECK(result.lengths == std::vector<int64_t>{2, 1, 4});
     CHECK(decoder.rows_per_step == std::vector<int64_t>{3, 2, 1, 1});
     CHECK(decoder.selections == std::vector<std::vector<int64_t>>{{0, 2}, {1}});
   }
@@ -348,6 +349,41 @@ TEST_CASE("decoding sentences together gives each sentence's result when decoded
     auto single = beam_search(beam_alone, 1, options);
     check_same(beams[static_cast<size_t>(s)], single[0]);
   }
+}
+
+TEST_CASE("a sentence's own token limit gives what decoding it alone with that limit gives") {
+  // Limits past max_new_tokens (9 > 7) are capped by it; the rest bind sentences the model keeps going.
+  const int64_t batch = 5, vocab = 6, max_new = 7;
+  const std::vector<int64_t> limits = {1, 4, 9, 2, 6};
+  Model model = random_model(31, vocab);
+  FakeDecoder greedy_batched(model, iota(batch)), beam_batched(model, iota(batch));
+  GreedyResult greedy =
+      greedy_decode(greedy_batched, batch, {.max_new_tokens = max_new, .sentence_max_new_tokens = limits});
+  BeamOptions options{.beam_size = 3, .max_new_tokens = max_new, .length_penalty = 0.8, .nbest = 3,
+                      .sentence_max_new_tokens = limits};
+  auto beams = beam_search(beam_batched, batch, options);
+  for (int64_t s = 0; s < batch; ++s) {
+    CAPTURE(s);
+    const int64_t own = std::min(limits[static_cast<size_t>(s)], max_new);
+    FakeDecoder greedy_alone(model, {s}), beam_alone(model, {s});
+    GreedyResult one = greedy_decode(greedy_alone, 1, {.max_new_tokens = own});
+    std::vector<int64_t> row = greedy.tokens.select(0, s).to_vector<int64_t>();
+    std::vector<int64_t> alone = one.tokens.select(0, 0).to_vector<int64_t>();
+    alone.resize(row.size(), kPad);
+    CHECK(row == alone);
+    CHECK(greedy.log_probs[static_cast<size_t>(s)] == one.log_probs[0]);
+    BeamOptions alone_options = options;
+    alone_options.max_new_tokens = own;
+    alone_options.sentence_max_new_tokens.clear();
+    check_same(beams[static_cast<size_t>(s)], beam_search(beam_alone, 1, alone_options)[0]);
+  }
+  // Scripted sentences that never end stop at exactly their limits, each dropped when it gets there.
+  FakeDecoder endless(scripted_model({{4, 4, 4, 4, 4}, {5, 5, 5, 5, 5}, {4, 5, 4, 5, 4}}, 6), iota(3));
+  GreedyResult stopped = greedy_decode(endless, 3, {.max_new_tokens = 5, .sentence_max_new_tokens = {2, 4, 3}});
+  check_close(stopped.tokens, from_vector<int64_t>({1, 4, 4, 0, 0, 1, 5, 5, 5, 5, 1, 4, 5, 4, 0}, {3, 5}), 0, 0);
+  CHECK(stopped.lengths == std::vector<int64_t>{2, 4, 3});
+  CHECK(endless.rows_per_step == std::vector<int64_t>{3, 3, 2, 1});
+  CHECK(endless.selections == std::vector<std::vector<int64_t>>{{1, 2}, {0}});
 }
 
 TEST_CASE("beam_search drops a sentence's rows once it is done (scripted)") {
@@ -499,6 +535,10 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
   CHECK_THROWS_WITH_AS(greedy_decode(decoder, 0), "greedy_decode: batch_size must be at least 1, got 0", Error);
   CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.pad_id = -1}),
                        "greedy_decode: special token ids must be >= 0, got -1", Error);
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.sentence_max_new_tokens = {3}}),
+                       "greedy_decode: sentence_max_new_tokens holds 1 limits for 2 sentences", Error);
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.sentence_max_new_tokens = {3, 0}}),
+                       "beam_search: sentence_max_new_tokens must be at least 1, got 0 for sentence 1", Error);
   CHECK(decoder.rows_per_step.empty());  // options are checked before the decoder is touched
 
   SUBCASE("special token outside the vocabulary") {

@@ -364,6 +364,24 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
                        "decode_sources: workers must be 0 (one per intra-op thread) or positive, got -1", Error);
 }
 
+TEST_CASE("decode_sources holds each sentence to its own source's output budget, whatever its batchmates") {
+  // With <eos> banned no hypothesis can end: each runs to its budget, min(max_len - 1, 1.5 x its
+  // source's ids with <eos> + 10): 13 tokens for a source of one id, 15 (max_len - 1) for a long one.
+  auto model = reference_model(DType::Float64);
+  model->eval();
+  const std::vector<std::vector<int64_t>> sources = {{4}, {5, 7, 3, 9, 4, 6, 8, 11, 12, 3, 5, 7}};
+  for (int64_t beam : {1, 2}) {
+    CAPTURE(beam);
+    const models::DecodingOptions options{.beam_size = beam, .banned_id = text::kEosId};
+    const auto together = models::decode_sources(*model, sources, options);
+    REQUIRE(together.size() == 2);
+    CHECK(together[0][0].tokens.size() == 13);
+    CHECK(together[1][0].tokens.size() == 15);
+    const auto alone = models::decode_sources(*model, {sources[0]}, options);
+    CHECK(together[0][0].tokens == alone[0][0].tokens);
+  }
+}
+
 TEST_CASE("decode_sources' workers compute as the calling thread would: under its autocast, rethrowing their errors") {
   auto model = std::make_shared<models::Transformer>(reference_config());
   model->to(DType::Float64);
