@@ -8,6 +8,7 @@
 // scatter_add accumulates (+=) into its copy of x.
 #include "ops/families.h"
 #include "ops/cpu/loops.h"
+#include "ops/cpu/simd.h"
 #include "ops/functional.h"
 #include "ops/reference.h"
 
@@ -439,6 +440,29 @@ void offer(std::pair<T, int64_t>* best, int64_t& count, int64_t k, T value, int6
   best[p] = {value, j};
 }
 
+/// Whether any of row[0, kBlock) could enter a best-k list whose k-th value is `bound`: ranks before it
+/// or is NaN (ties lose: a later index). Floats are tested in packs: written as a plain loop, the
+/// compiler keeps NaN-aware comparisons scalar, one branch-free compare per element.
+template <typename T, bool Largest, int64_t kBlock>
+bool any_beyond(const T* row, T bound) {
+  if constexpr (std::is_same_v<T, float>) {
+    using S = cpu::Simd<float, cpu::kBaselineWidth>;
+    typename S::Mask beyond{};
+    for (int64_t b = 0; b < kBlock; b += S::kLanes) {
+      typename S::V v;
+      std::memcpy(&v, row + b, sizeof v);
+      beyond |= (Largest ? v <= bound : v >= bound) == 0;  // false for NaN too
+    }
+    for (int64_t lane = 0; lane < S::kLanes; ++lane)
+      if (beyond[lane] != 0) return true;
+    return false;
+  } else {
+    bool any = false;
+    for (int64_t b = 0; b < kBlock; ++b) any |= Largest ? !(row[b] <= bound) : !(row[b] >= bound);
+    return any;
+  }
+}
+
 /// Fibers along dim are ranked one row of the walker at a time (n fibers side by side). A small k
 /// streams through the fibers once, in memory order, keeping each fiber's best k so far sorted by
 /// insertion; a large k sorts a copy of each fiber partially.
@@ -468,17 +492,12 @@ void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor
     if (streaming && n == 1) {
       int64_t j = 0;
       for (; j < size && kept[0] < k; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
-      // Once k are held, an element enters only if it ranks before the k-th best; ties lose (a later
-      // index), so a contiguous block with nothing beyond that bound, and no NaN, is skipped whole
-      // with one vectorizable test.
+      // Once k are held, an element enters only if it ranks before the k-th best, so a contiguous
+      // block with nothing beyond that bound is skipped whole with one vector test.
       constexpr int64_t kBlock = 16;
-      for (; stride == 1 && j + kBlock <= size; j += kBlock) {
-        const T bound = ranked[static_cast<size_t>(k - 1)].first;
-        bool any = false;
-        for (int64_t b = 0; b < kBlock; ++b) any |= Largest ? !(row[j + b] <= bound) : !(row[j + b] >= bound);
-        if (any)
+      for (; stride == 1 && j + kBlock <= size; j += kBlock)
+        if (any_beyond<T, Largest, kBlock>(row + j, ranked[static_cast<size_t>(k - 1)].first))
           for (int64_t b = 0; b < kBlock; ++b) offer<T, Largest>(ranked.data(), kept[0], k, row[j + b], j + b);
-      }
       for (; j < size; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
       emit(0, ranked.data());
     } else if (streaming) {  // the n fibers interleave in memory: walk them side by side
