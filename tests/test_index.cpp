@@ -203,16 +203,22 @@ TEST_CASE("topk keeps its rules on long fibers, where it streams instead of sort
   std::vector<double> fiber(40, 0.0);
   fiber[5] = fiber[9] = fiber[30] = 3;
   fiber[20] = nan;
-  auto [top, top_indices] = topk(f64(fiber), 2);
-  check_close(top, f64({nan, 3}), 0, 0);
-  check_close(top_indices, i64({20, 5}), 0, 0);
-  auto [bottom, bottom_indices] = topk(f64(fiber), 2, 0, false);
-  check_close(bottom, f64({0, 0}), 0, 0);
-  check_close(bottom_indices, i64({0, 1}), 0, 0);
+  for (DType dtype : {DType::Float64, DType::Float32}) {  // float32 tests its blocks in vectors
+    CAPTURE(dtype);
+    auto [top, top_indices] = topk(f64(fiber).to(dtype), 2);
+    check_close(top, f64({nan, 3}).to(dtype), 0, 0);
+    check_close(top_indices, i64({20, 5}), 0, 0);
+    auto [bottom, bottom_indices] = topk(f64(fiber).to(dtype), 2, 0, false);
+    check_close(bottom, f64({0, 0}).to(dtype), 0, 0);
+    check_close(bottom_indices, i64({0, 1}), 0, 0);
+  }
   fiber[20] = 3;
-  auto [ties, tie_indices] = topk(f64(fiber), 2);
-  check_close(ties, f64({3, 3}), 0, 0);
-  check_close(tie_indices, i64({5, 9}), 0, 0);
+  for (DType dtype : {DType::Float64, DType::Float32}) {
+    CAPTURE(dtype);
+    auto [ties, tie_indices] = topk(f64(fiber).to(dtype), 2);
+    check_close(ties, f64({3, 3}).to(dtype), 0, 0);
+    check_close(tie_indices, i64({5, 9}), 0, 0);
+  }
   // Fibers side by side in memory (dim 0 of [40, 2]): column 1 is column 0 reversed.
   std::vector<double> columns;
   for (size_t i = 0; i < fiber.size(); ++i) {
