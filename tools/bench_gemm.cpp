@@ -9,7 +9,10 @@
 // --float32-matmul-precision medium times miniflow's bfloat16 GEMM instead (operands rounded to
 // bfloat16, float32 sums) where the CPU has AVX512-BF16, and prints the peak rate of its vdpbf16ps
 // dot products on one core, measured in the same run (16 independent chains in registers), so that
-// the GEMM's rate reads as a share of it.
+// the GEMM's rate reads as a share of it. --int8 times miniflow's int8 linear on the decoding products
+// instead (mf::linear_int8 as decoding runs it: each call quantizes its rows, then the int8 GEMM on
+// the weight packed once) beside its float32 linear; tools/bench_onednn.sh --int8 sets oneDNN's int8
+// matmul beside it in the same run.
 #include "miniflow.h"
 #include "tools/bench_configs.h"
 #include "tools/cli.h"
@@ -123,6 +126,23 @@ class Timer {
     return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
+  // linear_int8 of the rows op(a) by the weight op(b)^T [cols, depth] quantized once (X W^T only).
+  double int8_seconds() {
+    mf::NoGradGuard no_grad;  // as decoding runs: the packed weight is reused while it is unchanged
+    if (!quantized_.values.defined()) quantized_ = mf::quantize_per_channel(b_);
+    auto start = Clock::now();
+    mf::Tensor c = mf::linear_int8(a_, quantized_);
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  // linear(op(a), op(b)^T) in float32, the weight packed once as decoding has it (X W^T only).
+  double float32_linear_seconds() {
+    mf::NoGradGuard no_grad;
+    auto start = Clock::now();
+    mf::Tensor c = mf::linear(a_, b_);
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
   double gflops(double seconds) const {
     return 2.0 * static_cast<double>(p_.rows) * static_cast<double>(p_.cols) * static_cast<double>(p_.depth) /
            seconds / 1e9;
@@ -131,6 +151,7 @@ class Timer {
  private:
   Product p_;
   mf::Tensor a_, b_, c_;
+  mf::QuantizedWeight quantized_;
 };
 
 }  // namespace
@@ -138,6 +159,7 @@ class Timer {
 int main(int argc, char** argv) {
   return mf::tools::run_tool("bench_gemm", [&] {
     std::string only, precision = "highest";
+    bool int8 = false;
     int threads = 1;
     int64_t reps = 7;
     mf::tools::ArgParser args("bench_gemm",
@@ -148,10 +170,16 @@ int main(int argc, char** argv) {
     args.add("float32-matmul-precision", &precision,
              "miniflow's products: highest or high (float32), or medium (bfloat16 operands where AVX512-BF16 "
              "runs)");
+    args.add_switch("int8", &int8,
+                    "the decoding products in int8 (linear_int8: rows quantized at each call, int32 sums) against "
+                    "miniflow's float32 linear, instead of miniflow against OpenBLAS");
     if (!args.parse(argc, argv)) return 0;
     if (!only.empty() && only != "square" && only != "small" && only != "base" && only != "decoding")
       throw mf::tools::UsageError(fmt::format("unknown --shapes '{}' (square, small, base or decoding)", only));
     if (reps < 1) throw mf::tools::UsageError("--reps must be at least 1");
+    if (int8 && !only.empty() && only != "decoding")
+      throw mf::tools::UsageError("--int8 times the decoding products only (--shapes decoding)");
+    if (int8) only = "decoding";
     mf::tools::set_matmul_precision_flag(precision);
     mf::set_num_threads(threads);
     openblas_set_num_threads(1);
@@ -165,17 +193,22 @@ int main(int argc, char** argv) {
         fmt::print("miniflow in bfloat16 (float32 sums); vdpbf16ps peak on one core: {:.1f} GFLOP/s\n",
                    dot_product_peak_gflops());
     }
-    fmt::print("{:<64} {:>10} {:>10} {:>7}\n", "product (rows x cols x depth)", "miniflow", "OpenBLAS", "ratio");
+    const char* peer = int8 ? "float32" : "OpenBLAS";
+    fmt::print("{:<64} {:>10} {:>10} {:>7}\n", "product (rows x cols x depth)", int8 ? "int8" : "miniflow", peer,
+               "ratio");
     double log_ratio_sum = 0;
     int count = 0;
     for (const Product& p : products(only)) {
       Timer timer(p);
-      timer.miniflow_seconds();  // warm-up: outputs' first touch, packing buffers
-      timer.openblas_seconds();
+      // The side timed, against its peer (miniflow's float32 linear for int8, else OpenBLAS).
+      auto ours = [&] { return int8 ? timer.int8_seconds() : timer.miniflow_seconds(); };
+      auto theirs = [&] { return int8 ? timer.float32_linear_seconds() : timer.openblas_seconds(); };
+      ours();  // warm-up: outputs' first touch, packing buffers
+      theirs();
       double miniflow = std::numeric_limits<double>::infinity(), openblas = miniflow;
       for (int64_t r = 0; r < reps; ++r) {
-        miniflow = std::min(miniflow, timer.miniflow_seconds());
-        openblas = std::min(openblas, timer.openblas_seconds());
+        miniflow = std::min(miniflow, ours());
+        openblas = std::min(openblas, theirs());
       }
       double ratio = openblas / miniflow;
       log_ratio_sum += std::log(ratio);
@@ -184,7 +217,8 @@ int main(int argc, char** argv) {
                  fmt::format("{} ({}x{}x{})", p.name, p.rows, p.cols, p.depth), timer.gflops(miniflow),
                  timer.gflops(openblas), ratio);
     }
-    fmt::print("GFLOP/s; ratio = miniflow's rate / OpenBLAS's; geometric mean {:.2f}x\n",
+    fmt::print("{}; ratio = {} rate / {}'s; geometric mean {:.2f}x\n",
+               int8 ? "GOP/s (multiply-adds count two)" : "GFLOP/s", int8 ? "int8's" : "miniflow's", peer,
                std::exp(log_ratio_sum / count));
     return 0;
   });

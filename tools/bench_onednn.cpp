@@ -6,6 +6,13 @@
 //   - "from float32": the float32 operands converted by oneDNN reorders inside the timing, as
 //     miniflow's kernel takes float32 operands and rounds them while packing.
 // The fastest of --reps runs counts. One thread unless OMP_NUM_THREADS says otherwise.
+//
+// With "int8" after the repetitions it times oneDNN's int8 matmul on bench_gemm --int8's decoding
+// products instead (X W^T, 32 and 128 rows of small's layers): int8 rows times the int8 weight [out,
+// in] (in the layout oneDNN picks, reordered once), int32 sums scaled per output channel into float32,
+// as miniflow's int8 GEMM. Two figures again: "int8 operands" (the rows already quantized) and "from float32" (the
+// rows quantized by a oneDNN reorder inside the timing, as mf::linear_int8 quantizes its rows at each
+// call; the reorder takes one scale for all rows, miniflow's one per row).
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -44,6 +51,19 @@ std::vector<Product> products() {
   return list;
 }
 
+/// bench_gemm --int8's products: X W^T for one decoding step of 32 or 128 rows through small's layers.
+std::vector<Product> decoding_products() {
+  std::vector<Product> list;
+  struct Layer { const char* name; int64_t in, out; };
+  for (int64_t rows : {32, 128})
+    for (Layer layer : {Layer{"attention projection", 256, 256}, Layer{"feed-forward in", 256, 1024},
+                        Layer{"output projection", 256, 8000}})
+      list.push_back({"decoding " + std::string(layer.name) + " [" + std::to_string(layer.out) + "x" +
+                          std::to_string(layer.in) + "] X W^T (" + std::to_string(rows) + " rows)",
+                      rows, layer.out, layer.in, false, true});
+  return list;
+}
+
 /// A [rows, cols] operand as stored: row-major, or the transposed view of a row-major [cols, rows].
 dnnl::memory::desc operand(int64_t rows, int64_t cols, bool transposed, dt type) {
   return dnnl::memory::desc({rows, cols}, type, transposed ? tag::ba : tag::ab);
@@ -52,6 +72,12 @@ dnnl::memory::desc operand(int64_t rows, int64_t cols, bool transposed, dt type)
 void fill(dnnl::memory& m, int64_t count) {
   auto* p = static_cast<float*>(m.get_data_handle());
   for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>((i * 7919 % 2001) - 1000) / 1000.0f;
+}
+
+/// Int8 values in [-limit, limit] (miniflow's ranges: 127 for rows, 63 for weights).
+void fill_int8(dnnl::memory& m, int64_t count, int limit) {
+  auto* p = static_cast<int8_t*>(m.get_data_handle());
+  for (int64_t i = 0; i < count; ++i) p[i] = static_cast<int8_t>(i * 7919 % (2 * limit + 1) - limit);
 }
 
 /// Seconds of the fastest of `reps` runs of body().
@@ -68,10 +94,54 @@ double fastest(int reps, Body&& body) {
 
 }  // namespace
 
+/// oneDNN's int8 matmul on the decoding products (the header comment's "int8" mode).
+void time_int8(int reps, const dnnl::engine& engine, dnnl::stream& stream) {
+  std::printf("oneDNN %d.%d.%d, int8 matmul (s8 x s8, int32 sums, float32 C scaled per column); GOP/s, the "
+              "fastest of %d runs\n", dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch, reps);
+  for (const Product& p : decoding_products()) {
+    auto a32 = operand(p.rows, p.depth, false, dt::f32), a8 = operand(p.rows, p.depth, false, dt::s8);
+    auto b8 = operand(p.depth, p.cols, p.trans_b, dt::s8);
+    auto c32 = dnnl::memory::desc({p.rows, p.cols}, dt::f32, tag::ab);
+    dnnl::primitive_attr scaled;
+    scaled.set_output_scales(1 << 1, std::vector<float>(static_cast<size_t>(p.cols), 1e-4f));
+    // The weight in the layout oneDNN picks, reordered once outside the timing, as miniflow packs once.
+    auto any_layout = dnnl::memory::desc({p.depth, p.cols}, dt::s8, tag::any);
+    dnnl::matmul::primitive_desc product(dnnl::matmul::desc(a8, any_layout, c32), scaled, engine);
+    dnnl::matmul matmul(product);
+    dnnl::primitive_attr quantizing;
+    quantizing.set_output_scales(0, {127.0f});
+    dnnl::reorder quantize(dnnl::reorder::primitive_desc(engine, a32, engine, a8, quantizing));
+    dnnl::memory a_f32(a32, engine), a_s8(a8, engine), b_s8(b8, engine), b_packed(product.weights_desc(), engine),
+        c(c32, engine);
+    fill(a_f32, p.rows * p.depth);
+    fill_int8(a_s8, p.rows * p.depth, 127);
+    fill_int8(b_s8, p.depth * p.cols, 63);
+    dnnl::reorder(b_s8, b_packed).execute(stream, b_s8, b_packed);
+    auto multiply = [&] {
+      matmul.execute(stream, {{DNNL_ARG_SRC, a_s8}, {DNNL_ARG_WEIGHTS, b_packed}, {DNNL_ARG_DST, c}});
+    };
+    multiply();  // warm-up: the first run JIT-compiles
+    stream.wait();
+    const double ops = 2.0 * static_cast<double>(p.rows) * static_cast<double>(p.cols) * static_cast<double>(p.depth);
+    const double operands_only = fastest(reps, [&] { multiply(); stream.wait(); });
+    const double with_quantizing = fastest(reps, [&] {
+      quantize.execute(stream, a_f32, a_s8);
+      multiply();
+      stream.wait();
+    });
+    std::printf("%-64s int8 operands %7.1f   from float32 %7.1f\n", p.name.c_str(), ops / operands_only / 1e9,
+                ops / with_quantizing / 1e9);
+  }
+}
+
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
+  if (argc > 2 && std::string(argv[2]) == "int8") {
+    time_int8(reps, engine, stream);
+    return 0;
+  }
   std::printf("oneDNN %d.%d.%d, bfloat16 matmul, float32 C; GFLOP/s, the fastest of %d runs\n",
               dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch, reps);
   for (const Product& p : products()) {
