@@ -95,7 +95,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("beam-stop", &o.beam_stop,
            "when beam search ends a sentence: exact (once no live hypothesis could still enter the best) or "
            "finished (once --beam hypotheses have ended, as fairseq: faster)");
-  args.add("max-len", &o.max_len, "most tokens generated per sentence (capped by the model's max length)");
+  args.add("max-len", &o.max_len,
+           "most tokens generated per sentence (each is further held to 1.5 times its source's tokens plus 10, and "
+           "to the model's max length)");
   args.add("batch-tokens", &o.batch_tokens,
            "source tokens decoded together times --beam, padding included (sentences are sorted by length first)");
   args.add("batch-sentences", &o.batch_sentences, "most sentences decoded together; 0: no cap");
