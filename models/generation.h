@@ -64,8 +64,8 @@ struct GreedyResult {
 /// last token and appends the most probable next one (the lowest token id on a tie, as torch.argmax).
 /// A sentence is finished after EOS or after its limit of tokens (sentence_limits); finished sentences
 /// are dropped from the decoder with select_rows (only when a row finishes, so no copy otherwise), so
-/// later steps cost only the live rows, and decoding stops as soon as every sentence is finished. Runs with
-/// autograd off. On return the decoder's cache is in no particular state. Throws mf::Error for
+/// later steps cost only the live rows, and decoding stops as soon as every sentence is finished. Runs
+/// with autograd off. On return the decoder's cache is in no particular state. Throws mf::Error for
 /// batch_size or max_new_tokens below 1, a negative special token or one outside the vocabulary, and
 /// a decoder whose step returns the wrong shape or NaN.
 GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, const GreedyOptions& options = {});
@@ -141,12 +141,11 @@ double length_penalty(int64_t length, double alpha);
 /// hypothesis could still reach. Log-probabilities are <= 0, so a live hypothesis with sum S and
 /// length t can at best end with sum S at some length L in (t, max], max the sentence's limit
 /// (sentence_limits), i.e. at best max(S / lp(t + 1), S / lp(max)) (S / lp(L) is monotonic in L);
-/// continuing could therefore not
-/// change the sentence's beam_size best, unlike the common heuristic S / lp(t) that stops too soon
-/// when alpha > 0. With BeamStop::BeamFinished it is done once it has beam_size finished hypotheses.
-/// Either way a sentence is also done when it has no live hypotheses left; at its limit the live
-/// hypotheses are finished as they stand, without EOS. A done sentence's rows are dropped with
-/// select_rows, and the search ends when all are done.
+/// continuing could therefore not change the sentence's beam_size best, unlike the common heuristic
+/// S / lp(t) that stops too soon when alpha > 0. With BeamStop::BeamFinished it is done once it has
+/// beam_size finished hypotheses. Either way a sentence is also done when it has no live hypotheses
+/// left; at its limit the live hypotheses are finished as they stand, without EOS. A done sentence's
+/// rows are dropped with select_rows, and the search ends when all are done.
 ///
 /// Returns per sentence its best min(nbest, number found) finished hypotheses, best score first (ties
 /// keep the order they were found in). With length_penalty 0 and beam_size 1 the result is exactly
