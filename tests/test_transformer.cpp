@@ -394,7 +394,7 @@ TEST_CASE("decode_sources' workers compute as the calling thread would: under it
   const models::DecodingOptions serial{.max_new_tokens = 8, .batch_sentences = 1, .workers = 1};
   models::DecodingOptions parallel = serial;
   parallel.workers = 3;
-  const int threads = get_num_threads();
+  testing::ThreadCountGuard restore;
   set_num_threads(3);
   const auto plain = models::decode_sources(*model, sources, serial);
   std::vector<std::vector<generation::Hypothesis>> autocast_serial, autocast_parallel;
@@ -429,7 +429,6 @@ TEST_CASE("decode_sources' workers compute as the calling thread would: under it
   } catch (const Error& e) {
     parallel_error = e.what();
   }
-  set_num_threads(threads);
   CHECK_FALSE(serial_error.empty());
   CHECK(parallel_error == serial_error);
 }

@@ -205,17 +205,17 @@ int main(int argc, char** argv) {
       auto theirs = [&] { return int8 ? timer.float32_linear_seconds() : timer.openblas_seconds(); };
       ours();  // warm-up: outputs' first touch, packing buffers
       theirs();
-      double miniflow = std::numeric_limits<double>::infinity(), openblas = miniflow;
+      double our_best = std::numeric_limits<double>::infinity(), their_best = our_best;
       for (int64_t r = 0; r < reps; ++r) {
-        miniflow = std::min(miniflow, ours());
-        openblas = std::min(openblas, theirs());
+        our_best = std::min(our_best, ours());
+        their_best = std::min(their_best, theirs());
       }
-      double ratio = openblas / miniflow;
+      double ratio = their_best / our_best;
       log_ratio_sum += std::log(ratio);
       ++count;
       fmt::print("{:<64} {:>10.1f} {:>10.1f} {:>6.2f}x\n",
-                 fmt::format("{} ({}x{}x{})", p.name, p.rows, p.cols, p.depth), timer.gflops(miniflow),
-                 timer.gflops(openblas), ratio);
+                 fmt::format("{} ({}x{}x{})", p.name, p.rows, p.cols, p.depth), timer.gflops(our_best),
+                 timer.gflops(their_best), ratio);
     }
     fmt::print("{}; ratio = {} rate / {}'s; geometric mean {:.2f}x\n",
                int8 ? "GOP/s (multiply-adds count two)" : "GFLOP/s", int8 ? "int8's" : "miniflow's", peer,

@@ -10,9 +10,9 @@
 // With "int8" after the repetitions it times oneDNN's int8 matmul on bench_gemm --int8's decoding
 // products instead (X W^T, 32 and 128 rows of small's layers): int8 rows times the int8 weight [out,
 // in] (in the layout oneDNN picks, reordered once), int32 sums scaled per output channel into float32,
-// as miniflow's int8 GEMM. Two figures again: "int8 operands" (the rows already quantized) and "from float32" (the
-// rows quantized by a oneDNN reorder inside the timing, as mf::linear_int8 quantizes its rows at each
-// call; the reorder takes one scale for all rows, miniflow's one per row).
+// as miniflow's int8 GEMM. Two figures again: "int8 operands" (the rows already quantized) and "from
+// float32" (the rows quantized by a oneDNN reorder inside the timing, as mf::linear_int8 quantizes its
+// rows at each call; the reorder takes one scale for all rows, miniflow's one per row).
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -92,8 +92,6 @@ double fastest(int reps, Body&& body) {
   return best;
 }
 
-}  // namespace
-
 /// oneDNN's int8 matmul on the decoding products (the header comment's "int8" mode).
 void time_int8(int reps, const dnnl::engine& engine, dnnl::stream& stream) {
   std::printf("oneDNN %d.%d.%d, int8 matmul (s8 x s8, int32 sums, float32 C scaled per column); GOP/s, the "
@@ -133,6 +131,8 @@ void time_int8(int reps, const dnnl::engine& engine, dnnl::stream& stream) {
                 ops / with_quantizing / 1e9);
   }
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
