@@ -1,6 +1,6 @@
 // Greedy and beam search over an IncrementalDecoder. The search state lives on the host: per step
-// the decoder gets [N] tokens and gives [N, V] log-probabilities, of which only each row's top k
-// (k = 1 greedy, beam_size + 1 beam) is copied back.
+// the decoder gets [N] tokens and gives [N, V] log-probabilities or logits, of which only each row's
+// top k (k = 1 greedy, beam_size + 1 beam), as log-probabilities, is copied back.
 #include "models/generation.h"
 
 #include "core/graph.h"
@@ -41,30 +41,46 @@ Tensor int64_vector(const std::vector<int64_t>& values) {
 TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
                    int64_t& vocab, std::initializer_list<int64_t> specials, int64_t banned) {
   const auto rows = static_cast<int64_t>(tokens.size());
-  Tensor log_probs = decoder.step(int64_vector(tokens));  // [N, V]
-  MF_CHECK(log_probs.defined() && log_probs.dim() == 2 && log_probs.size(0) == rows && is_floating(log_probs.dtype()),
-           "{}: decoder.step was fed {} tokens and must return float log-probabilities [{}, V], got {}", op, rows,
-           rows, log_probs.defined() ? fmt::format("{} {}", dtype_name(log_probs.dtype()), shape_str(log_probs.shape()))
-                                     : std::string("an undefined tensor"));
+  Tensor scores = decoder.step(int64_vector(tokens));  // [N, V]
+  MF_CHECK(scores.defined() && scores.dim() == 2 && scores.size(0) == rows && is_floating(scores.dtype()),
+           "{}: decoder.step was fed {} tokens and must return float scores [{}, V], got {}", op, rows, rows,
+           scores.defined() ? fmt::format("{} {}", dtype_name(scores.dtype()), shape_str(scores.shape()))
+                            : std::string("an undefined tensor"));
   if (vocab < 0) {
-    vocab = log_probs.size(1);
+    vocab = scores.size(1);
     for (int64_t token : specials)
       MF_CHECK(token < vocab, "{}: special token id {} is outside the decoder's vocabulary of {} tokens", op, token,
                vocab);
   }
-  MF_CHECK(log_probs.size(1) == vocab,
-           "{}: decoder.step returned {} log-probabilities per row, but {} on the first step", op, log_probs.size(1),
+  MF_CHECK(scores.size(1) == vocab, "{}: decoder.step returned {} scores per row, but {} on the first step", op,
+           scores.size(1), vocab);
+  MF_CHECK(banned < vocab, "{}: banned token id {} is outside the decoder's vocabulary of {} tokens", op, banned,
            vocab);
-  if (banned >= 0) {
-    MF_CHECK(banned < vocab, "{}: banned token id {} is outside the decoder's vocabulary of {} tokens", op, banned,
-             vocab);
-    log_probs.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
-  }
+  bool logits = decoder.scores() == IncrementalDecoder::Scores::Logits;
   TopTokens top{.k = std::min(k, vocab)};
-  auto [values, ids] = topk(log_probs, top.k, 1);  // [N, k] each
-  top.values = values.to_vector<double>();
-  top.ids = ids.to_vector<int64_t>();
-  for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN log-probabilities", op);
+  // A banned token is ranked with the rest (one more per row) and then passed over, so that the others
+  // keep the log-probabilities the model gives them; only where no token is left to rank is it ranked
+  // last instead.
+  const bool pass_over = banned >= 0 && top.k < vocab;
+  if (banned >= 0 && !pass_over) {
+    if (logits) scores = scores.log_softmax(1);
+    logits = false;
+    scores.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
+  }
+  const int64_t ranked = top.k + (pass_over ? 1 : 0);
+  auto [values, ids] = logits ? log_softmax_topk(scores, ranked, 1) : topk(scores, ranked, 1);  // [N, ranked] each
+  const std::vector<double> ranked_values = values.to_vector<double>();
+  const std::vector<int64_t> ranked_ids = ids.to_vector<int64_t>();
+  for (size_t row = 0; row < static_cast<size_t>(rows); ++row) {
+    int64_t kept = 0;
+    for (size_t at = row * static_cast<size_t>(ranked); kept < top.k; ++at) {
+      if (pass_over && ranked_ids[at] == banned) continue;
+      top.values.push_back(ranked_values[at]);
+      top.ids.push_back(ranked_ids[at]);
+      ++kept;
+    }
+  }
+  for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
   return top;
 }
 

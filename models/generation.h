@@ -3,7 +3,7 @@
 //
 // Everything lives in namespace mf::generation. The searches keep their bookkeeping (hypotheses,
 // scores) on the host in float64; the model only ever sees [N] token tensors and row selections, and
-// only the top few log-probabilities of each row are copied back from its device per step.
+// only the top few scores of each row are copied back from its device per step.
 // N = rows the decoder holds now, V = vocabulary size, B = sentences (batch_size).
 #pragma once
 
@@ -21,13 +21,24 @@ namespace mf::generation {
 /// made it; the searches keep track of which row belongs to which hypothesis.
 class IncrementalDecoder {
  public:
+  /// What step() returns.
+  enum class Scores {
+    LogProbs,  ///< the next token's log-probabilities
+    Logits,    ///< logits, whose log_softmax along V gives those: the searches then normalise only the
+               ///< tokens they rank first (log_softmax_topk), never writing [N, V] log-probabilities
+  };
+
   virtual ~IncrementalDecoder() = default;
 
   /// Feeds one new token per row (`tokens`: [N] int64 on the CPU, N = the rows held now; the first
-  /// call feeds SOS) and returns the log-probabilities of the next token, [N, V] float32 or float64 on
+  /// call feeds SOS) and returns the next token's scores (see scores()), [N, V] float32 or float64 on
   /// any device, extending each row's key/value cache by one position. The result is the search's to
-  /// change (a banned token's column is overwritten in place): return a tensor the decoder keeps no use for.
+  /// change (a banned token's column may be overwritten in place): return a tensor the decoder keeps no
+  /// use for.
   virtual Tensor step(const Tensor& tokens) = 0;
+
+  /// What step() returns: log-probabilities unless the decoder says otherwise.
+  virtual Scores scores() const { return Scores::LogProbs; }
 
   /// Keeps and reorders the cached rows: row i of the new cache is row index[i] of the old (`index`:
   /// [N'] int64 on the CPU, each in [0, N)). Rows may repeat (a beam forks) and may be left out (a

@@ -399,7 +399,7 @@ Tensor TransformerDecoder::step(const Tensor& tokens) {
   // No self-attention mask: the cache holds only past positions, all of them visible.
   Tensor h = model_.decoder->forward(y, Tensor(), Tensor(), src_mask_, &caches_);        // [N, 1, C]
   ++position_;
-  return model_.project_output(h).squeeze(1).log_softmax(-1);                            // [N, V]
+  return model_.project_output(h).squeeze(1);                                            // [N, V] logits
 }
 
 void TransformerDecoder::select_rows(const Tensor& index) {

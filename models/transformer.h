@@ -211,8 +211,9 @@ class TransformerDecoder : public generation::IncrementalDecoder {
  public:
   /// Starts one row per source sentence (src [B, S] int64, on any device: it is moved to the model's).
   TransformerDecoder(Transformer& model, const Tensor& src);
-  /// tokens [N] -> log-probabilities of the next token [N, V].
+  /// tokens [N] -> the next token's logits [N, V] (scores(): the searches normalise only what they keep).
   Tensor step(const Tensor& tokens) override;
+  Scores scores() const override { return Scores::Logits; }
   void select_rows(const Tensor& index) override;
 
  private:

@@ -121,6 +121,11 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 /// The k largest (or smallest) values along dim, sorted, and their int64 indices.
 std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
                                 Site site = Site::current());
+/// topk(log_softmax(x, dim), k, dim, largest) without writing log_softmax(x): x's k best are ranked and
+/// only they are normalised, to log_softmax's bits (a tie that log_softmax's rounding makes may rank
+/// differently). Not differentiable. Beam search's next tokens: [N, V] logits -> [N, k].
+std::tuple<Tensor, Tensor> log_softmax_topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
+                                            Site site = Site::current());
 /// x sorted along dim, stably (equal values keep their order; NaN counts as the largest value), and the
 /// int64 positions the values came from (torch.sort with stable=true).
 std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false, Site site = Site::current());

@@ -1,4 +1,5 @@
-// Indexing and joining: cat, index_select, gather, scatter_add, topk, sort, cumsum, one_hot, tril and triu.
+// Indexing and joining: cat, index_select, gather, scatter_add, topk, log_softmax_topk, sort, cumsum, one_hot,
+// tril and triu.
 //
 // Kernels read their inputs through their own strides (one_hot aside), using one row walker: a
 // shape is visited one row (last dim) at a time, each operand's offset found from its strides.
@@ -9,12 +10,14 @@
 #include "ops/families.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/simd.h"
+#include "ops/cpu/softmax_row.h"
 #include "ops/functional.h"
 #include "ops/reference.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <span>
 
@@ -465,9 +468,11 @@ bool any_beyond(const T* row, T bound) {
 
 /// Fibers along dim are ranked one row of the walker at a time (n fibers side by side). A small k
 /// streams through the fibers once, in memory order, keeping each fiber's best k so far sorted by
-/// insertion; a large k sorts a copy of each fiber partially.
-template <typename T, bool Largest>
-void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor& indices) {
+/// insertion; a large k sorts a copy of each fiber partially. Before a fiber's best k are written,
+/// finish(fiber, stride, best) may change their values (log_softmax_topk normalises them there, while
+/// the fiber is still in cache).
+template <typename T, bool Largest, typename Finish>
+void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor& indices, Finish finish) {
   using Ranked = std::pair<T, int64_t>;  // value, index along dim
   int64_t size = x.shape()[dim], stride = x.strides()[dim];
   Shape fiber_shape = x.shape(), fiber_strides = x.strides();  // one fiber per index with dim fixed at 0
@@ -483,7 +488,8 @@ void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor
     const T* row = inp + off[0];
     std::vector<Ranked> ranked(static_cast<size_t>(streaming ? n * k : size));
     std::vector<int64_t> kept(streaming ? n : 0, 0);
-    auto emit = [&](int64_t l, const Ranked* best) {
+    auto emit = [&](int64_t l, Ranked* best) {
+      finish(row + l * sx, stride, best);
       for (int64_t r = 0; r < k; ++r) {
         vals[off[1] + l * so + r * out_stride] = best[r].first;
         idxs[off[1] + l * so + r * out_stride] = best[r].second;
@@ -523,10 +529,11 @@ void cpu_topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Att
   int64_t dim = normalize_dim(topk.dim, x.dim());
   visit_dtype(x.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
+      auto keep = [](const T*, int64_t, std::pair<T, int64_t>*) {};
       if (topk.largest)
-        topk_fibers<T, true>(x, dim, topk.k, out[0], out[1]);
+        topk_fibers<T, true>(x, dim, topk.k, out[0], out[1], keep);
       else
-        topk_fibers<T, false>(x, dim, topk.k, out[0], out[1]);
+        topk_fibers<T, false>(x, dim, topk.k, out[0], out[1], keep);
     }
   });
 }
@@ -585,6 +592,60 @@ std::vector<Tensor> reference_topk(const std::vector<Tensor>& in, const Attrs& a
 
 std::vector<Tensor> reference_sort(const std::vector<Tensor>& in, const Attrs& attrs) {
   return reference_topk(in, as_topk(in[0], std::get<SortParams>(attrs)));
+}
+
+// ---- log_softmax_topk (x) along dim: topk of log_softmax(x, dim), never writing log_softmax(x) --
+// log_softmax subtracts one value per fiber, so x's k best are the k best log-probabilities (up to
+// ties that the subtraction's rounding could make); only those k are normalised, with the max, the
+// sum of exps and the formula of softmax_row, so each has the bits log_softmax gives it.
+
+std::vector<OutputSpec> infer_log_softmax_topk(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  MF_CHECK(is_floating(x.dtype()), "expects a float32 or float64 tensor, got {} of shape {} (cast it first)",
+           dtype_name(x.dtype()), shape_str(x.shape()));
+  return infer_topk(in, attrs);
+}
+
+void cpu_log_softmax_topk(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  if (out[0].numel() == 0) return;
+  const TopKParams& topk = std::get<TopKParams>(attrs);
+  const int64_t dim = normalize_dim(topk.dim, x.dim()), size = x.shape()[dim];
+  visit_floating(x.dtype(), [&]<typename T>() {
+    auto normalise = [&](const T* fiber, int64_t stride, std::pair<T, int64_t>* best) {
+      std::vector<T> gathered;  // a strided fiber, laid out contiguously
+      if (stride != 1) {
+        for (int64_t j = 0; j < size; ++j) gathered.push_back(fiber[j * stride]);
+        fiber = gathered.data();
+      }
+      T max{}, total{};
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+        max = cpu::row_extreme<true, W>(fiber, size);
+        total = cpu::exp_diff<W, false, false>(fiber, &max, static_cast<T*>(nullptr), size);
+      });
+      const T log_total = std::log(total);
+      for (int64_t r = 0; r < topk.k; ++r) best[r].first = (best[r].first - max) - log_total;
+    };
+    if (topk.largest)
+      topk_fibers<T, true>(x, dim, topk.k, out[0], out[1], normalise);
+    else
+      topk_fibers<T, false>(x, dim, topk.k, out[0], out[1], normalise);
+  });
+}
+
+/// log_softmax of every fiber in double, by plain loops, then reference_topk's selection.
+std::vector<Tensor> reference_log_softmax_topk(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  const int64_t dim = normalize_dim(std::get<TopKParams>(attrs).dim, x.dim()), size = x.shape()[dim];
+  std::vector<double> log_probs;
+  reference::for_each_index(x.shape(), [&](const Shape& index) {
+    Shape line = index;
+    double max = -std::numeric_limits<double>::infinity(), total = 0;
+    for (line[dim] = 0; line[dim] < size; ++line[dim]) max = std::max(max, x.at<double>(line));
+    for (line[dim] = 0; line[dim] < size; ++line[dim]) total += std::exp(x.at<double>(line) - max);
+    log_probs.push_back(x.at<double>(index) - max - std::log(total));
+  });
+  return reference_topk({reference::make(x.shape(), x.dtype(), log_probs)}, attrs);
 }
 
 // ---- cumsum (x) along dim: running sums, from the end of dim with reverse. Float tensors accumulate in
@@ -846,6 +907,19 @@ void register_index_ops(Registry& r) {
         {"ties, smallest", {ties}, TopKParams{.k = 3, .dim = 1, .largest = false}, {}, false},
     };
   }, .reference = reference_topk});
+  // Not differentiable: decoding ranks next tokens with it.
+  r.define(OpId::log_softmax_topk, {.name = "log_softmax_topk", .infer = infer_log_softmax_topk,
+                                    .kernels = {cpu_log_softmax_topk}, .samples = [] {
+    return std::vector<Sample>{
+        {"largest, last dim", {reference::randn({3, 6}, 960)}, TopKParams{.k = 3, .dim = -1, .largest = true}},
+        {"smallest, dim 0", {reference::randn({5, 4}, 961)}, TopKParams{.k = 2, .dim = 0, .largest = false}},
+        {"all of a middle dim", {reference::randn({2, 3, 4}, 962)}, TopKParams{.k = 3, .dim = 1, .largest = true}},
+        // Rows long enough for topk's block skipping and the exps' vector loop with a tail.
+        {"long rows", {reference::randn({3, 203}, 963)}, TopKParams{.k = 5, .dim = 1, .largest = true}},
+        // exp(1000) overflows even in double: only the max-shifted sum gets these right.
+        {"logits of +-1000", {reference::uniform({2, 40}, -1000, 1000, 964)}, TopKParams{.k = 2, .dim = 1}},
+    };
+  }, .reference = reference_log_softmax_topk});
   r.define(OpId::sort, {.name = "sort", .infer = infer_sort, .kernels = {cpu_sort}, .backward = sort_backward,
                         .saves_outputs = true, .samples = [] {
     Tensor ties = reference::make({2, 5}, DType::Float64, {1, 3, 3, 2, 3, 0, 0, -1, 0, 5});
@@ -925,6 +999,12 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 
 std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool largest, Site site) {
   std::vector<Tensor> out = call<OpId::topk>({x}, {.k = k, .dim = dim, .largest = largest}, site);
+  return {out[0], out[1]};
+}
+
+std::tuple<Tensor, Tensor> log_softmax_topk(const Tensor& x, int64_t k, int64_t dim, bool largest, Site site) {
+  if (!x.device().is_cpu()) return topk(log_softmax(x, dim, site), k, dim, largest, site);  // no fused kernel there
+  std::vector<Tensor> out = call<OpId::log_softmax_topk>({x}, {.k = k, .dim = dim, .largest = largest}, site);
   return {out[0], out[1]};
 }
 

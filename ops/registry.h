@@ -155,7 +155,7 @@ struct SelectParams {
   int64_t index = 0;  ///< negative counted from the end; default 0
 };
 
-/// topk.
+/// topk and log_softmax_topk.
 struct TopKParams {
   int64_t k = 0;         ///< how many values, at most dim's size; default 0
   int64_t dim = -1;      ///< negative counted from the end; default -1
@@ -281,7 +281,8 @@ constexpr size_t params_index() {
   /* linear algebra and fused nn ops */                                                            \
   X(matmul, 2, NoParams) X(linear, 3, NoParams) X(linear_relu, 3, NoParams)                        \
   X(linear_int8, 4, NoParams)                                                                      \
-  X(softmax, 1, DimParams) X(log_softmax, 1, DimParams) X(layer_norm, 3, LayerNormParams)          \
+  X(softmax, 1, DimParams) X(log_softmax, 1, DimParams) X(log_softmax_topk, 1, TopKParams)       \
+  X(layer_norm, 3, LayerNormParams)                                                                \
   X(layer_norm_backward, 7, LayerNormParams)                                                       \
   X(embedding, 2, EmbeddingParams) X(embedding_backward, 2, EmbeddingBackwardParams)               \
   X(dropout, 1, DropoutParams) X(cross_entropy, 2, CrossEntropyParams)                             \

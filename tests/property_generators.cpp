@@ -590,7 +590,8 @@ ValidGenerator valid_generator(OpId id) {
     case index_select: return index_select_case;
     case gather: return gather_case;
     case scatter_add: return scatter_add_case;
-    case topk: return topk_case;
+    case topk:
+    case log_softmax_topk: return topk_case;
     case sort: return sort_case;
     case cumsum: return cumsum_case;
     case multinomial: return multinomial_case;

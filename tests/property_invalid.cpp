@@ -372,11 +372,13 @@ std::optional<std::vector<Invalid>> invalid_cases(OpId id, const Case& v, Rng& r
     case index_select:
     case gather:
     case scatter_add: index_ops(c, id); return c.take();
-    case topk: {
+    case topk:
+    case log_softmax_topk: {
       int64_t size = x.shape()[static_cast<size_t>(dim_of(v))];
       c.attrs("k larger than the dim", with<TopKParams>(v.attrs, [&](auto& a) { a.k = size + 1; }));
       c.attrs("negative k", with<TopKParams>(v.attrs, [](auto& a) { a.k = -1; }));
       c.dtype("bool input", 0, DType::Bool).input("0-dim input", 0, filled({}, x.dtype())).bad_dim("dim out of range");
+      if (id == log_softmax_topk) c.dtype("int64 input", 0, DType::Int64);
       return c.take();
     }
     case sort:

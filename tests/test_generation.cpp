@@ -95,7 +95,9 @@ class FakeDecoder : public IncrementalDecoder {
     for (size_t row = 0; row < fed.size(); ++row) {
       MF_CHECK(!prefixes_[row].empty() || fed[row] == bos_, "FakeDecoder: the first token must be BOS");
       prefixes_[row].push_back(fed[row]);
-      for (double v : model_(sentences_[row], prefixes_[row])) out.push_back(static_cast<float>(v));
+      // As logits: the log-probabilities shifted by an amount of the row's own, which log_softmax undoes.
+      const double shift = gives == Scores::Logits ? 1.5 + 0.75 * static_cast<double>(row % 5) : 0.0;
+      for (double v : model_(sentences_[row], prefixes_[row])) out.push_back(static_cast<float>(v + shift));
     }
     return from_vector(out, {rows(), static_cast<int64_t>(out.size()) / std::max<int64_t>(rows(), 1)});
   }
@@ -114,8 +116,11 @@ class FakeDecoder : public IncrementalDecoder {
     prefixes_ = std::move(prefixes);
   }
 
+  Scores scores() const override { return gives; }
+
   int64_t rows() const { return static_cast<int64_t>(sentences_.size()); }
 
+  Scores gives = Scores::LogProbs;  // what step() returns
   std::vector<int64_t> rows_per_step;
   std::vector<std::vector<int64_t>> selections;
 
@@ -307,6 +312,44 @@ TEST_CASE("beam_search returns n-best lists in score order, each scored as the m
     }
     CHECK(decoder.rows_per_step.front() == batch);
     for (int64_t rows : decoder.rows_per_step) CHECK(rows <= batch * 5);
+  }
+}
+
+// A decoder may return logits (Scores::Logits): the searches normalise them as log_softmax would. The
+// shifted log-probabilities come back within float32's rounding of the shift; the tokens exactly,
+// with and without a banned token, and with the vocabulary no larger than what beam search ranks.
+TEST_CASE("the searches take logits as they take log-probabilities") {
+  const int64_t batch = 4;
+  for (int64_t vocab : {9, 4}) {
+    for (int64_t banned : {int64_t{-1}, vocab - 1}) {
+      CAPTURE(vocab);
+      CAPTURE(banned);
+      const Model model = random_model(17, vocab);
+      auto decode = [&](IncrementalDecoder::Scores gives, int64_t beam) {
+        FakeDecoder decoder(model, iota(batch));
+        decoder.gives = gives;
+        return beam_search(decoder, batch,
+                           {.beam_size = beam, .max_new_tokens = 5, .nbest = beam, .banned_id = banned});
+      };
+      for (int64_t beam : {1, 3}) {
+        CAPTURE(beam);
+        const auto from_log_probs = decode(IncrementalDecoder::Scores::LogProbs, beam);
+        const auto from_logits = decode(IncrementalDecoder::Scores::Logits, beam);
+        for (size_t s = 0; s < from_log_probs.size(); ++s) {
+          REQUIRE(from_logits[s].size() == from_log_probs[s].size());
+          for (size_t i = 0; i < from_log_probs[s].size(); ++i) {
+            const std::vector<int64_t>& tokens = from_logits[s][i].tokens;
+            CHECK(tokens == from_log_probs[s][i].tokens);
+            CHECK(from_logits[s][i].log_prob == doctest::Approx(from_log_probs[s][i].log_prob).epsilon(1e-5));
+            CHECK(std::count(tokens.begin(), tokens.end(), banned) == 0);
+          }
+        }
+      }
+      FakeDecoder log_probs(model, iota(batch)), logits(model, iota(batch));
+      logits.gives = IncrementalDecoder::Scores::Logits;
+      check_close(greedy_decode(logits, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens,
+                  greedy_decode(log_probs, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens, 0, 0);
+    }
   }
 }
 
@@ -552,7 +595,7 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
     } one_row;
     CHECK_THROWS_WITH_AS(
         beam_search(one_row, 2),
-        "beam_search: decoder.step was fed 2 tokens and must return float log-probabilities [2, V], got float32 [1, 5]",
+        "beam_search: decoder.step was fed 2 tokens and must return float scores [2, V], got float32 [1, 5]",
         Error);
   }
   SUBCASE("a vocabulary that changes between steps") {
@@ -563,11 +606,11 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
     } shrinking;
     CHECK_THROWS_WITH_AS(
         greedy_decode(shrinking, 2),
-        "greedy_decode: decoder.step returned 4 log-probabilities per row, but 5 on the first step", Error);
+        "greedy_decode: decoder.step returned 4 scores per row, but 5 on the first step", Error);
   }
   SUBCASE("NaN log-probabilities") {
     FakeDecoder nan_decoder([](int64_t, const std::vector<int64_t>&) { return std::vector<double>(4, NAN); }, {0});
-    CHECK_THROWS_WITH_AS(greedy_decode(nan_decoder, 1), "greedy_decode: decoder.step returned NaN log-probabilities",
+    CHECK_THROWS_WITH_AS(greedy_decode(nan_decoder, 1), "greedy_decode: decoder.step returned NaN scores",
                          Error);
   }
 }

@@ -255,6 +255,25 @@ TEST_CASE("topk along a leading dim, k = 0, and its gradient") {
                        mf::Error);
 }
 
+// log_softmax_topk's promise: topk's picks of log_softmax(x), with log_softmax's bits, without writing
+// it. Rows the size of a translation vocabulary take the streaming top-k and the vector exps with a tail.
+TEST_CASE("log_softmax_topk gives what log_softmax then topk give, bit for bit, and refuses integers") {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    CAPTURE(dtype);
+    Tensor logits = reference::randn({7, 8001}, 965).mul(4.0).to(dtype);  // [N, V]
+    for (int64_t k : {1, 5}) {
+      CAPTURE(k);
+      auto [values, indices] = log_softmax_topk(logits, k);
+      auto [expected_values, expected_indices] = topk(log_softmax(logits, -1), k);
+      check_close(values, expected_values, 0, 0);
+      check_close(indices, expected_indices, 0, 0);
+    }
+  }
+  CHECK_THROWS_WITH_AS(log_softmax_topk(i64({1, 2}), 1),
+                       doctest::Contains("log_softmax_topk: expects a float32 or float64 tensor, got int64"),
+                       mf::Error);
+}
+
 TEST_CASE("one_hot") {
   check_close(one_hot(i64({0, 2, 1}), 3), i64({1, 0, 0, 0, 0, 1, 0, 1, 0}, {3, 3}), 0, 0);
   check_close(one_hot(i64({1, 0}, {2, 1}), 2), i64({0, 1, 1, 0}, {2, 1, 2}), 0, 0);

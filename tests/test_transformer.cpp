@@ -294,7 +294,8 @@ TEST_CASE("any selection of rows, in runs per sentence or not, keeps full recomp
   std::vector<int64_t> tokens = {1, 1, 1};  // <sos>
   for (size_t step = 0; step <= selections.size(); ++step) {
     CAPTURE(step);
-    Tensor a = cached.step(from_vector(tokens, {static_cast<int64_t>(tokens.size())}));
+    REQUIRE(cached.scores() == generation::IncrementalDecoder::Scores::Logits);
+    Tensor a = cached.step(from_vector(tokens, {static_cast<int64_t>(tokens.size())})).log_softmax(-1);
     Tensor b = recomputed.step(from_vector(tokens, {static_cast<int64_t>(tokens.size())}));
     check_close(a, b, 1e-12, 1e-12);
     if (step == selections.size()) break;

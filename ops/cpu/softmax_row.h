@@ -29,7 +29,7 @@ MF_INLINE void exp_lanes(const float* inp, const float* shift, float* out, typen
 }
 
 /// out[i] = exp(inp[i] - shift[kShiftPerElement ? i : 0]) for i < n (with kStore; without, out is
-/// not touched); returns the sum of the exps, kept in kSumLanes partial sums whatever
+/// not touched and may be null); returns the sum of the exps, kept in kSumLanes partial sums whatever
 /// W (the same bits on every ISA).
 template <int W, bool kShiftPerElement, bool kStore = true, typename T>
 MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
@@ -49,11 +49,13 @@ MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
     auto exp_run = [&](const float* x, const float* x_shift, float* x_out) MF_LAMBDA_INLINE {
       for (int64_t part = 0; part < kParts; ++part) {
         int64_t at = part * S::kLanes;
-        exp_lanes<W, kShiftPerElement, kStore>(x + at, x_shift + (kShiftPerElement ? at : 0), x_out + at, sum[part]);
+        exp_lanes<W, kShiftPerElement, kStore>(x + at, x_shift + (kShiftPerElement ? at : 0),
+                                               kStore ? x_out + at : nullptr, sum[part]);
       }
     };
     int64_t i = 0;
-    for (; i + kSumLanes <= n; i += kSumLanes) exp_run(inp + i, shift + (kShiftPerElement ? i : 0), out + i);
+    for (; i + kSumLanes <= n; i += kSumLanes)
+      exp_run(inp + i, shift + (kShiftPerElement ? i : 0), kStore ? out + i : nullptr);
     if (i < n) {  // the tail, padded with -inf, whose exp adds 0 to the sum
       float a[kSumLanes], b[kSumLanes], o[kSumLanes];
       std::fill(a, a + kSumLanes, -std::numeric_limits<float>::infinity());
