@@ -281,7 +281,7 @@ constexpr size_t params_index() {
   /* linear algebra and fused nn ops */                                                            \
   X(matmul, 2, NoParams) X(linear, 3, NoParams) X(linear_relu, 3, NoParams)                        \
   X(linear_int8, 4, NoParams)                                                                      \
-  X(softmax, 1, DimParams) X(log_softmax, 1, DimParams) X(log_softmax_topk, 1, TopKParams)       \
+  X(softmax, 1, DimParams) X(log_softmax, 1, DimParams) X(log_softmax_topk, 1, TopKParams)         \
   X(layer_norm, 3, LayerNormParams)                                                                \
   X(layer_norm_backward, 7, LayerNormParams)                                                       \
   X(embedding, 2, EmbeddingParams) X(embedding_backward, 2, EmbeddingBackwardParams)               \
