@@ -596,8 +596,8 @@ std::vector<Tensor> reference_sort(const std::vector<Tensor>& in, const Attrs& a
 
 // ---- log_softmax_topk (x) along dim: topk of log_softmax(x, dim), never writing log_softmax(x) --
 // log_softmax subtracts one value per fiber, so x's k best are the k best log-probabilities (up to
-// ties that the subtraction's rounding could make); only those k are normalised, with the max, the
-// sum of exps and the formula of softmax_row, so each has the bits log_softmax gives it.
+// ties that the subtraction's rounding could make); only those k are normalised, by softmax_row's own
+// log_softmax_shift, so each has the bits log_softmax gives it.
 
 std::vector<OutputSpec> infer_log_softmax_topk(const std::vector<Tensor>& in, const Attrs& attrs) {
   const Tensor& x = in[0];
@@ -618,13 +618,9 @@ void cpu_log_softmax_topk(const std::vector<Tensor>& in, std::vector<Tensor>& ou
         for (int64_t j = 0; j < size; ++j) gathered.push_back(fiber[j * stride]);
         fiber = gathered.data();
       }
-      T max{}, total{};
-      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
-        max = cpu::row_extreme<true, W>(fiber, size);
-        total = cpu::exp_diff<W, false, false>(fiber, &max, static_cast<T*>(nullptr), size);
-      });
-      const T log_total = std::log(total);
-      for (int64_t r = 0; r < topk.k; ++r) best[r].first = (best[r].first - max) - log_total;
+      cpu::LogSoftmaxShift<T> shift{};
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE { shift = cpu::log_softmax_shift<W>(fiber, size); });
+      for (int64_t r = 0; r < topk.k; ++r) best[r].first = shift.apply(best[r].first);
     };
     if (topk.largest)
       topk_fibers<T, true>(x, dim, topk.k, out[0], out[1], normalise);

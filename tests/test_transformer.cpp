@@ -292,9 +292,9 @@ TEST_CASE("any selection of rows, in runs per sentence or not, keeps full recomp
   const std::vector<std::vector<int64_t>> selections = {
       {0, 0, 1, 1, 2, 2}, {1, 0, 3, 2, 5, 4}, {0, 1, 4, 5}, {0, 2, 2, 3}, {3, 0}};
   std::vector<int64_t> tokens = {1, 1, 1};  // <sos>
+  REQUIRE(cached.scores() == generation::IncrementalDecoder::Scores::Logits);
   for (size_t step = 0; step <= selections.size(); ++step) {
     CAPTURE(step);
-    REQUIRE(cached.scores() == generation::IncrementalDecoder::Scores::Logits);
     Tensor a = cached.step(from_vector(tokens, {static_cast<int64_t>(tokens.size())})).log_softmax(-1);
     Tensor b = recomputed.step(from_vector(tokens, {static_cast<int64_t>(tokens.size())}));
     check_close(a, b, 1e-12, 1e-12);

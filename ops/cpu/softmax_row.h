@@ -69,17 +69,30 @@ MF_INLINE T exp_diff(const T* inp, const T* shift, T* out, int64_t n) {
   }
 }
 
+/// What log_softmax subtracts from a contiguous row of n (n >= 1): out[i] = (inp[i] - max) - log_total,
+/// in that order (max + log_total would round).
+template <typename T>
+struct LogSoftmaxShift {
+  T max, log_total;
+  MF_INLINE T apply(T x) const { return (x - max) - log_total; }
+};
+
+template <int W, typename T>
+MF_INLINE LogSoftmaxShift<T> log_softmax_shift(const T* inp, int64_t n) {
+  T max = row_extreme<true, W>(inp, n);
+  return {max, std::log(exp_diff<W, false, false>(inp, &max, static_cast<T*>(nullptr), n))};
+}
+
 /// One contiguous row of n: out = softmax(inp) or log_softmax(inp). Log softmax needs only the exps'
 /// sum, and writes out once.
 template <int W, bool Log, typename T>
 MF_INLINE void softmax_row(const T* inp, T* out, int64_t n) {
-  T max = row_extreme<true, W>(inp, n);
-  T total = exp_diff<W, false, !Log>(inp, &max, out, n);
   if constexpr (Log) {
-    T log_total = std::log(total);
-    for (int64_t i = 0; i < n; ++i) out[i] = (inp[i] - max) - log_total;  // max + log_total would round
+    const LogSoftmaxShift<T> shift = log_softmax_shift<W>(inp, n);
+    for (int64_t i = 0; i < n; ++i) out[i] = shift.apply(inp[i]);
   } else {
-    T scale = T{1} / total;
+    T max = row_extreme<true, W>(inp, n);
+    T scale = T{1} / exp_diff<W, false, true>(inp, &max, out, n);
     for (int64_t i = 0; i < n; ++i) out[i] *= scale;
   }
 }
