@@ -185,6 +185,25 @@ void LayerCache::append(const Tensor& k, const Tensor& v) {
   length += added;
 }
 
+void LayerCache::select_rows(const Tensor& index) {
+  if (!self_v.defined()) return;
+  const int64_t rows = index.numel();
+  // `positions` of each row are copied along `positions_dim`.
+  auto select = [&](Tensor& buffer, int64_t positions_dim, int64_t positions) {
+    Shape shape = buffer.shape();
+    shape[0] = rows;
+    Tensor kept =
+        rows <= buffer.size(0) ? buffer.narrow(0, 0, rows) : Tensor::empty(shape, buffer.dtype(), buffer.device());
+    Tensor written = kept.narrow(positions_dim, 0, positions);
+    index_select_out(written, buffer.narrow(positions_dim, 0, positions), 0, index);
+    buffer = kept;
+  };
+  // A row of the transposed keys holds its filled positions as H x D runs of `length` floats, one per
+  // `capacity`: about as many cache lines as the whole row, which one copy per row moves faster.
+  select(self_kt, 3, self_kt.size(3));
+  select(self_v, 2, length);
+}
+
 void LayerCache::set_cross(const Tensor& k, const Tensor& v) {
   cross_kt = k.transpose(2, 3).contiguous();  // [N / group, H, D, S]
   cross_v = v;
@@ -431,13 +450,8 @@ void TransformerDecoder::select_rows(const Tensor& index) {
   }
   select_sentences(positions, std::max<int64_t>(group, 1));
 
-  Tensor picked = index.to(src_mask_.device());
-  for (LayerCache& cache : caches_) {
-    if (cache.self_kt.defined()) {
-      cache.self_kt = index_select(cache.self_kt, 0, picked);
-      cache.self_v = index_select(cache.self_v, 0, picked);
-    }
-  }
+  const Tensor picked = index.to(src_mask_.device());
+  for (LayerCache& cache : caches_) cache.select_rows(picked);
   source_of_row_ = std::move(sources);
 }
 

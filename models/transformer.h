@@ -107,6 +107,10 @@ struct LayerCache {
 
   /// Appends k, v [N, H, t_new, D] at position `length`.
   void append(const Tensor& k, const Tensor& v);
+  /// Keeps the self-attention rows `index` (row i becomes row index[i]; on the caches' device), moved
+  /// within the buffers while the rows fit them (beam search reorders and drops rows at every step),
+  /// else into new buffers of the same capacity; of the values only the filled positions.
+  void select_rows(const Tensor& index);
   /// Sets the cross-attention keys and values, k, v [N / group, H, S, D].
   void set_cross(const Tensor& k, const Tensor& v);
   /// The filled positions, [N, H, length, D] views.

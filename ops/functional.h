@@ -114,6 +114,11 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0, Site site = Si
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0, Site site = Site::current());
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0, Site site = Site::current());
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Site site = Site::current());
+/// index_select written into `out` (PyTorch's `out=`), which must have the result's shape and may be a
+/// strided view. out may be x's own memory: where it begins where x begins, with x's strides (fewer or
+/// more positions along dim), the chosen slices move in place, copied once (how beam search compacts and
+/// reorders its key/value caches without a second buffer); laid out otherwise, x is read from a copy.
+Tensor& index_select_out(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index, Site site = Site::current());
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Site site = Site::current());
 /// Copy of x with src added at index along dim (torch.scatter_add).
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,

@@ -210,33 +210,117 @@ std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const 
   return {{shape, x.dtype()}};
 }
 
-/// index_select of a contiguous x into a contiguous out: each selected slice along `dim` is one
-/// block of memory in both, copied whole (beam search reorders its key/value caches this way: a row
-/// per hypothesis, where gather_into would copy one short last-dim row at a time).
-void select_blocks(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index) {
-  const int64_t picks = index.numel(), size = x.size(dim);
-  const int64_t index_stride = index.dim() == 1 ? index.strides()[0] : 0;
-  const auto block = static_cast<size_t>(shape_numel(std::span(x.shape()).subspan(static_cast<size_t>(dim) + 1)) *
-                                         static_cast<int64_t>(x.element_size()));
-  const int64_t outer = shape_numel(std::span(x.shape()).first(static_cast<size_t>(dim)));
-  const int64_t* idx = index.data_ptr<int64_t>();
-  const char* src = static_cast<const char*>(x.raw_data());
-  char* dst = static_cast<char*>(out.raw_data());
-  const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain * 4 / static_cast<int64_t>(std::max<size_t>(block, 1)));
-  parallel_for(0, outer * picks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const int64_t o = k / picks, i = k % picks;
-      std::memcpy(dst + static_cast<size_t>(k) * block,
-                  src + static_cast<size_t>(o * size + idx[i * index_stride]) * block, block);
+/// Copies one slice of an index_select, walked by `plan` (operand 0 the destination, 1 the source)
+/// from the given byte addresses: runs contiguous in both go by memcpy.
+void copy_slice(const LoopPlan<2>& plan, int64_t element, char* dst, const char* src) {
+  const int64_t inner = plan.inner(), outer = plan.outer();
+  const int64_t dst_step = plan.strides[0].back(), src_step = plan.strides[1].back();
+  const bool runs = dst_step == element && src_step == element;
+  for (int64_t r = 0; r < outer; ++r) {
+    int64_t rest = r, dst_at = 0, src_at = 0;
+    for (size_t d = plan.shape.size() - 1; d-- > 0;) {
+      const int64_t position = rest % plan.shape[d];
+      rest /= plan.shape[d];
+      dst_at += position * plan.strides[0][d];
+      src_at += position * plan.strides[1][d];
     }
-  });
+    if (runs) {
+      std::memcpy(dst + dst_at, src + src_at, static_cast<size_t>(inner * element));
+      continue;
+    }
+    for (int64_t l = 0; l < inner; ++l)
+      std::memcpy(dst + dst_at + l * dst_step, src + src_at + l * src_step, static_cast<size_t>(element));
+  }
+}
+
+/// index_select a slice at a time (a slice: everything after `dim`, at one position of the dims up to
+/// it), each copied as the runs it has contiguous in out and x, so that a contiguous slice is one
+/// copy. Beam search reorders its key/value caches this way: a slice per hypothesis, out and x
+/// views of the filled positions of larger buffers. With `in_place` (out is x's own memory, from x's
+/// start with x's strides) the slices move in order, and a source that an earlier move overwrites is
+/// copied aside first.
+void select_slices(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index, bool in_place) {
+  const std::vector<int64_t> picks = index.to_vector<int64_t>();
+  const auto count = static_cast<int64_t>(picks.size());
+  const int64_t element = static_cast<int64_t>(x.element_size());
+  const Shape slice_shape(x.shape().begin() + dim + 1, x.shape().end());
+  const int64_t slice_bytes = shape_numel(slice_shape) * element;
+  auto slice_of = [&](const Tensor& t) {
+    return view_of(t, slice_shape, Shape(t.strides().begin() + dim + 1, t.strides().end()), t.offset());
+  };
+  const Tensor out_slice = slice_of(out), x_slice = slice_of(x);
+  const LoopPlan<2> plan(slice_shape, {&out_slice, &x_slice});
+  // Byte offset of slice (outer position o, position along dim) in t.
+  auto start = [&](const Tensor& t, int64_t o, int64_t position) {
+    int64_t at = position * t.strides()[dim];
+    for (int64_t d = dim; d-- > 0;) {
+      at += o % x.shape()[d] * t.strides()[d];
+      o /= x.shape()[d];
+    }
+    return at * element;
+  };
+  char* dst = static_cast<char*>(out.raw_data());
+  const char* src = static_cast<const char*>(x.raw_data());
+  const int64_t outer = shape_numel(std::span(x.shape()).first(static_cast<size_t>(dim)));
+  if (!in_place) {
+    const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain * 4 / std::max<int64_t>(slice_bytes, 1));
+    parallel_for(0, outer * count, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t o = k / count, i = k % count;
+        copy_slice(plan, element, dst + start(out, o, i), src + start(x, o, picks[static_cast<size_t>(i)]));
+      }
+    });
+    return;
+  }
+  // Moving slice i overwrites position i; a later slice whose source is an earlier, moved position
+  // reads a copy of it.
+  std::vector<int64_t> slot(static_cast<size_t>(x.shape()[dim]), -1);  // by source: where its copy is, or -1
+  std::vector<int64_t> saved;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t source = picks[static_cast<size_t>(i)];
+    if (source < i && picks[static_cast<size_t>(source)] != source && slot[static_cast<size_t>(source)] < 0) {
+      slot[static_cast<size_t>(source)] = static_cast<int64_t>(saved.size());
+      saved.push_back(source);
+    }
+  }
+  Shape aside_shape = slice_shape;
+  aside_shape.insert(aside_shape.begin(), static_cast<int64_t>(saved.size()));
+  const Tensor aside = Tensor::empty(aside_shape, x.dtype(), x.device());
+  const Tensor aside_slice = view_of(aside, slice_shape, contiguous_strides(slice_shape), 0);
+  const LoopPlan<2> save(slice_shape, {&aside_slice, &x_slice}), restore(slice_shape, {&out_slice, &aside_slice});
+  char* aside_data = static_cast<char*>(aside.raw_data());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (size_t s = 0; s < saved.size(); ++s)
+      copy_slice(save, element, aside_data + static_cast<int64_t>(s) * slice_bytes, src + start(x, o, saved[s]));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t source = picks[static_cast<size_t>(i)];
+      if (source == i) continue;
+      if (const int64_t s = slot[static_cast<size_t>(source)]; s >= 0)
+        copy_slice(restore, element, dst + start(out, o, i), aside_data + s * slice_bytes);
+      else
+        copy_slice(plan, element, dst + start(out, o, i), src + start(x, o, source));
+    }
+  }
+}
+
+/// Whether out is x's own memory laid out as x: the same first element and strides (along dim it
+/// may hold fewer positions, the other dims match as index_select's result does).
+bool same_layout(const Tensor& out, const Tensor& x) {
+  return out.raw_data() == x.raw_data() && out.strides() == x.strides();
 }
 
 void cpu_index_select(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
-  const Tensor &x = in[0], &index = in[1];
-  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, x.dim());
-  check_index_range(index, dim, x);
-  if (x.is_contiguous() && out[0].is_contiguous()) return select_blocks(out[0], x, dim, index);
+  const Tensor& index = in[1];
+  int64_t dim = normalize_dim(std::get<DimParams>(attrs).dim, in[0].dim());
+  check_index_range(index, dim, in[0]);
+  Tensor x = in[0];
+  const bool shares = x.storage() == out[0].storage();
+  if (shares && same_layout(out[0], x)) return select_slices(out[0], x, dim, index, true);
+  if (shares) {  // written in place into memory laid out otherwise: read from a copy
+    x = Tensor::empty(x.shape(), x.dtype(), x.device());
+    visit_any_dtype(x.dtype(), [&]<typename T>() { copy_into<T>(x, in[0]); });
+  }
+  if (!out[0].is_contiguous() || x.is_contiguous()) return select_slices(out[0], x, dim, index, false);
   Shape index_strides(static_cast<size_t>(x.dim()), 0);  // the 1-D index, broadcast over the other dims
   index_strides[dim] = index.dim() == 1 ? index.strides()[0] : 0;
   visit_any_dtype(x.dtype(), [&]<typename T>() { gather_into<T>(out[0], x, dim, index, index_strides); });
@@ -983,6 +1067,14 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, Site site) {
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Site site) {
   return call1<OpId::index_select>({x, index}, {.dim = dim}, site);
+}
+
+Tensor& index_select_out(Tensor& out, const Tensor& x, int64_t dim, const Tensor& index, Site site) {
+  // Only the CPU kernel moves slices within one buffer; elsewhere a kernel writing into x's own memory
+  // reads a copy of it.
+  const bool copy_first = x.defined() && out.defined() && !x.device().is_cpu() && x.storage() == out.storage();
+  call_inplace<OpId::index_select>(out, {copy_first ? x.clone(site) : x, index}, {.dim = dim}, site);
+  return out;
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Site site) {

@@ -109,6 +109,58 @@ TEST_CASE("index_select checks the index") {
                        mf::Error);
 }
 
+TEST_CASE("index_select_out writes into a strided view and leaves the rest of its buffer") {
+  // x [3, 2, 2] into positions [1, 3) of a [3, 2, 5] float32 buffer, and along dim 2 into a transposed
+  // view; the expected values are the op's naive loops on the same x.
+  Tensor x = reference::randn({3, 2, 2}, 11).to(DType::Float32);
+  Tensor buffer = reference::randn({3, 2, 5}, 12).to(DType::Float32), expected_buffer = buffer.clone();
+  Tensor out = buffer.narrow(2, 1, 2);
+  Tensor expected = naive<OpId::index_select>({x, i64({2, 2, 0})}, {.dim = 0})[0];
+  index_select_out(out, x, 0, i64({2, 2, 0}));
+  expected_buffer.narrow(2, 1, 2).copy_(expected);
+  check_close(buffer, expected_buffer, 0, 0);
+
+  Tensor columns = zeros({2, 2, 3}, DType::Float32).transpose(0, 2);  // [3, 2, 2], strides (1, 3, 6)
+  index_select_out(columns, x, 2, i64({1, 0}));
+  check_close(columns, naive<OpId::index_select>({x, i64({1, 0})}, {.dim = 2})[0], 0, 0);
+
+  Tensor wrong = zeros({2, 2, 2}, DType::Float32);
+  CHECK_THROWS_WITH_AS(index_select_out(wrong, x, 0, i64({2, 2, 0})),
+                       doctest::Contains("result of shape [3, 2, 2] cannot be written in place into a tensor of "
+                                         "shape [2, 2, 2]"),
+                       mf::Error);
+}
+
+TEST_CASE("index_select_out moves slices within x's own memory, in any order") {
+  // x views rows [0, 4) and positions [0, 3) of a buffer of 6 rows x 3 x 5 positions (a key cache's
+  // filled part), its rows along dim 0 or, behind an outer dim, along dim 1. Each pattern writes the
+  // selected rows over x from its start (fewer rows: compaction; more: into the buffer's spare rows):
+  // cycles, swaps and repeats, where a later row's source is an earlier row already overwritten. The
+  // rows must hold what the naive loops give on a copy of x taken first, and nothing else may change.
+  const std::vector<std::vector<int64_t>> patterns = {{0, 1, 2, 3}, {1, 2, 3, 0}, {3, 0, 1, 2}, {0, 0, 1, 2},
+                                                      {2, 2, 2, 2}, {2, 3},       {1, 3, 0},    {0, 0, 1, 1, 3, 2}};
+  for (int64_t dim : {0, 1}) {
+    for (const std::vector<int64_t>& pattern : patterns) {
+      INFO("dim ", dim, ", pattern of ", pattern.size(), " starting ", pattern[0], ", ", pattern[1]);
+      const Shape shape = dim == 0 ? Shape{6, 3, 5} : Shape{2, 6, 5};
+      Tensor buffer = reference::randn(shape, 13), expected_buffer = buffer.clone();
+      const auto rows = static_cast<int64_t>(pattern.size());
+      Tensor x = buffer.narrow(dim, 0, 4).narrow(2, 0, 3);
+      Tensor out = buffer.narrow(dim, 0, rows).narrow(2, 0, 3);
+      Tensor expected = naive<OpId::index_select>({x.clone(), i64(pattern)}, {.dim = dim})[0];
+      index_select_out(out, x, dim, i64(pattern));
+      expected_buffer.narrow(dim, 0, rows).narrow(2, 0, 3).copy_(expected);
+      check_close(buffer, expected_buffer, 0, 0);
+    }
+  }
+  // out overlapping x from another start: x is read as it was before any write.
+  Tensor buffer = reference::randn({5, 2}, 14);
+  Tensor x = buffer.narrow(0, 0, 4), out = buffer.narrow(0, 1, 3);
+  Tensor expected = naive<OpId::index_select>({x.clone(), i64({0, 1, 2})}, {.dim = 0})[0];
+  index_select_out(out, x, 0, i64({0, 1, 2}));
+  check_close(buffer.narrow(0, 1, 3), expected, 0, 0);
+}
+
 TEST_CASE("gather follows torch.gather") {
   // torch docs: gather([[1, 2], [3, 4]], 1, [[0, 0], [1, 0]]) = [[1, 1], [4, 3]].
   Tensor x = leaf({1, 2, 3, 4}, {2, 2});
