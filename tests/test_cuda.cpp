@@ -131,3 +131,23 @@ TEST_CASE("CUDA GEMMs compute in float32, TF32 or bfloat16 as the precision sett
   const Tensor dx_exact = w.to(DType::Float64).sum({0}).expand({40, 64});
   CHECK(largest_gap(xr.grad(), dx_exact) < 0.2);
 }
+
+// index_select_out into x's own memory moves rows in place on the CPU; the CUDA kernel reads a copy of
+// x instead. Both must leave the buffer as the CPU does (a beam search's cache reorder and compaction).
+TEST_CASE("index_select_out on CUDA writes a strided view and x's own memory as the CPU does") {
+  if (!cuda::is_available()) {
+    MESSAGE("SKIPPED: no GPU: index_select_out is not checked on CUDA");
+    return;
+  }
+  for (const std::vector<int64_t>& pattern : std::vector<std::vector<int64_t>>{{1, 2, 3, 0}, {0, 0, 1, 2}, {3, 1}}) {
+    manual_seed(22);
+    Tensor cpu_buffer = randn({5, 3, 6}), gpu_buffer = cpu_buffer.to(kGpu);
+    const Tensor index = from_vector(pattern, {static_cast<int64_t>(pattern.size())});
+    for (Tensor* buffer : {&cpu_buffer, &gpu_buffer}) {
+      Tensor x = buffer->narrow(0, 0, 4).narrow(2, 0, 4);
+      Tensor out = buffer->narrow(0, 0, index.numel()).narrow(2, 0, 4);
+      index_select_out(out, x, 0, index.to(buffer->device()));
+    }
+    mf::testing::check_close(gpu_buffer.to(Device::cpu()), cpu_buffer, 0, 0);
+  }
+}
