@@ -210,28 +210,48 @@ std::vector<OutputSpec> infer_index_select(const std::vector<Tensor>& in, const 
   return {{shape, x.dtype()}};
 }
 
-/// Copies one slice of an index_select, walked by `plan` (operand 0 the destination, 1 the source)
-/// from the given byte addresses: runs contiguous in both go by memcpy.
-void copy_slice(const LoopPlan<2>& plan, int64_t element, char* dst, const char* src) {
-  const int64_t inner = plan.inner(), outer = plan.outer();
-  const int64_t dst_step = plan.strides[0].back(), src_step = plan.strides[1].back();
-  const bool runs = dst_step == element && src_step == element;
-  for (int64_t r = 0; r < outer; ++r) {
-    int64_t rest = r, dst_at = 0, src_at = 0;
-    for (size_t d = plan.shape.size() - 1; d-- > 0;) {
-      const int64_t position = rest % plan.shape[d];
-      rest /= plan.shape[d];
-      dst_at += position * plan.strides[0][d];
-      src_at += position * plan.strides[1][d];
+/// Copies one slice of an index_select from a source laid out as `src_slice` to a destination laid out
+/// as `dst_slice` (views of one slice, slice_shape): the slice's runs, contiguous in both where they
+/// can be (then one memcpy each), are found once and serve every slice.
+class SliceCopy {
+ public:
+  SliceCopy(const Shape& slice_shape, const Tensor& dst_slice, const Tensor& src_slice)
+      : element_(static_cast<int64_t>(dst_slice.element_size())) {
+    const LoopPlan<2> plan(slice_shape, {&dst_slice, &src_slice});
+    length_ = plan.inner();
+    dst_step_ = plan.strides[0].back();
+    src_step_ = plan.strides[1].back();
+    const size_t outer_dims = plan.shape.size() - 1;
+    Shape index(outer_dims, 0);
+    for (int64_t r = 0; r < plan.outer(); ++r) {
+      std::array<int64_t, 2> at{};
+      for (size_t d = 0; d < outer_dims; ++d)
+        for (size_t k = 0; k < 2; ++k) at[k] += index[d] * plan.strides[k][d];
+      starts_.push_back(at);
+      for (size_t d = outer_dims; d-- > 0;) {
+        if (++index[d] < plan.shape[d]) break;
+        index[d] = 0;
+      }
     }
-    if (runs) {
-      std::memcpy(dst + dst_at, src + src_at, static_cast<size_t>(inner * element));
-      continue;
-    }
-    for (int64_t l = 0; l < inner; ++l)
-      std::memcpy(dst + dst_at + l * dst_step, src + src_at + l * src_step, static_cast<size_t>(element));
   }
-}
+
+  /// The slice at src (byte address of its first element) to the slice at dst.
+  void operator()(char* dst, const char* src) const {
+    const bool runs = dst_step_ == element_ && src_step_ == element_;
+    for (const auto& [dst_at, src_at] : starts_) {
+      if (runs) {
+        std::memcpy(dst + dst_at, src + src_at, static_cast<size_t>(length_ * element_));
+        continue;
+      }
+      for (int64_t l = 0; l < length_; ++l)
+        std::memcpy(dst + dst_at + l * dst_step_, src + src_at + l * src_step_, static_cast<size_t>(element_));
+    }
+  }
+
+ private:
+  int64_t element_, length_ = 0, dst_step_ = 0, src_step_ = 0;  // bytes, but length_: elements per run
+  std::vector<std::array<int64_t, 2>> starts_;                 // bytes from the slice's start: dst, src
+};
 
 /// index_select a slice at a time (a slice: everything after `dim`, at one position of the dims up to
 /// it), each copied as the runs it has contiguous in out and x, so that a contiguous slice is one
@@ -249,7 +269,7 @@ void select_slices(Tensor& out, const Tensor& x, int64_t dim, const Tensor& inde
     return view_of(t, slice_shape, Shape(t.strides().begin() + dim + 1, t.strides().end()), t.offset());
   };
   const Tensor out_slice = slice_of(out), x_slice = slice_of(x);
-  const LoopPlan<2> plan(slice_shape, {&out_slice, &x_slice});
+  const SliceCopy copy_slice(slice_shape, out_slice, x_slice);
   // Byte offset of slice (outer position o, position along dim) in t.
   auto start = [&](const Tensor& t, int64_t o, int64_t position) {
     int64_t at = position * t.strides()[dim];
@@ -267,7 +287,7 @@ void select_slices(Tensor& out, const Tensor& x, int64_t dim, const Tensor& inde
     parallel_for(0, outer * count, grain, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) {
         const int64_t o = k / count, i = k % count;
-        copy_slice(plan, element, dst + start(out, o, i), src + start(x, o, picks[static_cast<size_t>(i)]));
+        copy_slice(dst + start(out, o, i), src + start(x, o, picks[static_cast<size_t>(i)]));
       }
     });
     return;
@@ -283,22 +303,28 @@ void select_slices(Tensor& out, const Tensor& x, int64_t dim, const Tensor& inde
       saved.push_back(source);
     }
   }
-  Shape aside_shape = slice_shape;
-  aside_shape.insert(aside_shape.begin(), static_cast<int64_t>(saved.size()));
-  const Tensor aside = Tensor::empty(aside_shape, x.dtype(), x.device());
-  const Tensor aside_slice = view_of(aside, slice_shape, contiguous_strides(slice_shape), 0);
-  const LoopPlan<2> save(slice_shape, {&aside_slice, &x_slice}), restore(slice_shape, {&out_slice, &aside_slice});
-  char* aside_data = static_cast<char*>(aside.raw_data());
+  // The copies aside, where there are any (compaction has none: its sources lie at or after their targets).
+  Tensor aside;
+  std::optional<SliceCopy> save, restore;
+  if (!saved.empty()) {
+    Shape aside_shape = slice_shape;
+    aside_shape.insert(aside_shape.begin(), static_cast<int64_t>(saved.size()));
+    aside = Tensor::empty(aside_shape, x.dtype(), x.device());
+    const Tensor aside_slice = view_of(aside, slice_shape, contiguous_strides(slice_shape), 0);
+    save.emplace(slice_shape, aside_slice, x_slice);
+    restore.emplace(slice_shape, out_slice, aside_slice);
+  }
+  char* aside_data = aside.defined() ? static_cast<char*>(aside.raw_data()) : nullptr;
   for (int64_t o = 0; o < outer; ++o) {
     for (size_t s = 0; s < saved.size(); ++s)
-      copy_slice(save, element, aside_data + static_cast<int64_t>(s) * slice_bytes, src + start(x, o, saved[s]));
+      (*save)(aside_data + static_cast<int64_t>(s) * slice_bytes, src + start(x, o, saved[s]));
     for (int64_t i = 0; i < count; ++i) {
       const int64_t source = picks[static_cast<size_t>(i)];
       if (source == i) continue;
       if (const int64_t s = slot[static_cast<size_t>(source)]; s >= 0)
-        copy_slice(restore, element, dst + start(out, o, i), aside_data + s * slice_bytes);
+        (*restore)(dst + start(out, o, i), aside_data + s * slice_bytes);
       else
-        copy_slice(plan, element, dst + start(out, o, i), src + start(x, o, source));
+        copy_slice(dst + start(out, o, i), src + start(x, o, source));
     }
   }
 }
