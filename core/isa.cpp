@@ -87,6 +87,16 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = cpu_isa() >= Isa::avx512 && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
 std::string cpu_model_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;

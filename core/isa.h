@@ -35,6 +35,10 @@ std::string describe_kernel_isa();
 /// Lake, AMD Zen 4), which the bfloat16 GEMM uses.
 bool cpu_has_avx512_bf16();
 
+/// Whether the CPU has AVX-512 with its int8 dot product (AVX512-VNNI and AVX512-BW: Intel Cascade Lake
+/// and later, AMD Zen 4), which the int8 GEMM uses.
+bool cpu_has_avx512_vnni();
+
 /// The CPU's model name from /proc/cpuinfo ("AMD EPYC 9B14"), or "unknown CPU".
 std::string cpu_model_name();
 

@@ -87,7 +87,7 @@ TEST_CASE("messages print a NaN as nan whatever its sign bit; infinities keep th
   CHECK_THROWS_WITH_AS(fail("the norm is {}", -nan), "the norm is nan", mf::Error);
 }
 
-TEST_CASE("cpu_has_avx512_bf16 agrees with the kernel's flags in /proc/cpuinfo") {
+TEST_CASE("cpu_has_avx512_bf16 and cpu_has_avx512_vnni agree with the kernel's flags in /proc/cpuinfo") {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line) && !line.starts_with("flags")) {
@@ -99,7 +99,8 @@ TEST_CASE("cpu_has_avx512_bf16 agrees with the kernel's flags in /proc/cpuinfo")
   std::istringstream words(line);
   std::set<std::string> flags{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
   CHECK(cpu_has_avx512_bf16() == (flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512_bf16")));
-  MESSAGE("AVX512-BF16: ", cpu_has_avx512_bf16());
+  CHECK(cpu_has_avx512_vnni() == (flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512_vnni")));
+  MESSAGE("AVX512-BF16: ", cpu_has_avx512_bf16(), ", AVX512-VNNI: ", cpu_has_avx512_vnni());
 }
 
 TEST_CASE("MINIFLOW_ISA narrows the kernel path and never widens it") {

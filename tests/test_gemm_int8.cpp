@@ -20,10 +20,12 @@ namespace {
 
 using mf::Isa;
 
-/// The paths this CPU can run, narrowest first.
+/// The paths this CPU can run, narrowest first (AVX-512 only with VNNI: without it, the weight takes
+/// AVX2's path, which the list has already).
 std::vector<Isa> int8_paths() {
   std::vector<Isa> paths{Isa::baseline};
   if (mf::kernel_isa() >= Isa::avx2) paths.push_back(Isa::avx2);
+  if (mf::kernel_isa() >= Isa::avx512 && mf::cpu_has_avx512_vnni()) paths.push_back(Isa::avx512);
   return paths;
 }
 
@@ -91,11 +93,10 @@ TEST_CASE("gemm_int8 sums exactly and applies its epilogue, bit for bit on every
   struct Shape {
     int64_t rows, cols, depth;
   };
-  // No depth (sums of nothing), edges of the 6-row strips, the 8-channel panels and the 4-value
-  // groups, and one larger product.
-  // Extremes too: inputs at +-127 against weights at +-63 are the AVX2 path's largest pair sums.
+  // No depth (sums of nothing), edges of the strips (6 rows for AVX2, 12 for AVX512-VNNI), the
+  // panels (8 and 32 channels) and the 4-value groups, and one larger product.
   for (Shape shape : {Shape{3, 5, 0}, Shape{1, 1, 1}, Shape{5, 7, 3}, Shape{6, 8, 4}, Shape{7, 9, 5}, Shape{13, 20, 37},
-                      Shape{64, 130, 515}}) {
+                      Shape{12, 32, 8}, Shape{11, 31, 9}, Shape{25, 33, 6}, Shape{64, 130, 515}}) {
     CAPTURE(shape.rows);
     CAPTURE(shape.cols);
     CAPTURE(shape.depth);
@@ -120,6 +121,7 @@ TEST_CASE("gemm_int8 sums exactly and applies its epilogue, bit for bit on every
         for (Isa isa : int8_paths()) {
           CAPTURE(static_cast<int>(isa));
           mf::cpu::PackedInt8Weight weight(shape.cols, shape.depth, q_w.data(), ldw, w_scales.data(), isa);
+          REQUIRE(weight.isa() == isa);
           std::vector<float> got(want.size(), -7.0f);  // the gaps between rows stay untouched
           mf::cpu::gemm_int8(shape.rows, q_x.data(), ldq, x_scales.data(), weight, got.data(), ldc,
                              with_bias ? bias.data() : nullptr, relu);

@@ -3,10 +3,12 @@
 // weights, adding pairs of products to int16 (at most 2 x 255 x 63 = 32,130: weights stop at +-63 so
 // that this never saturates), and vpmaddwd against ones adds those pairs into int32 lanes, one per
 // channel of the panel. Per group of 4 values of k a row costs a broadcast, those two and a vpaddd,
-// for 32 multiply-adds; 6 rows keep their 6 x 8 sums in 6 registers. The shift adds 128 times the
-// channel's weight sum to every sum, taken off at the end (the packing keeps those sums), and the
-// epilogue runs on the sums still in registers. The baseline path sums the signed values directly and
-// runs the same epilogue in scalars: every path gives the same bits.
+// for 32 multiply-adds; 6 rows keep their 6 x 8 sums in 6 registers. The AVX512-VNNI micro-kernel
+// takes the same shifted rows: one vpdpbusd adds a row's 4 products per channel straight into 16 int32
+// lanes, and 12 rows keep their 12 x 32 sums in 24 registers, each broadcast serving two of them.
+// The shift adds 128 times the channel's weight sum to every sum, taken off at the end (the packing
+// keeps those sums), and the epilogue runs on the sums still in registers. The baseline path sums the
+// signed values directly and runs the same epilogue in scalars: every path gives the same bits.
 #include "ops/cpu/gemm_int8.h"
 
 #include "core/error.h"
@@ -17,16 +19,18 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace mf::cpu {
 namespace {
 
-constexpr int64_t kPanel = PackedInt8Weight::kPanelColumns;
-constexpr int64_t kQuadBytes = 4 * kPanel;  // one group of 4 values of k, for a panel's 8 channels
-constexpr int64_t kStripRows = 6;
+/// Each path's panel width (channels) and strip height (rows). The baseline path reads AVX2's layout.
+constexpr int64_t kAvx2Panel = 8, kAvx2StripRows = 6;
+constexpr int64_t kVnniPanel = 32, kVnniStripRows = 12;
 
 /// Where a strip's sums with one panel go: c (rows ldc apart, at the strip's first row and the
 /// panel's first channel) through the formula of gemm_int8.h, with the strip's x_scales and the
@@ -40,27 +44,28 @@ struct TileOutput {
   int64_t ldc;
 };
 
-/// c[i, j] for sums[i][j] of the panel's first `channels` channels: the formula, in scalars. The AVX2
-/// path's full panels do the same float operations in the same order in vectors (no FMA: the build
-/// contracts nothing), so every path gives the same bits.
-void store_tile(int64_t rows, int64_t channels, const int32_t (*sums)[kPanel], const TileOutput& out) {
+/// c[i, j] for the sums of the panel's first `channels` channels (row i's at sums + i * stride): the
+/// formula, in scalars. The vector paths' full panels do the same float operations in the same order
+/// (no FMA: the build contracts nothing), so every path gives the same bits.
+void store_tile(int64_t rows, int64_t channels, const int32_t* sums, int64_t stride, const TileOutput& out) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < channels; ++j) {
-      float value = static_cast<float>(sums[i][j]) * (out.x_scales[i] * out.w_scales[j]);
+      float value = static_cast<float>(sums[i * stride + j]) * (out.x_scales[i] * out.w_scales[j]);
       if (out.bias != nullptr) value += out.bias[j];
       out.c[i * out.ldc + j] = out.relu ? math::Relu{}(value) : value;
     }
 }
 
-/// Sums of rows [0, rows) of q_x (int8, ldq apart) with one panel, scalar.
+/// Sums of rows [0, rows) of q_x (int8, ldq apart) with one panel of AVX2's layout, scalar, into
+/// sums (rows kAvx2Panel apart).
 void panel_sums_baseline(int64_t rows, int64_t depth, const int8_t* q_x, int64_t ldq, const int8_t* panel,
-                         int32_t (*sums)[kPanel]) {
+                         int32_t* sums) {
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t channel = 0; channel < kPanel; ++channel) {
+    for (int64_t channel = 0; channel < kAvx2Panel; ++channel) {
       int32_t sum = 0;
       for (int64_t k = 0; k < depth; ++k)
-        sum += int32_t{q_x[i * ldq + k]} * int32_t{panel[k / 4 * kQuadBytes + channel * 4 + k % 4]};
-      sums[i][channel] = sum;
+        sum += int32_t{q_x[i * ldq + k]} * int32_t{panel[k / 4 * 4 * kAvx2Panel + channel * 4 + k % 4]};
+      sums[i * kAvx2Panel + channel] = sum;
     }
 }
 
@@ -97,7 +102,7 @@ MF_INLINE void panel_tile_avx2(int64_t quads, const uint8_t* a, int64_t lda, con
 #pragma GCC unroll 6
   for (int64_t i = 0; i < Rows; ++i) acc[i] = _mm256_setzero_si256();
   for (int64_t g = 0; g < quads; ++g) {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + g * kQuadBytes));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + g * 4 * kAvx2Panel));
 #pragma GCC unroll 6
     for (int64_t i = 0; i < Rows; ++i) {
       int32_t values;
@@ -107,12 +112,12 @@ MF_INLINE void panel_tile_avx2(int64_t quads, const uint8_t* a, int64_t lda, con
     }
   }
   const __m256i shift = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(column_sums)), 7);
-  if (channels < kPanel) {
-    int32_t sums[Rows][kPanel];
+  if (channels < kAvx2Panel) {
+    int32_t sums[Rows][kAvx2Panel];
 #pragma GCC unroll 6
     for (int64_t i = 0; i < Rows; ++i)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[i]), _mm256_sub_epi32(acc[i], shift));
-    return store_tile(Rows, channels, sums, out);
+    return store_tile(Rows, channels, &sums[0][0], kAvx2Panel, out);
   }
   const __m256 w_scales = _mm256_loadu_ps(out.w_scales);
   const __m256 bias = out.bias != nullptr ? _mm256_loadu_ps(out.bias) : _mm256_setzero_ps();
@@ -126,17 +131,13 @@ MF_INLINE void panel_tile_avx2(int64_t quads, const uint8_t* a, int64_t lda, con
   }
 }
 
-void strip_tile_avx2(int64_t rows, int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
-                     const int32_t* column_sums, int64_t channels, const TileOutput& out) {
-  static_assert(kStripRows == 6);
-  switch (rows) {
-    case 1: return panel_tile_avx2<1>(quads, a, lda, panel, column_sums, channels, out);
-    case 2: return panel_tile_avx2<2>(quads, a, lda, panel, column_sums, channels, out);
-    case 3: return panel_tile_avx2<3>(quads, a, lda, panel, column_sums, channels, out);
-    case 4: return panel_tile_avx2<4>(quads, a, lda, panel, column_sums, channels, out);
-    case 5: return panel_tile_avx2<5>(quads, a, lda, panel, column_sums, channels, out);
-    default: return panel_tile_avx2<6>(quads, a, lda, panel, column_sums, channels, out);
-  }
+/// A strip's micro-kernel, by the strip's rows: strip_tiles[rows - 1].
+using StripTile = void (*)(int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
+                           const int32_t* column_sums, int64_t channels, const TileOutput& out);
+
+template <size_t... Rows>
+constexpr std::array<StripTile, sizeof...(Rows)> avx2_strip_tiles(std::index_sequence<Rows...>) {
+  return {&panel_tile_avx2<Rows + 1>...};
 }
 
 /// Rows of q (ldq apart) as unsigned bytes q + 128 (q xor 0x80) in out, rows `padded` apart, the
@@ -186,6 +187,62 @@ void quantize_row_avx2(const float* row, int64_t depth, float multiplier, float 
 }
 
 MF_END_TARGET
+
+MF_BEGIN_TARGET("avx512f,avx512bw,avx512vnni")
+
+/// panel_tile_avx2 for AVX512-VNNI's panels of 32 channels: per group of 4 values of k, two vpdpbusd
+/// per row, against the panel's two vectors.
+template <int64_t Rows>
+MF_INLINE void panel_tile_vnni(int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
+                               const int32_t* column_sums, int64_t channels, const TileOutput& out) {
+  __m512i acc[Rows][2];
+#pragma GCC unroll 12
+  for (int64_t i = 0; i < Rows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < quads; ++g) {
+    const __m512i low = _mm512_loadu_si512(panel + g * 4 * kVnniPanel);
+    const __m512i high = _mm512_loadu_si512(panel + g * 4 * kVnniPanel + 64);
+#pragma GCC unroll 12
+    for (int64_t i = 0; i < Rows; ++i) {
+      int32_t values;
+      std::memcpy(&values, a + i * lda + 4 * g, sizeof values);
+      const __m512i row = _mm512_set1_epi32(values);
+      acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], row, low);
+      acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], row, high);
+    }
+  }
+  // Full-mask forms: GCC 12's plain ones trip -Wmaybe-uninitialized (ops/cpu/float_vectors.h says why).
+  constexpr __mmask16 kAll = 0xFFFF;
+  __m512i shift[2];
+  for (int half = 0; half < 2; ++half)
+    shift[half] = _mm512_maskz_slli_epi32(kAll, _mm512_loadu_si512(column_sums + 16 * half), 7);
+  if (channels < kVnniPanel) {
+    int32_t sums[Rows][kVnniPanel];
+#pragma GCC unroll 12
+    for (int64_t i = 0; i < Rows; ++i)
+      for (int half = 0; half < 2; ++half)
+        _mm512_storeu_si512(sums[i] + 16 * half, _mm512_sub_epi32(acc[i][half], shift[half]));
+    return store_tile(Rows, channels, &sums[0][0], kVnniPanel, out);
+  }
+  for (int half = 0; half < 2; ++half) {
+    const __m512 w_scales = _mm512_loadu_ps(out.w_scales + 16 * half);
+    const __m512 bias = out.bias != nullptr ? _mm512_loadu_ps(out.bias + 16 * half) : _mm512_setzero_ps();
+#pragma GCC unroll 12
+    for (int64_t i = 0; i < Rows; ++i) {
+      const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(out.x_scales[i]), w_scales);
+      __m512 value = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, _mm512_sub_epi32(acc[i][half], shift[half])), scales);
+      if (out.bias != nullptr) value = _mm512_add_ps(value, bias);
+      if (out.relu) value = Avx512Floats::relu(value);
+      _mm512_storeu_ps(out.c + i * out.ldc + 16 * half, value);
+    }
+  }
+}
+
+template <size_t... Rows>
+constexpr std::array<StripTile, sizeof...(Rows)> vnni_strip_tiles(std::index_sequence<Rows...>) {
+  return {&panel_tile_vnni<Rows + 1>...};
+}
+
+MF_END_TARGET
 #endif
 
 }  // namespace
@@ -219,22 +276,31 @@ void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8
   }
 }
 
+/// The path a weight packed for `requested` runs: AVX-512 only with VNNI, else AVX2's.
+Isa int8_path(Isa requested) {
+  return requested == Isa::avx512 && !cpu_has_avx512_vnni() ? Isa::avx2 : requested;
+}
+
 PackedInt8Weight::PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q, int64_t ldq, const float* scales,
                                    Isa isa)
-    : cols_(cols), depth_(depth), isa_(isa), scales_(scales, scales + cols) {
+    : cols_(cols),
+      depth_(depth),
+      isa_(int8_path(isa)),
+      panel_columns_(isa_ == Isa::avx512 ? kVnniPanel : kAvx2Panel),
+      scales_(scales, scales + cols) {
   MF_CHECK(cols >= 0 && depth >= 0, "int8 weight: negative size [{}, {}]", cols, depth);
   MF_CHECK(depth <= 133144, "int8 weight: depth {} could overflow the int32 sums (at most 133144)", depth);
-  int64_t panels = (cols + kPanel - 1) / kPanel;
-  packed_.assign(static_cast<size_t>(panels * kPanel * padded_depth()), 0);
-  column_sums_.assign(static_cast<size_t>(panels * kPanel), 0);
+  int64_t panels = (cols + panel_columns_ - 1) / panel_columns_;
+  packed_.assign(static_cast<size_t>(panels * panel_columns_ * padded_depth()), 0);
+  column_sums_.assign(static_cast<size_t>(panels * panel_columns_), 0);
   for (int64_t j = 0; j < cols; ++j) {
-    int8_t* panel_start = packed_.data() + j / kPanel * kPanel * padded_depth();
+    int8_t* panel_start = packed_.data() + j / panel_columns_ * panel_columns_ * padded_depth();
     for (int64_t k = 0; k < depth; ++k) {
       const int8_t value = q[j * ldq + k];
       MF_CHECK(value >= -kWeightLimit && value <= kWeightLimit,
                "int8 weight: value {} of channel {} lies outside [-{}, {}], the range quantized weights take (so "
                "that the AVX2 kernel's pairwise int16 sums cannot saturate)", value, j, kWeightLimit, kWeightLimit);
-      panel_start[k / 4 * kQuadBytes + j % kPanel * 4 + k % 4] = value;
+      panel_start[k / 4 * 4 * panel_columns_ + j % panel_columns_ * 4 + k % 4] = value;
       column_sums_[static_cast<size_t>(j)] += value;
     }
   }
@@ -243,14 +309,19 @@ PackedInt8Weight::PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q,
 void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scales, const PackedInt8Weight& weight,
                float* c, int64_t ldc, const float* bias, bool relu) {
   const int64_t cols = weight.cols(), depth = weight.depth(), padded = weight.padded_depth();
-  const int64_t panels = (cols + kPanel - 1) / kPanel;
+  const int64_t panel_columns = weight.panel_columns(), panels = (cols + panel_columns - 1) / panel_columns;
   if (rows == 0 || cols == 0) return;
-  const bool avx2 = weight.isa() >= Isa::avx2;
-  // The AVX2 path's rows as unsigned bytes q + 128, padded to whole groups; kept per thread, so that
+  const Isa path = weight.isa();
+  const int64_t strip_rows = path == Isa::avx512 ? kVnniStripRows : kAvx2StripRows;
+  // The vector paths' rows as unsigned bytes q + 128, padded to whole groups; kept per thread, so that
   // decoding's calls reuse one buffer instead of faulting in fresh pages each time.
   thread_local std::vector<uint8_t> shifted;
+  const StripTile* strip_tiles = nullptr;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (avx2) {
+  static constexpr auto avx2_tiles = avx2_strip_tiles(std::make_index_sequence<kAvx2StripRows>());
+  static constexpr auto vnni_tiles = vnni_strip_tiles(std::make_index_sequence<kVnniStripRows>());
+  if (path >= Isa::avx2) {
+    strip_tiles = path == Isa::avx512 ? vnni_tiles.data() : avx2_tiles.data();
     if (shifted.size() < static_cast<size_t>(rows * padded)) shifted.resize(static_cast<size_t>(rows * padded));
     shift_rows_avx2(rows, depth, q_x, ldq, shifted.data(), padded);
   }
@@ -259,27 +330,25 @@ void gemm_int8(int64_t rows, const int8_t* q_x, int64_t ldq, const float* x_scal
   // Panels per thread: enough work to be worth a thread (about 2^17 multiply-adds). Each thread takes
   // its panels in blocks of about 64 KiB, which stay in L2 while every strip of rows passes over them
   // (a strip's rows stay in L1), so the weight is read from memory once per call, not once per strip.
-  int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, rows * padded * kPanel));
-  const int64_t block = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, kPanel * padded));
+  int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, rows * padded * panel_columns));
+  const int64_t block = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, panel_columns * padded));
   parallel_for(0, panels, grain, [&](int64_t first, int64_t last) {
     for (int64_t block_first = first; block_first < last; block_first += block) {
       const int64_t block_last = std::min(last, block_first + block);
-      for (int64_t i0 = 0; i0 < rows; i0 += kStripRows) {
-        int64_t strip = std::min(kStripRows, rows - i0);
+      for (int64_t i0 = 0; i0 < rows; i0 += strip_rows) {
+        int64_t strip = std::min(strip_rows, rows - i0);
         for (int64_t p = block_first; p < block_last; ++p) {
-          int64_t j0 = p * kPanel, channels = std::min(kPanel, cols - j0);
+          int64_t j0 = p * panel_columns, channels = std::min(panel_columns, cols - j0);
           const TileOutput out{.x_scales = x_scales + i0, .w_scales = weight.scales() + j0,
                                .bias = bias ? bias + j0 : nullptr, .relu = relu, .c = c + i0 * ldc + j0, .ldc = ldc};
-#if defined(__x86_64__) && defined(__GNUC__)
-          if (avx2) {
-            strip_tile_avx2(strip, padded / 4, a + i0 * padded, padded, weight.panel(p), weight.column_sums(p),
-                            channels, out);
+          if (strip_tiles != nullptr) {
+            strip_tiles[strip - 1](padded / 4, a + i0 * padded, padded, weight.panel(p), weight.column_sums(p),
+                                   channels, out);
             continue;
           }
-#endif
-          int32_t sums[kStripRows][kPanel];
+          int32_t sums[kAvx2StripRows * kAvx2Panel];
           panel_sums_baseline(strip, depth, q_x + i0 * ldq, ldq, weight.panel(p), sums);
-          store_tile(strip, channels, sums, out);
+          store_tile(strip, channels, sums, kAvx2Panel, out);
         }
       }
     }

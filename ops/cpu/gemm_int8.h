@@ -6,9 +6,10 @@
 //
 // Weights take 7 bits, as oneDNN's AVX2 int8 kernels scale theirs, because
 // AVX2's fast int8 product (vpmaddubsw) adds pairs of products into int16. The sums are int32 and
-// exact (depth up to 133,144 cannot overflow them, shifted as the AVX2 path keeps them), and the
-// epilogue is the same float32 arithmetic on every path: every path gives the same bits. The baseline
-// path runs scalar loops over the same layout.
+// exact (depth up to 133,144 cannot overflow them, shifted as the AVX2 and AVX512-VNNI paths keep
+// them), and the epilogue is the same float32 arithmetic on every path: every path gives the same
+// bits. The AVX512-VNNI path (vpdpbusd) runs where the CPU has it; the baseline path runs scalar loops
+// over the AVX2 path's layout.
 #pragma once
 
 #include "core/isa.h"
@@ -31,31 +32,33 @@ void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8
                    int limit);
 
 /// A quantized weight [cols x depth] (cols output channels, as nn::Linear's weight) in the int8
-/// GEMM's layout for one instruction-set path: panels of kPanelColumns channels, each holding per
-/// group of 4 values of k the 4 values of every channel in turn, zero-padded to whole panels and
-/// quads. Built once per weight, when a model is quantized or loaded.
+/// GEMM's layout for one kernel path: panels of panel_columns() channels (8 for AVX2 and the
+/// baseline, 32 for AVX512-VNNI, two of its registers), each holding per group of 4 values of k the 4
+/// values of every channel in turn, zero-padded to whole panels and quads. Built once per weight, when
+/// a model is quantized or loaded.
 class PackedInt8Weight {
  public:
-  static constexpr int64_t kPanelColumns = 8;
-
   /// q [cols x depth] (rows ldq apart, values in [-kWeightLimit, kWeightLimit]: others throw) and its
-  /// per-channel scales, for the given path (the kernel path of the machine by default; tests force
-  /// narrower ones).
+  /// per-channel scales, for the given instruction set (the kernel path of the machine by default;
+  /// tests force narrower ones).
   PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q, int64_t ldq, const float* scales,
                    Isa isa = kernel_isa());
 
   int64_t cols() const { return cols_; }
   int64_t depth() const { return depth_; }
   int64_t padded_depth() const { return (depth_ + 3) / 4 * 4; }
+  /// The path the layout is for: the requested one, except that AVX-512 without VNNI takes AVX2's.
   Isa isa() const { return isa_; }
-  const int8_t* panel(int64_t index) const { return packed_.data() + index * kPanelColumns * padded_depth(); }
+  int64_t panel_columns() const { return panel_columns_; }
+  const int8_t* panel(int64_t index) const { return packed_.data() + index * panel_columns_ * padded_depth(); }
   const float* scales() const { return scales_.data(); }
-  /// Each channel's sum of values, for the panel's kPanelColumns channels (zero past cols).
-  const int32_t* column_sums(int64_t panel) const { return column_sums_.data() + panel * kPanelColumns; }
+  /// Each channel's sum of values, for the panel's panel_columns() channels (zero past cols).
+  const int32_t* column_sums(int64_t panel) const { return column_sums_.data() + panel * panel_columns_; }
 
  private:
   int64_t cols_, depth_;
   Isa isa_;
+  int64_t panel_columns_;
   std::vector<int8_t> packed_;
   std::vector<float> scales_;
   std::vector<int32_t> column_sums_;
