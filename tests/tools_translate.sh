@@ -60,6 +60,8 @@ same_file "beam 4 translations (length-sorted batches of at most 12 source token
 printf '\n' | cat "$dir/src.txt" - >"$dir/src_blank.txt"
 expect "--timing reports sentences and tokens" 0 "translate: 8 sentences, 25 tokens in " \
   "$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --timing
+if grep -qE "^translate: CPU tensors peaked at [0-9.]+ MB, [0-9.]+ MB held by the allocator; [0-9]+ of [1-9][0-9]* blocks" \
+  "$dir/stderr"; then pass "--timing reports the allocator's memory"; else fail "--timing: no memory line"; cat "$dir/stderr"; fi
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --precision bf16 >"$dir/bf16.txt"
 same_file "--precision bf16 (autocast) translates the memorised pairs alike" "$dir/ref.txt" "$dir/bf16.txt"
 # int8: weights quantized per output channel as the model loads, or once by quantize_checkpoint into
