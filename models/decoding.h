@@ -13,6 +13,13 @@
 
 namespace mf::models {
 
+/// decode_sources' token budgets for DecodingOptions::batch_tokens 0. int8 weights are a quarter of
+/// float32's bytes and their products twice as fast, so the key/value caches read at every step (rows
+/// times positions, per layer) weigh more: half the budget decoded 5-25% faster on Zen 4, where float32
+/// beam search was as fast or faster at the full one (BENCHMARKS.md); on Zen 3 the budget made no
+/// difference beyond the noise.
+inline constexpr int64_t kBatchTokens = 4096, kInt8BatchTokens = 2048;
+
 struct DecodingOptions {
   /// 1: greedy search (generation::greedy_decode); more: beam search with this many beams.
   int64_t beam_size = 1;
@@ -26,8 +33,8 @@ struct DecodingOptions {
   /// Source tokens per batch times beam_size, padding and <eos> included (sentences times the longest
   /// times the rows each sentence holds in the decoder): larger batches make every decoder step one
   /// larger GEMM per weight, at the cost of memory for the key/value caches. A sentence longer than
-  /// that on its own gets a batch of its own.
-  int64_t batch_tokens = 4096;
+  /// that on its own gets a batch of its own. 0: kBatchTokens, or kInt8BatchTokens for int8 weights.
+  int64_t batch_tokens = 0;
   /// At most this many sentences per batch (0: no cap), as fairseq's --max-sentences: short sources
   /// would otherwise fill the token budget with hundreds of sentences, whose [sentences, vocabulary]
   /// logits and caches outgrow the caches of the CPU for no larger GEMM rate.

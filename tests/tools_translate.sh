@@ -212,7 +212,7 @@ expect "flag without its value" 2 "--beam needs a value" "$translate" --checkpoi
 expect "--beam 0" 2 "--beam must be at least 1" "$translate" --checkpoint "$ckpt" --beam 0
 expect "--beam-stop sometimes" 2 "--beam-stop must be finished or exact, not 'sometimes'" \
   "$translate" --checkpoint "$ckpt" --beam-stop sometimes
-expect "--batch-tokens 0" 2 "--batch-tokens must be at least 1, not 0" "$translate" --checkpoint "$ckpt" --batch-tokens 0
+expect "--batch-tokens -1" 2 "--batch-tokens must be 0 or more, not -1" "$translate" --checkpoint "$ckpt" --batch-tokens -1
 expect "--nbest above --beam" 2 "--nbest 3 needs a beam at least as wide, but --beam is 2" \
   "$translate" --checkpoint "$ckpt" --beam 2 --nbest 3
 expect "--precision fp16" 2 "--precision: expected fp32, bf16 or int8, got 'fp16'" \

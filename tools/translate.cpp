@@ -99,7 +99,9 @@ bool parse_options(int argc, char** argv, Options& o) {
            "most tokens generated per sentence (each is further held to 1.5 times its source's tokens plus 10, and "
            "to the model's max length)");
   args.add("batch-tokens", &o.batch_tokens,
-           "source tokens decoded together times --beam, padding included (sentences are sorted by length first)");
+           fmt::format("source tokens decoded together times --beam, padding included (sentences are sorted by "
+                       "length first); 0: {}, or {} for int8 weights",
+                       mf::models::kBatchTokens, mf::models::kInt8BatchTokens));
   args.add("batch-sentences", &o.batch_sentences, "most sentences decoded together; 0: no cap");
   args.add("batch-workers", &o.batch_workers,
            "batches decoded side by side on the CPU, each on one of the --threads threads (0: one per thread); "
@@ -129,7 +131,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.beam_stop != "finished" && o.beam_stop != "exact")
     throw UsageError(fmt::format("--beam-stop must be finished or exact, not '{}'", o.beam_stop));
   if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
-  if (o.batch_tokens < 1) throw UsageError(fmt::format("--batch-tokens must be at least 1, not {}", o.batch_tokens));
+  if (o.batch_tokens < 0) throw UsageError(fmt::format("--batch-tokens must be 0 or more, not {}", o.batch_tokens));
   if (o.batch_sentences < 0)
     throw UsageError(fmt::format("--batch-sentences must be 0 (no cap) or positive, not {}", o.batch_sentences));
   if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
