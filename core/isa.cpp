@@ -77,25 +77,23 @@ std::string describe_kernel_isa() {
                      isa_name(cpu_isa()));
 }
 
-bool cpu_has_avx512_bf16() {
+// __builtin_cpu_supports takes only a literal name, so each feature asks for its own.
 #if defined(__x86_64__) && defined(__GNUC__)
+bool cpu_has_avx512_bf16() {
   static const bool has = cpu_isa() >= Isa::avx512 && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512bf16");
   return has;
-#else
-  return false;
-#endif
 }
 
 bool cpu_has_avx512_vnni() {
-#if defined(__x86_64__) && defined(__GNUC__)
   static const bool has = cpu_isa() >= Isa::avx512 && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vnni");
   return has;
-#else
-  return false;
-#endif
 }
+#else
+bool cpu_has_avx512_bf16() { return false; }
+bool cpu_has_avx512_vnni() { return false; }
+#endif
 
 std::string cpu_model_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");

@@ -15,7 +15,7 @@ namespace mf::models {
 
 /// decode_sources' token budgets for DecodingOptions::batch_tokens 0. int8 weights are a quarter of
 /// float32's bytes and their products twice as fast, so the key/value caches read at every step (rows
-/// times positions, per layer) weigh more: half the budget decoded 5-25% faster on Zen 4, where float32
+/// times positions, per layer) weigh more: half the budget decoded 10-25% faster on Zen 4, where float32
 /// beam search was as fast or faster at the full one (BENCHMARKS.md); on Zen 3 the budget made no
 /// difference beyond the noise.
 inline constexpr int64_t kBatchTokens = 4096, kInt8BatchTokens = 2048;

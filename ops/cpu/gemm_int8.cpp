@@ -245,6 +245,11 @@ constexpr std::array<StripTile, sizeof...(Rows)> vnni_strip_tiles(std::index_seq
 MF_END_TARGET
 #endif
 
+/// The path a weight packed for `requested` runs: AVX-512 only with VNNI, else AVX2's.
+Isa int8_path(Isa requested) {
+  return requested == Isa::avx512 && !cpu_has_avx512_vnni() ? Isa::avx2 : requested;
+}
+
 }  // namespace
 
 void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales,
@@ -274,11 +279,6 @@ void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8
 #endif
     quantize_values(row, depth, top / largest, top, out);
   }
-}
-
-/// The path a weight packed for `requested` runs: AVX-512 only with VNNI, else AVX2's.
-Isa int8_path(Isa requested) {
-  return requested == Isa::avx512 && !cpu_has_avx512_vnni() ? Isa::avx2 : requested;
 }
 
 PackedInt8Weight::PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q, int64_t ldq, const float* scales,
