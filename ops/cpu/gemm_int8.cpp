@@ -195,9 +195,9 @@ MF_BEGIN_TARGET("avx512f,avx512bw,avx512vnni")
 template <int64_t Rows>
 MF_INLINE void panel_tile_vnni(int64_t quads, const uint8_t* a, int64_t lda, const int8_t* panel,
                                const int32_t* column_sums, int64_t channels, const TileOutput& out) {
-  __m512i acc[Rows][2];
+  __m512i acc_low[Rows], acc_high[Rows];
 #pragma GCC unroll 12
-  for (int64_t i = 0; i < Rows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+  for (int64_t i = 0; i < Rows; ++i) acc_low[i] = acc_high[i] = _mm512_setzero_si512();
   for (int64_t g = 0; g < quads; ++g) {
     const __m512i low = _mm512_loadu_si512(panel + g * 4 * kVnniPanel);
     const __m512i high = _mm512_loadu_si512(panel + g * 4 * kVnniPanel + 64);
@@ -206,8 +206,8 @@ MF_INLINE void panel_tile_vnni(int64_t quads, const uint8_t* a, int64_t lda, con
       int32_t values;
       std::memcpy(&values, a + i * lda + 4 * g, sizeof values);
       const __m512i row = _mm512_set1_epi32(values);
-      acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], row, low);
-      acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], row, high);
+      acc_low[i] = _mm512_dpbusd_epi32(acc_low[i], row, low);
+      acc_high[i] = _mm512_dpbusd_epi32(acc_high[i], row, high);
     }
   }
   // Full-mask forms: GCC 12's plain ones trip -Wmaybe-uninitialized (ops/cpu/float_vectors.h says why).
@@ -220,7 +220,7 @@ MF_INLINE void panel_tile_vnni(int64_t quads, const uint8_t* a, int64_t lda, con
 #pragma GCC unroll 12
     for (int64_t i = 0; i < Rows; ++i)
       for (int half = 0; half < 2; ++half)
-        _mm512_storeu_si512(sums[i] + 16 * half, _mm512_sub_epi32(acc[i][half], shift[half]));
+        _mm512_storeu_si512(sums[i] + 16 * half, _mm512_sub_epi32(half == 0 ? acc_low[i] : acc_high[i], shift[half]));
     return store_tile(Rows, channels, &sums[0][0], kVnniPanel, out);
   }
   for (int half = 0; half < 2; ++half) {
@@ -229,7 +229,8 @@ MF_INLINE void panel_tile_vnni(int64_t quads, const uint8_t* a, int64_t lda, con
 #pragma GCC unroll 12
     for (int64_t i = 0; i < Rows; ++i) {
       const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(out.x_scales[i]), w_scales);
-      __m512 value = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, _mm512_sub_epi32(acc[i][half], shift[half])), scales);
+      const __m512i sum = _mm512_sub_epi32(half == 0 ? acc_low[i] : acc_high[i], shift[half]);
+      __m512 value = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, sum), scales);
       if (out.bias != nullptr) value = _mm512_add_ps(value, bias);
       if (out.relu) value = Avx512Floats::relu(value);
       _mm512_storeu_ps(out.c + i * out.ldc + 16 * half, value);
