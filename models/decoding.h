@@ -16,8 +16,8 @@ namespace mf::models {
 /// decode_sources' token budgets for DecodingOptions::batch_tokens 0. int8 weights are a quarter of
 /// float32's bytes and their products twice as fast, so the key/value caches read at every step (rows
 /// times positions, per layer) weigh more: half the budget decoded 10-25% faster on Zen 4, where float32
-/// beam search was as fast or faster at the full one (BENCHMARKS.md); on Zen 3 the budget made no
-/// difference beyond the noise.
+/// beam search was as fast or faster at the full one (BENCHMARKS.md); on Zen 3, int8 beam 4 at a
+/// quarter of the budget ran 3% behind the full one (half not measured there).
 inline constexpr int64_t kBatchTokens = 4096, kInt8BatchTokens = 2048;
 
 struct DecodingOptions {

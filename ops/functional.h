@@ -173,6 +173,8 @@ Tensor dequantize_per_channel(const QuantizedWeight& weight, Site site = Site::c
 /// instruction-set path). Inference only: no gradient flows through it.
 Tensor linear_int8(const Tensor& x, const QuantizedWeight& weight, const Tensor& bias = {},
                    Site site = Site::current());
+/// The kernel linear_int8 runs here, as kernel_isa() allows: "AVX512-VNNI", "AVX2" or "baseline".
+std::string_view linear_int8_kernel();
 Tensor softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 Tensor log_softmax(const Tensor& x, int64_t dim, Site site = Site::current());
 /// Normalises over the last normalized_shape.size() dims, then scales by weight and adds bias

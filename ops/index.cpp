@@ -221,6 +221,7 @@ class SliceCopy {
     length_ = plan.inner();
     dst_step_ = plan.strides[0].back();
     src_step_ = plan.strides[1].back();
+    runs_ = dst_step_ == element_ && src_step_ == element_;
     const size_t outer_dims = plan.shape.size() - 1;
     Shape index(outer_dims, 0);
     for (int64_t r = 0; r < plan.outer(); ++r) {
@@ -237,9 +238,8 @@ class SliceCopy {
 
   /// The slice at src (byte address of its first element) to the slice at dst.
   void operator()(char* dst, const char* src) const {
-    const bool runs = dst_step_ == element_ && src_step_ == element_;
     for (const auto& [dst_at, src_at] : starts_) {
-      if (runs) {
+      if (runs_) {
         std::memcpy(dst + dst_at, src + src_at, static_cast<size_t>(length_ * element_));
         continue;
       }
@@ -250,6 +250,7 @@ class SliceCopy {
 
  private:
   int64_t element_, length_ = 0, dst_step_ = 0, src_step_ = 0;  // bytes, but length_: elements per run
+  bool runs_ = false;                                           // each run contiguous in both: one memcpy
   std::vector<std::array<int64_t, 2>> starts_;                 // bytes from the slice's start: dst, src
 };
 

@@ -129,4 +129,13 @@ Tensor linear_int8(const Tensor& x, const QuantizedWeight& weight, const Tensor&
   return call1<OpId::linear_int8>({x, weight.values, weight.scales, b}, {}, site);
 }
 
+std::string_view linear_int8_kernel() {
+  switch (cpu::int8_kernel_isa(kernel_isa())) {
+    case Isa::avx512: return "AVX512-VNNI";
+    case Isa::avx2: return "AVX2";
+    case Isa::baseline: return "baseline";
+  }
+  return "baseline";
+}
+
 }  // namespace mf

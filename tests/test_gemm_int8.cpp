@@ -132,6 +132,16 @@ TEST_CASE("gemm_int8 sums exactly and applies its epilogue, bit for bit on every
   }
 }
 
+TEST_CASE("linear_int8_kernel names the path a weight packed by default takes") {
+  const int8_t value = 1;
+  const float scale = 1;
+  const mf::cpu::PackedInt8Weight weight(1, 1, &value, 1, &scale);
+  const char* expected = weight.isa() == Isa::avx512 ? "AVX512-VNNI" : weight.isa() == Isa::avx2 ? "AVX2" : "baseline";
+  CHECK(mf::linear_int8_kernel() == expected);
+  // AVX-512 takes VNNI's path exactly where the CPU has VNNI.
+  if (mf::kernel_isa() == Isa::avx512) CHECK((weight.isa() == Isa::avx512) == mf::cpu_has_avx512_vnni());
+}
+
 TEST_CASE("gemm_int8 sums the extremes exactly, and packing refuses weights past +-63") {
   // Every input 127 or -127 against weights 63 or -63 over 1000 values: the largest pair sums the
   // AVX2 path's int16 step sees, and int32 sums of +-8,001,000.

@@ -193,12 +193,7 @@ int main(int argc, char** argv) {
         fmt::print("miniflow in bfloat16 (float32 sums); vdpbf16ps peak on one core: {:.1f} GFLOP/s\n",
                    dot_product_peak_gflops());
     }
-    if (int8) {
-      bool vnni = mf::kernel_isa() == mf::Isa::avx512 && mf::cpu_has_avx512_vnni();
-      fmt::print("int8 kernel: {}\n", vnni                                  ? "AVX512-VNNI (vpdpbusd)"
-                                      : mf::kernel_isa() >= mf::Isa::avx2 ? "AVX2 (vpmaddubsw, vpmaddwd)"
-                                                                          : "baseline (scalar)");
-    }
+    if (int8) fmt::print("int8 kernel: {}\n", mf::linear_int8_kernel());
     const char* peer = int8 ? "float32" : "OpenBLAS";
     fmt::print("{:<64} {:>10} {:>10} {:>7}\n", "product (rows x cols x depth)", int8 ? "int8" : "miniflow", peer,
                "ratio");

@@ -246,12 +246,11 @@ constexpr std::array<StripTile, sizeof...(Rows)> vnni_strip_tiles(std::index_seq
 MF_END_TARGET
 #endif
 
-/// The path a weight packed for `requested` runs: AVX-512 only with VNNI, else AVX2's.
-Isa int8_path(Isa requested) {
+}  // namespace
+
+Isa int8_kernel_isa(Isa requested) {
   return requested == Isa::avx512 && !cpu_has_avx512_vnni() ? Isa::avx2 : requested;
 }
-
-}  // namespace
 
 void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales,
                    int limit) {
@@ -286,7 +285,7 @@ PackedInt8Weight::PackedInt8Weight(int64_t cols, int64_t depth, const int8_t* q,
                                    Isa isa)
     : cols_(cols),
       depth_(depth),
-      isa_(int8_path(isa)),
+      isa_(int8_kernel_isa(isa)),
       panel_columns_(isa_ == Isa::avx512 ? kVnniPanel : kAvx2Panel),
       scales_(scales, scales + cols) {
   MF_CHECK(cols >= 0 && depth >= 0, "int8 weight: negative size [{}, {}]", cols, depth);

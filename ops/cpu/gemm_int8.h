@@ -31,6 +31,10 @@ inline constexpr int kWeightLimit = 63;
 void quantize_rows(int64_t rows, int64_t depth, const float* x, int64_t ld, int8_t* q, int64_t ldq, float* scales,
                    int limit);
 
+/// The path the int8 GEMM takes for a weight packed for `requested`: that one, except that AVX-512
+/// without VNNI takes AVX2's.
+Isa int8_kernel_isa(Isa requested);
+
 /// A quantized weight [cols x depth] (cols output channels, as nn::Linear's weight) in the int8
 /// GEMM's layout for one kernel path: panels of panel_columns() channels (8 for AVX2 and the
 /// baseline, 32 for AVX512-VNNI, two of its registers), each holding per group of 4 values of k the 4
@@ -47,7 +51,7 @@ class PackedInt8Weight {
   int64_t cols() const { return cols_; }
   int64_t depth() const { return depth_; }
   int64_t padded_depth() const { return (depth_ + 3) / 4 * 4; }
-  /// The path the layout is for: the requested one, except that AVX-512 without VNNI takes AVX2's.
+  /// The path the layout is for: int8_kernel_isa of the requested one.
   Isa isa() const { return isa_; }
   int64_t panel_columns() const { return panel_columns_; }
   const int8_t* panel(int64_t index) const { return packed_.data() + index * panel_columns_ * padded_depth(); }
