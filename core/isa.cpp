@@ -95,15 +95,25 @@ bool cpu_has_avx512_bf16() { return false; }
 bool cpu_has_avx512_vnni() { return false; }
 #endif
 
+std::string detail::cpu_model_name_from(std::istream& cpuinfo) {
+  // The first processor's block: "key<TAB>: value" lines, ended by an empty line.
+  std::string line, name = "unknown CPU", family, model;
+  while (std::getline(cpuinfo, line) && !line.empty()) {
+    size_t colon = line.find(':');
+    if (colon == std::string::npos || colon == 0) continue;
+    std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name") name = value;
+    else if (key == "cpu family") family = value;
+    else if (key == "model") model = value;
+  }
+  if (family.empty() || model.empty()) return name;
+  return fmt::format("{} (family {}, model {})", name, family, model);
+}
+
 std::string cpu_model_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (!line.starts_with("model name")) continue;
-    size_t colon = line.find(':');
-    if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
-  }
-  return "unknown CPU";
+  return detail::cpu_model_name_from(cpuinfo);
 }
 
 }  // namespace mf

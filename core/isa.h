@@ -9,6 +9,7 @@
 // narrowed to what the CPU runs: a kernel never executes an instruction the CPU lacks.
 #pragma once
 
+#include <istream>
 #include <string>
 #include <string_view>
 
@@ -39,7 +40,9 @@ bool cpu_has_avx512_bf16();
 /// and later, AMD Zen 4), which the int8 GEMM uses.
 bool cpu_has_avx512_vnni();
 
-/// The CPU's model name from /proc/cpuinfo ("AMD EPYC 9B14"), or "unknown CPU".
+/// The CPU's model name from /proc/cpuinfo with its family and model numbers, which tell generations
+/// apart where a virtual machine's name does not ("AMD EPYC (family 26, model 2)": AMD's family 26 is
+/// Zen 5, family 25 Zen 3 or Zen 4 by model), or "unknown CPU".
 std::string cpu_model_name();
 
 namespace detail {
@@ -51,6 +54,9 @@ struct IsaRequest {
   std::string warning;
 };
 IsaRequest resolve_isa_request(std::string_view value, Isa cpu);
+
+/// cpu_model_name() of a /proc/cpuinfo text.
+std::string cpu_model_name_from(std::istream& cpuinfo);
 }  // namespace detail
 
 }  // namespace mf

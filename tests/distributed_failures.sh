@@ -3,13 +3,15 @@
 # mpirun must exit non-zero within a bound well under a hang, with the error naming the collective and
 # the rank that did not arrive where miniflow is the one to see it, and no rank left running.
 set -u
-program="$1"
+program=$(realpath "$1")
 timeout_seconds=2
 bound=20  # seconds: the timeout, the grace to ask the other ranks, MPI's start and teardown
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 failures=0
+# The ranks' command lines (not this script's), by this build's path: other checkouts' suites may be running.
+ranks="$(printf '%s' "$program" | sed 's/[][\\.*^$+?(){}|]/\\&/g') (stall|kill|error) "
 
 # run SCENARIO PATTERN: the job must end non-zero within the bound, its stderr matching PATTERN.
 run() {
@@ -30,7 +32,6 @@ run() {
     echo "ok: $scenario ended with status $status in ${elapsed} ms"
   fi
   sleep 0.5
-  local ranks="distributed_failures (stall|kill|error) "  # the ranks' command lines, not this script's
   if pgrep -f "$ranks" >/dev/null; then
     echo "FAIL: $scenario: ranks left running:"; pgrep -af "$ranks"; failures=$((failures + 1))
     pkill -KILL -f "$ranks"

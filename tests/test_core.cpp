@@ -103,6 +103,21 @@ TEST_CASE("cpu_has_avx512_bf16 and cpu_has_avx512_vnni agree with the kernel's f
   MESSAGE("AVX512-BF16: ", cpu_has_avx512_bf16(), ", AVX512-VNNI: ", cpu_has_avx512_vnni());
 }
 
+TEST_CASE("cpu_model_name names the first processor with its family and model numbers") {
+  // Laid out as Linux writes /proc/cpuinfo: tab-padded keys, one block per processor; "model" is not
+  // "model name".
+  std::istringstream two_processors(
+      "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+      "model name\t: AMD EPYC\nstepping\t: 1\n\n"
+      "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: Another CPU\n");
+  CHECK(detail::cpu_model_name_from(two_processors) == "AMD EPYC (family 26, model 2)");
+  std::istringstream without_numbers("processor\t: 0\nmodel name\t: Some CPU\n");
+  CHECK(detail::cpu_model_name_from(without_numbers) == "Some CPU");
+  std::istringstream empty("");
+  CHECK(detail::cpu_model_name_from(empty) == "unknown CPU");
+  MESSAGE("this CPU: ", cpu_model_name());
+}
+
 TEST_CASE("MINIFLOW_ISA narrows the kernel path and never widens it") {
   using detail::resolve_isa_request;
   for (Isa cpu : {Isa::baseline, Isa::avx2, Isa::avx512}) {

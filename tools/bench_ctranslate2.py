@@ -263,19 +263,22 @@ def agreement(a, b):
 
 
 def cpu_description():
-    """The CPU's model name and which of CPU_FLAGS it has, from /proc/cpuinfo."""
-    name, flags = "unknown CPU", []
+    """The CPU's model name with its family and model numbers (as miniflow's tools print it) and which of
+    CPU_FLAGS it has, from the first processor's block of /proc/cpuinfo."""
+    fields, flags = {}, []
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name == "unknown CPU":
-                    name = value.strip()
-                elif key.strip() == "flags":
-                    flags = [flag for flag in CPU_FLAGS if flag in value.split()]
+                if not line.strip():
                     break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+        flags = [flag for flag in CPU_FLAGS if flag in fields.get("flags", "").split()]
     except OSError:
         pass
+    name = fields.get("model name", "unknown CPU")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
     return name, flags
 
 

@@ -65,12 +65,14 @@ print(sys.version.split()[0])')
 # The vector extensions miniflow's kernels and PyTorch's choose between.
 simd_flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|fma|avx512f|avx512_bf16|avx512_vnni|amx_bf16' \
   | tr '\n' ' ' | sed 's/ $//')
+# "CPU <model name (family, model)>: kernels ...", as the tools print it.
+cpu_line=$(build/tools/bench_transformer --version | sed -n 's/^CPU //p')
 python3 - "$results/meta.json" <<EOF
 import json, sys
 info = """$torch_info""".splitlines()
 json.dump({"date": "$(date -u '+%Y-%m-%d %H:%M UTC')", "command": """$command_line""".strip(),
-           "cpu": "$(lscpu | sed -n 's/^Model name: *//p' | head -1)", "cores": "$(nproc)", "cpu_flags": "$simd_flags",
-           "kernels": "$(build/tools/bench_transformer --version | sed -n 's/^CPU [^:]*: //p')",
+           "cpu": "${cpu_line%%: *}", "cores": "$(nproc)", "cpu_flags": "$simd_flags",
+           "kernels": "${cpu_line#*: }",
            "loadavg_before": "$loadavg_before", "loadavg_after": "$loadavg_after", "git_rev": "$rev",
            "compiler": "$compiler", "openblas": "$openblas", "torch_version": info[0], "torch_blas": info[1].strip(),
            "python": info[2]}, open(sys.argv[1], "w"))
