@@ -94,49 +94,78 @@ struct HeadMatrices {
 /// more than its arithmetic.
 constexpr int64_t kDirectQueries = 8;
 
-/// out[offsets[u] + lane] = sum_r factor(r) * rows[r][offsets[u] + lane] for Count packs P, summed
-/// in registers (a sum through memory would wait on each store), the packs' chains interleaved.
-template <typename P, int Count, typename E, typename Factor>
-MF_INLINE void weighted_packs(E* out, const E* rows, int64_t stride, int64_t count, const int64_t (&offsets)[4],
-                              Factor factor) {
-  P acc[Count] = {};
+/// For each query q < Queries: out[q * out_stride + offsets[u] + lane] = sum_r factor(q, r) *
+/// rows[r][offsets[u] + lane] for Count packs P, summed in registers (a sum through memory would wait on
+/// each store). The queries share each load of the rows, and their Queries x Count chains interleave:
+/// one query's chains alone wait on the adder's latency. Each sum runs over r in order, as one query's
+/// would alone, so grouping queries never changes a bit.
+template <typename P, int Count, int Queries, typename E, typename Factor>
+MF_INLINE void weighted_packs(E* out, int64_t out_stride, const E* rows, int64_t stride, int64_t count,
+                              const int64_t (&offsets)[4], Factor factor) {
+  P acc[Queries][Count] = {};
   for (int64_t r = 0; r < count; ++r) {
-    const E f = factor(r);
-    for (int u = 0; u < Count; ++u) acc[u] += f * cpu::load<P>(rows + r * stride + offsets[u]);
+    P row[Count];
+    for (int u = 0; u < Count; ++u) row[u] = cpu::load<P>(rows + r * stride + offsets[u]);
+    for (int q = 0; q < Queries; ++q) {
+      const E f = factor(q, r);
+      for (int u = 0; u < Count; ++u) acc[q][u] += f * row[u];
+    }
   }
-  for (int u = 0; u < Count; ++u) std::memcpy(out + offsets[u], &acc[u], sizeof(P));
+  for (int q = 0; q < Queries; ++q)
+    for (int u = 0; u < Count; ++u) std::memcpy(out + q * out_stride + offsets[u], &acc[q][u], sizeof(P));
 }
 
-/// out[0, n) = sum_r factor(r) * rows[r][0, n) over `count` rows `stride` apart, four packs of
-/// columns at a time. The columns after the last such four are taken in up to four packs, the last one
-/// ending at n and overlapping its neighbour where n is not a whole number of packs: an overlapped
-/// column is summed twice, each time the same chain over r, and stored twice with the same bits. A
-/// row narrower than a pack takes half-width packs, down to 16 bytes; then scalars.
-template <typename E, int W, typename Factor>
-MF_INLINE void weighted_row_sum(E* out, const E* rows, int64_t stride, int64_t count, int64_t n, Factor factor) {
+/// For each query q < Queries: out[q * out_stride + c] = sum_r factor(q, r) * rows[r][c], c < n, over
+/// `count` rows `stride` apart, four packs of columns at a time. The columns after the last such four
+/// are taken in up to four packs, the last one ending at n and overlapping its neighbour where n is not
+/// a whole number of packs: an overlapped column is summed twice, each time the same chain over r, and
+/// stored twice with the same bits. A row narrower than a pack takes half-width packs, down to 16
+/// bytes; then scalars.
+template <typename E, int W, int Queries, typename Factor>
+MF_INLINE void weighted_row_sums(E* out, int64_t out_stride, const E* rows, int64_t stride, int64_t count, int64_t n,
+                                 Factor factor) {
   using P = cpu::Pack<E, W>;
   constexpr int64_t kWidth = cpu::kPackWidth<E, W>;
   if (n < kWidth) {
-    if constexpr (W > cpu::kBaselineWidth) return weighted_row_sum<E, W / 2>(out, rows, stride, count, n, factor);
-    for (int64_t c = 0; c < n; ++c) {
-      E acc{0};
-      for (int64_t r = 0; r < count; ++r) acc += factor(r) * rows[r * stride + c];
-      out[c] = acc;
-    }
+    if constexpr (W > cpu::kBaselineWidth)
+      return weighted_row_sums<E, W / 2, Queries>(out, out_stride, rows, stride, count, n, factor);
+    for (int q = 0; q < Queries; ++q)
+      for (int64_t c = 0; c < n; ++c) {
+        E acc{0};
+        for (int64_t r = 0; r < count; ++r) acc += factor(q, r) * rows[r * stride + c];
+        out[q * out_stride + c] = acc;
+      }
     return;
   }
   int64_t c = 0;
   for (; c + 4 * kWidth <= n; c += 4 * kWidth)
-    weighted_packs<P, 4>(out, rows, stride, count, {c, c + kWidth, c + 2 * kWidth, c + 3 * kWidth}, factor);
+    weighted_packs<P, 4, Queries>(out, out_stride, rows, stride, count, {c, c + kWidth, c + 2 * kWidth, c + 3 * kWidth},
+                                  factor);
   if (c == n) return;
   const int64_t packs = (n - c + kWidth - 1) / kWidth, last = n - kWidth;
   const int64_t offsets[4] = {std::min(c, last), std::min(c + kWidth, last), std::min(c + 2 * kWidth, last), last};
   switch (packs) {
-    case 1: return weighted_packs<P, 1>(out, rows, stride, count, offsets, factor);
-    case 2: return weighted_packs<P, 2>(out, rows, stride, count, offsets, factor);
-    case 3: return weighted_packs<P, 3>(out, rows, stride, count, offsets, factor);
-    default: return weighted_packs<P, 4>(out, rows, stride, count, offsets, factor);
+    case 1: return weighted_packs<P, 1, Queries>(out, out_stride, rows, stride, count, offsets, factor);
+    case 2: return weighted_packs<P, 2, Queries>(out, out_stride, rows, stride, count, offsets, factor);
+    case 3: return weighted_packs<P, 3, Queries>(out, out_stride, rows, stride, count, offsets, factor);
+    default: return weighted_packs<P, 4, Queries>(out, out_stride, rows, stride, count, offsets, factor);
   }
+}
+
+/// weighted_row_sums for `queries` queries (at most kDirectQueries), in groups as wide as the registers
+/// hold: 4 x 4 accumulators fit AVX-512's 32 registers; 16-register paths take 2 at a time.
+template <typename E, int W, typename Factor>
+MF_INLINE void weighted_row_sums(int64_t queries, E* out, int64_t out_stride, const E* rows, int64_t stride,
+                                 int64_t count, int64_t n, Factor factor) {
+  constexpr int kGroup = W >= 64 ? 4 : 2;
+  int64_t q0 = 0;
+  auto group_factor = [&](int64_t first) {
+    return [&factor, first](int q, int64_t r) MF_LAMBDA_INLINE { return factor(first + q, r); };
+  };
+  for (; q0 + kGroup <= queries; q0 += kGroup)
+    weighted_row_sums<E, W, kGroup>(out + q0 * out_stride, out_stride, rows, stride, count, n, group_factor(q0));
+  for (; q0 < queries; ++q0)
+    weighted_row_sums<E, W, 1>(out + q0 * out_stride, out_stride, rows, stride, count, n, group_factor(q0));
 }
 
 /// sum_d a[d] * b[d] over n elements, in vectors of W bytes.
@@ -178,11 +207,11 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
           int64_t b = pair / H, h = pair % H;
           E* w = weights + pair * T * S;  // [T, S]
           if (keys_by_column) {
-            for (int64_t t = 0; t < T; ++t) {  // w[t, :] = sum_d scale q[t, d] k[d, :]
-              const E* query = qs.at(b, h) + t * qs.row_stride;
-              weighted_row_sum<E, W>(w + t * S, ks.at(b, h), key_column_stride, D, S,
-                                     [&](int64_t d) MF_LAMBDA_INLINE { return scale * query[d]; });
-            }
+            const E* queries = qs.at(b, h);  // w[t, :] = sum_d scale q[t, d] k[d, :]
+            weighted_row_sums<E, W>(T, w, S, ks.at(b, h), key_column_stride, D, S,
+                                    [&](int64_t t, int64_t d) MF_LAMBDA_INLINE {
+                                      return scale * queries[t * qs.row_stride + d];
+                                    });
           } else if (T <= kDirectQueries) {
             for (int64_t t = 0; t < T; ++t)
               for (int64_t s = 0; s < S; ++s)
@@ -206,9 +235,9 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
             kept = dropped.data();
           }
           if (T <= kDirectQueries) {
-            for (int64_t t = 0; t < T; ++t)  // out[b, t, h, :] = sum_s kept[t, s] v[b, h, s, :]
-              weighted_row_sum<E, W>(result + (b * T + t) * H * D + h * D, vs.at(b, h), vs.row_stride, S, D,
-                                     [&](int64_t s) MF_LAMBDA_INLINE { return kept[t * S + s]; });
+            // out[b, t, h, :] = sum_s kept[t, s] v[b, h, s, :]
+            weighted_row_sums<E, W>(T, result + b * T * H * D + h * D, H * D, vs.at(b, h), vs.row_stride, S, D,
+                                    [&](int64_t t, int64_t s) MF_LAMBDA_INLINE { return kept[t * S + s]; });
           } else {
             gemm<E>(CblasNoTrans, CblasNoTrans, T, D, S, kept, S, vs.at(b, h), vs.row_stride,
                     result + b * T * H * D + h * D, H * D);
