@@ -57,8 +57,9 @@ int64_t output_budget(int64_t source_length, int64_t max_len) {
 std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& model,
                                                                 const std::vector<std::vector<int64_t>>& sources,
                                                                 const DecodingOptions& options) {
-  MF_CHECK(options.batch_tokens >= 0, "decode_sources: batch_tokens must be 0 (by the weights' precision) or positive, "
-           "got {}", options.batch_tokens);
+  MF_CHECK(options.batch_tokens >= 0,
+           "decode_sources: batch_tokens must be 0 (by the weights' precision and the search) or positive, got {}",
+           options.batch_tokens);
   MF_CHECK(options.batch_sentences >= 0, "decode_sources: batch_sentences must be 0 (no cap) or positive, got {}",
            options.batch_sentences);
   MF_CHECK(options.workers >= 0, "decode_sources: workers must be 0 (one per intra-op thread) or positive, got {}",
@@ -69,8 +70,9 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
     lengths.push_back(std::min<int64_t>(static_cast<int64_t>(ids.size()), config.max_len - 1) + 1);
 
   std::vector<std::vector<generation::Hypothesis>> out(sources.size());
-  const int64_t batch_tokens =
-      options.batch_tokens > 0 ? options.batch_tokens : nn::is_quantized_int8(model) ? kInt8BatchTokens : kBatchTokens;
+  const int64_t batch_tokens = options.batch_tokens > 0
+                                   ? options.batch_tokens
+                                   : default_batch_tokens(nn::is_quantized_int8(model), options.beam_size);
   const int64_t source_tokens = std::max<int64_t>(1, batch_tokens / std::max<int64_t>(1, options.beam_size));
   // Batches of the shortest sources first: they hold the most sentences, so each step's
   // [sentences, vocabulary] logits are largest there, and the caching allocator's blocks from them

@@ -13,12 +13,20 @@
 
 namespace mf::models {
 
-/// decode_sources' token budgets for DecodingOptions::batch_tokens 0. int8 weights are a quarter of
-/// float32's bytes and their products twice as fast, so the key/value caches read at every step (rows
-/// times positions, per layer) weigh more: half the budget decoded 10-25% faster on Zen 4, where float32
-/// beam search was as fast or faster at the full one (BENCHMARKS.md); on Zen 3, int8 beam 4 at a
-/// quarter of the budget ran 3% behind the full one (half not measured there).
-inline constexpr int64_t kBatchTokens = 4096, kInt8BatchTokens = 2048;
+/// decode_sources' token budgets for DecodingOptions::batch_tokens 0: kBatchTokens for beam search with
+/// float32 weights, kSmallBatchTokens for greedy search and for int8 weights. Measured (BENCHMARKS.md):
+/// half the budget decoded int8 10-25% faster on Zen 4, where float32 beam search was as fast or faster
+/// at the full one; greedy float32 decoding at half the budget ran 8-12% faster on Zen 4 and 8-17% on
+/// Zen 5, beam search unchanged there. Greedy search over the full budget holds four times the source
+/// tokens that beam 4 does (the budget counts rows times beams), and with them the cross-attention keys
+/// and values read at every step. On Zen 3, int8 beam 4 at a quarter of the budget ran 3% behind the full
+/// one (half, and greedy float32, not measured there).
+inline constexpr int64_t kBatchTokens = 4096, kSmallBatchTokens = 2048;
+
+/// The budget DecodingOptions::batch_tokens 0 stands for.
+inline int64_t default_batch_tokens(bool int8_weights, int64_t beam_size) {
+  return int8_weights || beam_size <= 1 ? kSmallBatchTokens : kBatchTokens;
+}
 
 struct DecodingOptions {
   /// 1: greedy search (generation::greedy_decode); more: beam search with this many beams.
@@ -33,7 +41,7 @@ struct DecodingOptions {
   /// Source tokens per batch times beam_size, padding and <eos> included (sentences times the longest
   /// times the rows each sentence holds in the decoder): larger batches make every decoder step one
   /// larger GEMM per weight, at the cost of memory for the key/value caches. A sentence longer than
-  /// that on its own gets a batch of its own. 0: kBatchTokens, or kInt8BatchTokens for int8 weights.
+  /// that on its own gets a batch of its own. 0: default_batch_tokens() for the weights and beam_size.
   int64_t batch_tokens = 0;
   /// At most this many sentences per batch (0: no cap), as fairseq's --max-sentences: short sources
   /// would otherwise fill the token budget with hundreds of sentences, whose [sentences, vocabulary]

@@ -358,7 +358,9 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
   CHECK(decoded[0][0].log_prob == greedy.log_probs[0]);
   CHECK(models::decode_sources(*model, {}, {}).empty());
   CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.batch_tokens = -1}),
-                       "decode_sources: batch_tokens must be 0 (by the weights' precision) or positive, got -1", Error);
+                       "decode_sources: batch_tokens must be 0 (by the weights' precision and the search) or "
+                       "positive, got -1",
+                       Error);
   CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.batch_sentences = -1}),
                        "decode_sources: batch_sentences must be 0 (no cap) or positive, got -1", Error);
   CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.workers = -1}),

@@ -100,8 +100,8 @@ bool parse_options(int argc, char** argv, Options& o) {
            "to the model's max length)");
   args.add("batch-tokens", &o.batch_tokens,
            fmt::format("source tokens decoded together times --beam, padding included (sentences are sorted by "
-                       "length first); 0: {}, or {} for int8 weights",
-                       mf::models::kBatchTokens, mf::models::kInt8BatchTokens));
+                       "length first); 0: {} for beam search with float32 weights, else {}",
+                       mf::models::kBatchTokens, mf::models::kSmallBatchTokens));
   args.add("batch-sentences", &o.batch_sentences, "most sentences decoded together; 0: no cap");
   args.add("batch-workers", &o.batch_workers,
            "batches decoded side by side on the CPU, each on one of the --threads threads (0: one per thread); "
