@@ -2,7 +2,7 @@
 // (ops/cpu/sgemm_kernel.inc) with pairs of k as the unit:
 //
 //   for each block of kBlockPairs pairs of k (c accumulates across them)
-//     pack op(A) for those pairs, strips of kStripRows rows, each pair of a row one 32-bit word
+//     convert op(A) for those pairs, row by row, each pair of a row one 32-bit word
 //     for each block of kBlockColumns columns of op(B)
 //       pack them into panels of kPanelColumns columns, per pair one word per column
 //       for each strip, for each panel: the micro-kernel
@@ -73,33 +73,34 @@ inline __m512i row_pairs(const float* x, int64_t count) {
   return (__m512i)_mm512_cvtne2ps_pbh(second, first);  // bfloat16 k order: word t holds k = 2t, 2t + 1
 }
 
-/// Packs op(a)'s rows [0, rows) over pairs [0, pairs) of the block starting at k = k0 (depth values of k
-/// in all): strip s holds, per pair q, kStripRows words at packed + (s * pairs + q) * kStripRows.
-void pack_a(bool trans_a, int64_t rows, int64_t pairs, int64_t k0, int64_t depth, const float* a, int64_t lda,
-            uint32_t* packed) {
-  alignas(64) uint32_t words[16];
-  if (!trans_a) {  // row i's pairs are runs of its values
-    for (int64_t i = 0; i < rows; ++i) {
-      uint32_t* strip = packed + (i / kStripRows) * pairs * kStripRows + i % kStripRows;
-      for (int64_t q = 0; q < pairs; q += 16) {
-        _mm512_store_si512(words, row_pairs(a + i * lda + k0 + 2 * q, depth - (k0 + 2 * q)));
-        for (int64_t t = 0; t < std::min<int64_t>(16, pairs - q); ++t) strip[(q + t) * kStripRows] = words[t];
-      }
-    }
+/// op(a)'s rows [0, rows) over pairs [0, pairs) of the block starting at k = k0 (depth values of k in
+/// all) as bfloat16 pairs, row r's pair q at words[r * pairs + q]. A row of a is a run of its pairs:
+/// vector loads and stores. A row of a^T is a column of a: 16 rows of 16 pairs are transposed in
+/// registers, so both are written with whole vectors.
+void convert_a(bool trans_a, int64_t rows, int64_t pairs, int64_t k0, int64_t depth, const float* a, int64_t lda,
+               uint32_t* words) {
+  if (!trans_a) {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t q = 0; q < pairs; q += 16)
+        _mm512_mask_storeu_epi32(words + i * pairs + q, Avx512Floats::first_lanes(pairs - q),
+                                 row_pairs(a + i * lda + k0 + 2 * q, depth - (k0 + 2 * q)));
     return;
   }
-  // op(a) = a^T: row i's pair q is a[k][i], a[k + 1][i]: 16 rows of one pair come from two runs of a.
-  for (int64_t q = 0; q < pairs; ++q) {
-    const int64_t k = k0 + 2 * q;
-    for (int64_t i = 0; i < rows; i += 16) {
-      __mmask16 present = Avx512Floats::first_lanes(rows - i);
-      __m512 lo = _mm512_maskz_loadu_ps(present, a + k * lda + i);
-      __m512 hi = k + 1 < depth ? _mm512_maskz_loadu_ps(present, a + (k + 1) * lda + i) : _mm512_setzero_ps();
-      _mm512_store_si512(words, interleaved_pairs(lo, hi));
-      for (int64_t t = 0; t < std::min<int64_t>(16, rows - i); ++t) {
-        const int64_t row = i + t;
-        packed[((row / kStripRows) * pairs + q) * kStripRows + row % kStripRows] = words[t];
+  for (int64_t i = 0; i < rows; i += 16) {
+    const __mmask16 present = Avx512Floats::first_lanes(rows - i);
+    for (int64_t q = 0; q < pairs; q += 16) {
+      __m512 tile[16];  // tile[t]: pair q + t of rows i to i + 15; transposed, row i + t's pairs q to q + 15
+      for (int64_t t = 0; t < 16; ++t) {
+        const int64_t k = k0 + 2 * (q + t);
+        __m512 lo = q + t < pairs ? _mm512_maskz_loadu_ps(present, a + k * lda + i) : _mm512_setzero_ps();
+        __m512 hi = q + t < pairs && k + 1 < depth ? _mm512_maskz_loadu_ps(present, a + (k + 1) * lda + i)
+                                                   : _mm512_setzero_ps();
+        tile[t] = _mm512_castsi512_ps(interleaved_pairs(lo, hi));
       }
+      Avx512Floats::transpose(tile);
+      for (int64_t t = 0; t < std::min<int64_t>(16, rows - i); ++t)
+        _mm512_mask_storeu_epi32(words + (i + t) * pairs + q, Avx512Floats::first_lanes(pairs - q),
+                                 _mm512_castps_si512(tile[t]));
     }
   }
 }
@@ -141,9 +142,9 @@ void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t dept
   return acc;
 }
 
-/// c[0:Rows, 0:32 masked] = the epilogue applied to the strip's rows times the panel over `pairs` pairs:
-/// alpha sums (+ beta c unless beta == 0) (+ bias, the tile's first column's), then ReLU, in sgemm's
-/// order.
+/// c[0:Rows, 0:32 masked] = the epilogue applied to the strip's rows (op(A)'s rows of `pairs` words,
+/// convert_a's) times the panel over those pairs: alpha sums (+ beta c unless beta == 0) (+ bias, the
+/// tile's first column's), then ReLU, in sgemm's order.
 template <int64_t Rows>
 [[gnu::always_inline]] inline void tile(int64_t pairs, const uint32_t* strip, const uint32_t* panel, float* c,
                                         int64_t ldc, __mmask16 low_mask, __mmask16 high_mask,
@@ -156,7 +157,7 @@ template <int64_t Rows>
     const __m512i b_high = _mm512_load_si512(panel + q * kPanelColumns + 16);
 #pragma GCC unroll 12
     for (int64_t r = 0; r < Rows; ++r) {
-      const __m512i a = _mm512_set1_epi32(static_cast<int>(strip[q * kStripRows + r]));
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(strip[r * pairs + q]));
       low[r] = dot_pairs(low[r], a, b_low);
       high[r] = dot_pairs(high[r], a, b_high);
     }
@@ -204,8 +205,8 @@ void gemm_dot_products(bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
     const GemmEpilogue<float> block{.alpha = epilogue.alpha, .beta = first ? epilogue.beta : 1.0f,
                                     .bias = first ? epilogue.bias : nullptr,
                                     .relu = epilogue.relu && q0 + kBlockPairs >= all_pairs};
-    uint32_t* packed_a = aligned_words(packed_a_buffer, strips * pairs * kStripRows);
-    pack_a(trans_a, rows, pairs, k0, depth, a, lda, packed_a);
+    uint32_t* packed_a = aligned_words(packed_a_buffer, rows * pairs);
+    convert_a(trans_a, rows, pairs, k0, depth, a, lda, packed_a);
     for (int64_t j0 = 0; j0 < cols; j0 += kBlockColumns) {
       const int64_t width = std::min(kBlockColumns, cols - j0);
       const int64_t panels = (width + kPanelColumns - 1) / kPanelColumns;
