@@ -222,35 +222,39 @@ TEST_CASE("few queries against keys kept by column, as a decoding cache keeps th
   // The queries of a head are summed side by side in groups (of 4 on AVX-512, 2 on AVX2) and the rest
   // alone: 1, 2 and 5 queries take each, and a query's bits must not depend on its group.
   manual_seed(5);
-  for (int64_t D : {1, 3, 8, 12, 40}) {
+  struct Case {
+    int64_t D, S, T;
+  };
+  std::vector<Case> cases;
+  for (int64_t D : {1, 3, 8, 12, 40})
     for (int64_t S = 1; S <= 40; ++S)
-    for (int64_t T : {1, 2, 5}) {
-      CAPTURE(D);
-      CAPTURE(S);
-      CAPTURE(T);
-      const int64_t H = 2;
-      Tensor q = randn({1, H, T, D}), keys_by_column = randn({1, H, D, S}), v = randn({1, H, S, D});
-      AttentionResult got = scaled_dot_product_attention_with_weights(q, keys_by_column.transpose(2, 3), v);
-      Vec qs = q.to_vector<double>(), ks = keys_by_column.to_vector<double>(), vs = v.to_vector<double>();
-      Vec weights(static_cast<size_t>(H * T * S)), output(static_cast<size_t>(H * T * D));
-      auto element = [](const Vec& m, int64_t at) { return m[static_cast<size_t>(at)]; };
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          NaiveRow row = naive_attention_row(
-              S, D,
-              [&](int64_t s, int64_t d) { return element(qs, (h * T + t) * D + d) * element(ks, (h * D + d) * S + s); },
-              [](int64_t) { return 0.0; }, [&](int64_t s, int64_t d) { return element(vs, (h * S + s) * D + d); });
-          std::copy(row.weights.begin(), row.weights.end(), weights.begin() + (h * T + t) * S);
-          std::copy(row.output.begin(), row.output.end(), output.begin() + (h * T + t) * D);
-        }
-      check_close(got.weights, from_vector(weights, {1, H, T, S}).to(DType::Float32), 1e-5, 1e-6);
-      check_close(got.output, from_vector(output, {1, H, T, D}).to(DType::Float32), 1e-5, 1e-5);
+      for (int64_t T : {1, 2, 5}) cases.push_back({D, S, T});
+  for (auto [D, S, T] : cases) {
+    CAPTURE(D);
+    CAPTURE(S);
+    CAPTURE(T);
+    const int64_t H = 2;
+    Tensor q = randn({1, H, T, D}), keys_by_column = randn({1, H, D, S}), v = randn({1, H, S, D});
+    AttentionResult got = scaled_dot_product_attention_with_weights(q, keys_by_column.transpose(2, 3), v);
+    Vec qs = q.to_vector<double>(), ks = keys_by_column.to_vector<double>(), vs = v.to_vector<double>();
+    Vec weights(static_cast<size_t>(H * T * S)), output(static_cast<size_t>(H * T * D));
+    auto element = [](const Vec& m, int64_t at) { return m[static_cast<size_t>(at)]; };
+    for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
-        AttentionResult alone =
-            scaled_dot_product_attention_with_weights(q.narrow(2, t, 1), keys_by_column.transpose(2, 3), v);
-        CHECK(alone.output.to_vector<float>() == got.output.narrow(2, t, 1).to_vector<float>());
-        CHECK(alone.weights.to_vector<float>() == got.weights.narrow(2, t, 1).to_vector<float>());
+        NaiveRow row = naive_attention_row(
+            S, D,
+            [&](int64_t s, int64_t d) { return element(qs, (h * T + t) * D + d) * element(ks, (h * D + d) * S + s); },
+            [](int64_t) { return 0.0; }, [&](int64_t s, int64_t d) { return element(vs, (h * S + s) * D + d); });
+        std::copy(row.weights.begin(), row.weights.end(), weights.begin() + (h * T + t) * S);
+        std::copy(row.output.begin(), row.output.end(), output.begin() + (h * T + t) * D);
       }
+    check_close(got.weights, from_vector(weights, {1, H, T, S}).to(DType::Float32), 1e-5, 1e-6);
+    check_close(got.output, from_vector(output, {1, H, T, D}).to(DType::Float32), 1e-5, 1e-5);
+    for (int64_t t = 0; t < T; ++t) {
+      AttentionResult alone =
+          scaled_dot_product_attention_with_weights(q.narrow(2, t, 1), keys_by_column.transpose(2, 3), v);
+      CHECK(alone.output.to_vector<float>() == got.output.narrow(2, t, 1).to_vector<float>());
+      CHECK(alone.weights.to_vector<float>() == got.weights.narrow(2, t, 1).to_vector<float>());
     }
   }
 }
