@@ -18,7 +18,7 @@ namespace mf::models {
 /// half the budget decoded int8 10-25% faster on Zen 4, where float32 beam search was as fast or faster
 /// at the full one; greedy float32 decoding at half the budget ran 8-12% faster on Zen 4 and 8-17% on
 /// Zen 5, beam search unchanged there. Greedy search over the full budget holds four times the source
-/// tokens that beam 4 does (the budget counts rows times beams), and with them the cross-attention keys
+/// tokens that beam 4 does (the budget counts source tokens times beams), and with them the cross-attention keys
 /// and values read at every step. On Zen 3, int8 beam 4 at a quarter of the budget ran 3% behind the full
 /// one (half, and greedy float32, not measured there).
 inline constexpr int64_t kBatchTokens = 4096, kSmallBatchTokens = 2048;
