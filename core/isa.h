@@ -9,7 +9,7 @@
 // narrowed to what the CPU runs: a kernel never executes an instruction the CPU lacks.
 #pragma once
 
-#include <istream>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 

@@ -14,13 +14,11 @@
 namespace mf::models {
 
 /// decode_sources' token budgets for DecodingOptions::batch_tokens 0: kBatchTokens for beam search with
-/// float32 weights, kSmallBatchTokens for greedy search and for int8 weights. Measured (BENCHMARKS.md):
-/// half the budget decoded int8 10-25% faster on Zen 4, where float32 beam search was as fast or faster
-/// at the full one; greedy float32 decoding at half the budget ran 8-12% faster on Zen 4 and 8-17% on
-/// Zen 5, beam search unchanged there. Greedy search over the full budget holds four times the source
-/// tokens that beam 4 does (the budget counts source tokens times beams), and with them the cross-attention keys
-/// and values read at every step. On Zen 3, int8 beam 4 at a quarter of the budget ran 3% behind the full
-/// one (half, and greedy float32, not measured there).
+/// float32 weights, kSmallBatchTokens for greedy search and for int8 weights. The key/value caches are
+/// read at every step, so they weigh more where the products are cheap (int8) and where a batch holds
+/// many sources (greedy search over the full budget holds four times beam 4's source tokens, and their
+/// cross-attention keys and values); float32 beam search lost at half the budget. Measured on Zen 3, 4
+/// and 5 in BENCHMARKS.md.
 inline constexpr int64_t kBatchTokens = 4096, kSmallBatchTokens = 2048;
 
 /// The budget DecodingOptions::batch_tokens 0 stands for.
