@@ -65,6 +65,7 @@ options = {o["name"]: o["value"] for o in json.loads(sys.argv[1])}
 sys.exit(0 if {"80", "90"} <= set(str(options.get("gpu_arch", "")).split(";")) else 1)
 EOF
   grep -q "MF_CUDA=1" "$build/build.ninja" || die "$build was configured without CUDA (meson configure $build -Dcuda=enabled)"
+  bash tools/refresh_cuda_objects.sh "$build" || die "could not refresh the CUDA objects of $build"
   ninja -C "$build" || die "ninja -C $build failed"
 
   local stage

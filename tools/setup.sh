@@ -44,4 +44,5 @@ if [ ! -f build/build.ninja ]; then
 elif ((reconfigure)); then
   meson setup --reconfigure build
 fi
+bash tools/refresh_cuda_objects.sh build
 ninja -C build
