@@ -10,9 +10,9 @@
 
 namespace mf::cuda::detail {
 
-/// Bumped whenever Backend changes, so that a stale libminiflow_cuda.so is refused by name rather
-/// than called through the wrong table.
-inline constexpr int kBackendAbiVersion = 1;
+/// Bumped whenever Backend or the Registry it fills changes, so that a stale libminiflow_cuda.so is
+/// refused by name rather than called through the wrong table.
+inline constexpr int kBackendAbiVersion = 2;
 
 /// The name the backend's entry point is exported under (extern "C"): a function taking nothing and
 /// returning const Backend*.

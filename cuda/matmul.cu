@@ -2,7 +2,8 @@
 // strided-batched GEMM. cuBLAS is column-major, so the row-major product is computed as
 // out^T = b^T a^T (operands swapped); a transposed view is passed as a transpose flag, a broadcast
 // batch as batch stride 0, and only layouts neither covers are copied first. Float32 products take
-// the compute type the precision settings ask for (float32_compute below).
+// the compute type the precision settings ask for (float32_compute below); bfloat16 operands, which
+// reach these kernels in calls autocast lowers, are read as they are and summed in float32.
 #include "core/parallel.h"
 #include "cuda/kernels.h"
 #include "cuda/runtime.h"
@@ -69,23 +70,34 @@ cublasComputeType_t float32_compute() {
   return CUBLAS_COMPUTE_32F;
 }
 
-/// c = a b, or c += a b for beta = 1.
+/// The two operands in one dtype, as cuBLAS takes them: as they are, or, where a bfloat16 one meets a
+/// float32 one, both bfloat16 (the float32 one rounded as autocast would have rounded it).
+std::pair<Tensor, Tensor> in_one_dtype(const Tensor& a, const Tensor& b) {
+  if (a.dtype() == b.dtype()) return {a, b};
+  return {a.to(DType::BFloat16), b.to(DType::BFloat16)};
+}
+
+/// c = a b, or c += a b for beta = 1; T is c's type, and a and b share a dtype (float32 or
+/// bfloat16 for a float32 c).
 template <typename T>
 void gemm(cublasHandle_t handle, const Operand& a, const Operand& b, T* c, int64_t n, int64_t m, int64_t k,
           int64_t batch, T beta = 0) {
   const T one = 1;
-  const T* pa = static_cast<const T*>(a.t.raw_data());
-  const T* pb = static_cast<const T*>(b.t.raw_data());
   // Column-major: C^T [M, N] = op(B^T) [M, K] * op(A^T) [K, N].
   int im = to_int(m, "M"), in = to_int(n, "N"), ik = to_int(k, "K"), ib = to_int(batch, "the batch");
   int lda = to_int(a.ld, "lda"), ldb = to_int(b.ld, "ldb");
-  if constexpr (std::is_same_v<T, float>)
-    MF_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, b.op, a.op, im, in, ik, &one, pb, CUDA_R_32F, ldb,
-                                               b.batch_stride, pa, CUDA_R_32F, lda, a.batch_stride, &beta, c,
-                                               CUDA_R_32F, im, m * n, ib, float32_compute(), CUBLAS_GEMM_DEFAULT));
-  else
-    MF_CUBLAS_CHECK(cublasDgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, pb, ldb, b.batch_stride, pa, lda,
-                                              a.batch_stride, &beta, c, im, m * n, ib));
+  if constexpr (std::is_same_v<T, float>) {
+    const bool bfloat16 = a.t.dtype() == DType::BFloat16;
+    const cudaDataType_t type = bfloat16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute = bfloat16 ? CUBLAS_COMPUTE_32F : float32_compute();
+    MF_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, b.op, a.op, im, in, ik, &one, b.t.raw_data(), type, ldb,
+                                               b.batch_stride, a.t.raw_data(), type, lda, a.batch_stride, &beta, c,
+                                               CUDA_R_32F, im, m * n, ib, compute, CUBLAS_GEMM_DEFAULT));
+  } else {
+    MF_CUBLAS_CHECK(cublasDgemmStridedBatched(handle, b.op, a.op, im, in, ik, &one, b.t.data_ptr<T>(), ldb,
+                                              b.batch_stride, a.t.data_ptr<T>(), lda, a.batch_stride, &beta, c, im,
+                                              m * n, ib));
+  }
 }
 
 void matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs&) {
@@ -103,7 +115,8 @@ void matmul(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs
     shape.push_back(cols);
     return t.expand(shape);
   };
-  Operand a = operand(expanded(in[0], n, k)), b = operand(expanded(in[1], k, m));
+  auto [a_in, b_in] = in_one_dtype(in[0], in[1]);
+  Operand a = operand(expanded(a_in, n, k)), b = operand(expanded(b_in, k, m));
   cublasHandle_t handle = cublas(device);
   visit_floating(c.dtype(), [&]<typename T>() { gemm<T>(handle, a, b, c.data_ptr<T>(), n, m, k, shape_numel(batch)); });
 }
@@ -115,7 +128,8 @@ void linear(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs
   int64_t m = c.size(-1), n = c.numel() / m, k = in[1].size(1);
   c.copy_(in[2].expand(c.shape()));
   if (k == 0) return;
-  Operand a = operand(in[0].reshape({n, k})), b = operand(in[1].t());
+  auto [x, weight] = in_one_dtype(in[0], in[1]);
+  Operand a = operand(x.reshape({n, k})), b = operand(weight.t());
   cublasHandle_t handle = cublas(c.device().index);
   visit_floating(c.dtype(), [&]<typename T>() { gemm<T>(handle, a, b, c.data_ptr<T>(), n, m, k, 1, T{1}); });
 }
@@ -129,9 +143,10 @@ void linear_relu(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
 }  // namespace
 
 void register_matmul(Registry& r) {
-  r.set_kernel(OpId::matmul, DeviceType::CUDA, matmul);
-  r.set_kernel(OpId::linear, DeviceType::CUDA, linear);
-  r.set_kernel(OpId::linear_relu, DeviceType::CUDA, linear_relu);
+  constexpr bool reads_bfloat16_when_lowered = true;
+  r.set_kernel(OpId::matmul, DeviceType::CUDA, matmul, reads_bfloat16_when_lowered);
+  r.set_kernel(OpId::linear, DeviceType::CUDA, linear, reads_bfloat16_when_lowered);
+  r.set_kernel(OpId::linear_relu, DeviceType::CUDA, linear_relu, reads_bfloat16_when_lowered);
 }
 
 }  // namespace mf::cuda

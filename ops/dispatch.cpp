@@ -20,8 +20,10 @@ void Registry::define(OpId id, OpDef def) {
   defs_[index] = def;
 }
 
-void Registry::set_kernel(OpId id, DeviceType device, KernelFn kernel) {
-  defs_[static_cast<size_t>(id)].kernels[static_cast<size_t>(device)] = kernel;
+void Registry::set_kernel(OpId id, DeviceType device, KernelFn kernel, bool reads_bfloat16_when_lowered) {
+  OpDef& def = defs_[static_cast<size_t>(id)];
+  def.kernels[static_cast<size_t>(device)] = kernel;
+  def.lowered_kernel_reads_bfloat16[static_cast<size_t>(device)] = reads_bfloat16_when_lowered;
 }
 
 Registry& detail::registry_to_extend() {
@@ -188,8 +190,10 @@ void check_storage_dtype(const OpDef& def, DType dtype) {
            "with (cast with .to(mf::DType::Float32) first)", dtype_name(dtype));
 }
 
-void check_storage_dtype(const OpDef& def, const std::vector<Tensor>& inputs) {
-  for (const Tensor& t : inputs) check_storage_dtype(def, t.dtype());
+/// `reads_bfloat16`: this call's kernel reads bfloat16 inputs as they are (OpDef::lowered_kernel_reads_bfloat16).
+void check_storage_dtype(const OpDef& def, const std::vector<Tensor>& inputs, bool reads_bfloat16 = false) {
+  for (const Tensor& t : inputs)
+    if (!(reads_bfloat16 && t.dtype() == DType::BFloat16)) check_storage_dtype(def, t.dtype());
 }
 
 void check_storage_dtype(const OpDef& def, const std::vector<OutputSpec>& specs) {
@@ -296,13 +300,21 @@ bool autocast_lowers(const OpDef& def, Device device) {
   return def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
 }
 
+/// Whether autocast lowers this op on `device` and the op's kernel there reads bfloat16 inputs as
+/// they are.
+bool lowered_kernel_reads_bfloat16(const OpDef& def, Device device) {
+  return def.lowered_kernel_reads_bfloat16[static_cast<size_t>(device.type)] && autocast_lowers(def, device);
+}
+
 /// Whether autocast casts some of these inputs to float32 before the op runs: bfloat16 ones on a
 /// device where autocast is on, for an op that computes with its inputs' values (not one that writes
-/// its input: it would write a copy).
-bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs) {
+/// its input: it would write a copy), unless the call writes a new result with a kernel that reads
+/// bfloat16 (in place, the result keeps the target's dtype and goes through the float32 path).
+bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs, bool in_place) {
   if (def.view || def.takes_storage_dtypes || def.writes_input) return false;
-  return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
-    return t.defined() && t.dtype() == DType::BFloat16 && is_autocast_enabled(t.device().type);
+  return std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::BFloat16 && is_autocast_enabled(t.device().type) &&
+           (in_place || !lowered_kernel_reads_bfloat16(def, t.device()));
   });
 }
 
@@ -318,7 +330,7 @@ std::vector<Tensor> float32_inputs(const std::vector<Tensor>& inputs, const Site
 
 std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
   const OpDef& def = registry()[id];
-  if (autocast_casts_inputs(def, inputs)) [[unlikely]]
+  if (autocast_casts_inputs(def, inputs, /*in_place=*/false)) [[unlikely]]
     return call(id, float32_inputs(inputs, site), attrs, site);
   CallDepth depth;
   std::vector<Tensor> outputs;
@@ -331,7 +343,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
       outputs.push_back(def.view(inputs[0], attrs));
     } else {
       Device out_device = def.mixes_devices ? std::get<ToDeviceParams>(attrs).device : device;
-      check_storage_dtype(def, inputs);
+      check_storage_dtype(def, inputs, lowered_kernel_reads_bfloat16(def, device));
       std::vector<OutputSpec> specs = def.infer(inputs, attrs);
       check_storage_dtype(def, specs);
       KernelFn kernel = kernel_for(def, device);
@@ -363,7 +375,7 @@ Tensor call1(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Sit
 
 void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
   const OpDef& def = registry()[id];
-  if (autocast_casts_inputs(def, inputs)) [[unlikely]]
+  if (autocast_casts_inputs(def, inputs, /*in_place=*/true)) [[unlikely]]
     return call_inplace(id, self, float32_inputs(inputs, site), attrs, site);
   CallDepth depth;
   try {

@@ -17,20 +17,32 @@
 namespace mf {
 namespace {
 
+/// The dtype of a product of operands of these dtypes: their one float dtype, or float32 where
+/// bfloat16 operands mix with float32 ones (the dispatcher lets them through only to a kernel that
+/// reads bfloat16 in a call autocast lowers: cuBLAS's); nothing for any other mix.
+std::optional<DType> product_dtype(std::initializer_list<DType> dtypes) {
+  DType first = *dtypes.begin();
+  if (std::all_of(dtypes.begin(), dtypes.end(), [&](DType d) { return d == first && is_floating(d); })) return first;
+  if (std::all_of(dtypes.begin(), dtypes.end(), [](DType d) { return d == DType::Float32 || d == DType::BFloat16; }))
+    return DType::Float32;
+  return std::nullopt;
+}
+
 // a [..., N, K] @ b [..., K, M] -> [..., N, M], batch dims broadcast.
 std::vector<OutputSpec> infer_matmul(const std::vector<Tensor>& in, const Attrs&) {
   const Tensor &a = in[0], &b = in[1];
   MF_CHECK(a.dim() >= 2 && b.dim() >= 2, "expects operands with at least 2 dims, got {} and {}", shape_str(a.shape()),
            shape_str(b.shape()));
-  MF_CHECK(a.dtype() == b.dtype() && is_floating(a.dtype()), "expects two float32 or two float64 operands, got {} and {}",
-           dtype_name(a.dtype()), dtype_name(b.dtype()));
+  std::optional<DType> dtype = product_dtype({a.dtype(), b.dtype()});
+  MF_CHECK(dtype, "expects two float32 or two float64 operands, got {} and {}", dtype_name(a.dtype()),
+           dtype_name(b.dtype()));
   MF_CHECK(a.size(-1) == b.size(-2), "cannot multiply {} by {} ({} != {})", shape_str(a.shape()), shape_str(b.shape()),
            a.size(-1), b.size(-2));
   Shape batch = broadcast_shapes(std::span(a.shape()).first(a.shape().size() - 2),
                                  std::span(b.shape()).first(b.shape().size() - 2));
   batch.push_back(a.size(-2));
   batch.push_back(b.size(-1));
-  return {{batch, a.dtype()}};
+  return {{batch, *dtype}};
 }
 
 /// How one operand's matrices are laid out for BLAS: row-major with a leading dimension, or a
@@ -295,15 +307,15 @@ std::vector<OutputSpec> infer_linear(const std::vector<Tensor>& in, const Attrs&
   MF_CHECK(x.dim() >= 1 && weight.dim() == 2 && bias.dim() == 1,
            "expects input [..., in], weight [out, in] and bias [out], got {}, {} and {}", shape_str(x.shape()),
            shape_str(weight.shape()), shape_str(bias.shape()));
-  MF_CHECK(x.dtype() == weight.dtype() && x.dtype() == bias.dtype() && is_floating(x.dtype()),
-           "expects float32 or float64 operands of one dtype, got {}, {} and {}", dtype_name(x.dtype()),
+  std::optional<DType> dtype = product_dtype({x.dtype(), weight.dtype(), bias.dtype()});
+  MF_CHECK(dtype, "expects float32 or float64 operands of one dtype, got {}, {} and {}", dtype_name(x.dtype()),
            dtype_name(weight.dtype()), dtype_name(bias.dtype()));
   MF_CHECK(x.size(-1) == weight.size(1) && bias.size(0) == weight.size(0),
            "input {}, weight {} and bias {} do not fit: weight must be [{}, {}] and bias [{}]", shape_str(x.shape()),
            shape_str(weight.shape()), shape_str(bias.shape()), bias.size(0), x.size(-1), weight.size(0));
   Shape shape = x.shape();
   shape.back() = weight.size(0);
-  return {{shape, x.dtype()}};
+  return {{shape, *dtype}};
 }
 
 /// linear's kernel, and with `relu` linear_relu's: the ReLU goes where the bias does.

@@ -401,6 +401,10 @@ struct OpDef {
   /// dispatcher refuses those dtypes for every other op (views take any dtype).
   bool takes_storage_dtypes = false;
   AutocastRule autocast = AutocastRule::Float32;
+  /// Devices whose kernel, in a call autocast lowers, reads bfloat16 inputs as they are (cuBLAS takes
+  /// bfloat16 operands) where the dispatcher would otherwise cast them to float32 first: the inputs
+  /// may then mix bfloat16 with float32, and the op's infer gives float32 results. Set by set_kernel.
+  std::array<bool, kDeviceTypeCount> lowered_kernel_reads_bfloat16{};
   /// Test samples and the naive reference the suite holds the kernels against.
   SamplesFn samples = nullptr;
   ReferenceFn reference = nullptr;
@@ -413,8 +417,9 @@ class Registry {
  public:
   /// Defines an op; each op is defined exactly once.
   void define(OpId id, OpDef def);
-  /// Adds or replaces one device's kernel (the CUDA layer registers its kernels this way).
-  void set_kernel(OpId id, DeviceType device, KernelFn kernel);
+  /// Adds or replaces one device's kernel (the CUDA layer registers its kernels this way);
+  /// `reads_bfloat16_when_lowered`: see OpDef::lowered_kernel_reads_bfloat16.
+  void set_kernel(OpId id, DeviceType device, KernelFn kernel, bool reads_bfloat16_when_lowered = false);
   const OpDef& operator[](OpId id) const { return defs_[static_cast<size_t>(id)]; }
   bool is_defined(OpId id) const { return !defs_[static_cast<size_t>(id)].name.empty(); }
 

@@ -4,6 +4,7 @@
 // of two bfloat16 values is exact, so only the float32 accumulation of the k products may differ.
 #include "helpers.h"
 #include "miniflow.h"
+#include "ops/kernel_api.h"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -209,4 +210,57 @@ TEST_CASE("under autocast, bfloat16 inputs are cast to float32, gradients flowin
     CHECK(x.grad().device() == device);
     CHECK(x.grad().to(DType::Float32).to(mf::Device::cpu()).to_vector<float>() == std::vector<float>{3, 3, 3});
   }
+}
+
+namespace {
+
+// A stand-in for a kernel that reads bfloat16 (cuBLAS's: OpDef::lowered_kernel_reads_bfloat16), so
+// that the dispatcher's side of it is checked on every machine: it records the dtypes it is given,
+// then computes as the CPU's matmul does on float32 copies of them.
+std::vector<DType> dtypes_given;
+mf::KernelFn cpu_matmul = nullptr;
+
+void recording_matmul(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs, const mf::Attrs& attrs) {
+  std::vector<Tensor> float32;
+  for (const Tensor& t : inputs) {
+    dtypes_given.push_back(t.dtype());
+    float32.push_back(t.to(DType::Float32));
+  }
+  cpu_matmul(float32, outputs, attrs);
+}
+
+/// Puts the recording kernel in the CPU's matmul slot for its scope.
+struct RecordingMatmul {
+  RecordingMatmul() {
+    mf::Registry& registry = mf::detail::registry_to_extend();
+    cpu_matmul = registry[mf::OpId::matmul].kernels[static_cast<size_t>(mf::DeviceType::CPU)];
+    registry.set_kernel(mf::OpId::matmul, mf::DeviceType::CPU, recording_matmul, /*reads_bfloat16_when_lowered=*/true);
+  }
+  ~RecordingMatmul() { mf::detail::registry_to_extend().set_kernel(mf::OpId::matmul, mf::DeviceType::CPU, cpu_matmul); }
+  RecordingMatmul(const RecordingMatmul&) = delete;
+  RecordingMatmul& operator=(const RecordingMatmul&) = delete;
+};
+
+}  // namespace
+
+// Values worked by hand: a [[1, 2, 3], [4, 5, 6]] times b [[0.5, 1], [1.5, 2], [2.5, 3]], all exact in
+// bfloat16; the gradients of the sum are row sums of b (a's, in each row) and column sums of a (b's).
+TEST_CASE("a kernel that reads bfloat16 under autocast gets bfloat16 inputs as they are, and float32 results") {
+  RecordingMatmul recording;
+  Tensor a = mf::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}).to(DType::BFloat16).set_requires_grad(true);
+  Tensor b = mf::from_vector(std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}, {3, 2}).set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(mf::matmul(a, b), doctest::Contains("not computed with"), mf::Error);  // outside autocast
+  mf::AutocastGuard autocast;
+  dtypes_given.clear();
+  Tensor y = mf::matmul(a, b);
+  CHECK(dtypes_given == std::vector<DType>{DType::BFloat16, DType::Float32});  // no cast in between
+  CHECK(y.dtype() == DType::Float32);
+  CHECK(y.to_vector<float>() == std::vector<float>{11, 14, 24.5f, 32});
+  dtypes_given.clear();
+  y.sum().backward();  // da = dy b^T (float32 operands), db = a^T dy (a still bfloat16)
+  CHECK(dtypes_given == std::vector<DType>{DType::Float32, DType::Float32, DType::BFloat16, DType::Float32});
+  CHECK(a.grad().dtype() == DType::BFloat16);
+  CHECK(a.grad().to(DType::Float32).to_vector<float>() == std::vector<float>{1.5f, 3.5f, 5.5f, 1.5f, 3.5f, 5.5f});
+  CHECK(b.grad().dtype() == DType::Float32);
+  CHECK(b.grad().to_vector<float>() == std::vector<float>{5, 5, 7, 7, 9, 9});
 }

@@ -8,6 +8,7 @@
 #include "helpers.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <string_view>
 
@@ -130,6 +131,54 @@ TEST_CASE("CUDA GEMMs compute in float32, TF32 or bfloat16 as the precision sett
   lowered.sum().backward();  // dx = ones W: sums of 48 weights, each rounded
   const Tensor dx_exact = w.to(DType::Float64).sum({0}).expand({40, 64});
   CHECK(largest_gap(xr.grad(), dx_exact) < 0.2);
+}
+
+// Under autocast, cuBLAS reads bfloat16 tensors as they are (CUDA_R_16BF operands, float32 sums and
+// results) where the CPU casts them to float32 first. Reference: float64 sums, on the CPU, of the
+// operands rounded to bfloat16 (a float32 operand beside a bfloat16 one is rounded as autocast would
+// round it); their products are exact in float32, so only the float32 sums of 64 of them (each
+// within about 2^-24 relative) separate the two: 1e-4 of sums of size ~10. Gradients are float32
+// sums of 40 or 48 bfloat16 values, then rounded to the leaf's bfloat16: within 2^-8 relative.
+TEST_CASE("CUDA GEMMs read bfloat16 tensors as they are under autocast, their gradients too") {
+  if (!cuda::is_available()) {
+    MESSAGE("SKIPPED: no GPU: cuBLAS's bfloat16 operands are not checked");
+    return;
+  }
+  manual_seed(23);
+  const Tensor x = randn({40, 64}), w = randn({48, 64}), bias = randn({48}), b = randn({64, 7});
+  auto rounded = [](const Tensor& t) { return t.to(DType::BFloat16).to(DType::Float64); };
+  auto largest_gap = [](const Tensor& a, const Tensor& reference) {
+    return (a.to(Device::cpu()).to(DType::Float64) - reference).abs().max().item<double>();
+  };
+  const Tensor xb = x.to(DType::BFloat16).to(kGpu), wb = w.to(DType::BFloat16).to(kGpu), bg = bias.to(kGpu);
+  CHECK_THROWS_WITH_AS(linear(xb, wb, bg), doctest::Contains("bfloat16 tensors are stored"), Error);
+
+  AutocastGuard autocast(DeviceType::CUDA);
+  const Tensor linear_reference = linear(rounded(x), rounded(w), bias.to(DType::Float64));
+  {
+    NoGradGuard no_grad;
+    const size_t allocations = memory_stats(kGpu).allocations;
+    Tensor out = linear(xb, wb, bg);
+    CHECK(memory_stats(kGpu).allocations == allocations + 1);  // the result alone: no float32 copies
+    CHECK(out.dtype() == DType::Float32);
+    CHECK(largest_gap(out, linear_reference) < 1e-4);
+  }
+  CHECK(largest_gap(linear(x.to(kGpu), wb, bg), linear_reference) < 1e-4);  // float32 x rounded, as autocast does
+  // A batched matmul with a broadcast bfloat16 right operand and a float32 left one.
+  const Tensor a = randn({3, 5, 64});
+  Tensor product = matmul(a.to(kGpu), b.to(DType::BFloat16).to(kGpu));
+  CHECK(product.dtype() == DType::Float32);
+  CHECK(largest_gap(product, matmul(rounded(a), rounded(b))) < 1e-4);
+
+  Tensor xl = xb.detach().set_requires_grad(true), wl = wb.detach().set_requires_grad(true);
+  linear(xl, wl, bg).sum().backward();  // dx = ones W (column sums of W), dW = ones^T x (column sums of x)
+  auto check_gradient = [&](const Tensor& grad, const Tensor& reference) {
+    CHECK(grad.dtype() == DType::BFloat16);
+    const Tensor gap = grad.to(Device::cpu()).to(DType::Float64) - reference;
+    CHECK((gap.abs() - reference.abs() * std::ldexp(1.0, -8)).max().item<double>() <= 1e-5);
+  };
+  check_gradient(xl.grad(), rounded(w).sum({0}).expand({40, 64}));
+  check_gradient(wl.grad(), rounded(x).sum({0}).expand({48, 64}));
 }
 
 // index_select_out into x's own memory moves rows in place on the CPU; the CUDA kernel reads a copy of
