@@ -17,12 +17,14 @@
 namespace mf {
 namespace {
 
-/// The dtype of a product of operands of these dtypes: their one float dtype, or float32 where
-/// bfloat16 operands mix with float32 ones (the dispatcher lets them through only to a kernel that
-/// reads bfloat16 in a call autocast lowers: cuBLAS's); nothing for any other mix.
+/// The dtype of a product of operands of these dtypes: their one computing float dtype (float32 or
+/// float64), or float32 where the operands are bfloat16, alone or beside float32 ones (the dispatcher
+/// lets bfloat16 through only to a kernel that reads it in a call autocast lowers: cuBLAS's);
+/// nothing for any other mix.
 std::optional<DType> product_dtype(std::initializer_list<DType> dtypes) {
-  DType first = *dtypes.begin();
-  if (std::all_of(dtypes.begin(), dtypes.end(), [&](DType d) { return d == first && is_floating(d); })) return first;
+  const DType first = *dtypes.begin();
+  auto computed = [&](DType d) { return d == first && is_floating(d) && !is_storage_only(d); };
+  if (std::all_of(dtypes.begin(), dtypes.end(), computed)) return first;
   if (std::all_of(dtypes.begin(), dtypes.end(), [](DType d) { return d == DType::Float32 || d == DType::BFloat16; }))
     return DType::Float32;
   return std::nullopt;

@@ -263,4 +263,10 @@ TEST_CASE("a kernel that reads bfloat16 under autocast gets bfloat16 inputs as t
   CHECK(a.grad().to(DType::Float32).to_vector<float>() == std::vector<float>{1.5f, 3.5f, 5.5f, 1.5f, 3.5f, 5.5f});
   CHECK(b.grad().dtype() == DType::Float32);
   CHECK(b.grad().to_vector<float>() == std::vector<float>{5, 5, 7, 7, 9, 9});
+  // Both operands bfloat16: still a float32 result, as autocast's lowered ops give.
+  dtypes_given.clear();
+  Tensor both = mf::matmul(a.detach(), b.detach().to(DType::BFloat16));
+  CHECK(dtypes_given == std::vector<DType>{DType::BFloat16, DType::BFloat16});
+  CHECK(both.dtype() == DType::Float32);
+  CHECK(both.to_vector<float>() == std::vector<float>{11, 14, 24.5f, 32});
 }

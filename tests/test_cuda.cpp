@@ -164,6 +164,9 @@ TEST_CASE("CUDA GEMMs read bfloat16 tensors as they are under autocast, their gr
     CHECK(largest_gap(out, linear_reference) < 1e-4);
   }
   CHECK(largest_gap(linear(x.to(kGpu), wb, bg), linear_reference) < 1e-4);  // float32 x rounded, as autocast does
+  Tensor both = matmul(xb, wb.t());  // two bfloat16 operands: a float32 result still
+  CHECK(both.dtype() == DType::Float32);
+  CHECK(largest_gap(both, matmul(rounded(x), rounded(w).t())) < 1e-4);
   // A batched matmul with a broadcast bfloat16 right operand and a float32 left one.
   const Tensor a = randn({3, 5, 64});
   Tensor product = matmul(a.to(kGpu), b.to(DType::BFloat16).to(kGpu));
