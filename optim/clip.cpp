@@ -1,6 +1,8 @@
 #include "optim/clip.h"
 
 #include "core/graph.h"
+#include "core/parallel.h"
+#include "ops/functional.h"
 
 #include <fmt/format.h>
 
@@ -11,21 +13,96 @@ namespace mf::optim {
 
 namespace {
 
-/// Sum of |g|^p over `grad` (p finite), or max |g| (p infinite, NaN if any element is NaN).
-double accumulate_norm(const Tensor& grad, double p, double acc) {
-  Tensor g = grad.to(Device::cpu()).contiguous();
-  visit_floating(g.dtype(), [&]<typename T>() {
-    const T* data = g.data_ptr<T>();
-    for (int64_t i = 0, n = g.numel(); i < n; ++i) {
-      double a = std::abs(static_cast<double>(data[i]));
-      if (std::isinf(p)) acc = std::isnan(a) || std::isnan(acc) ? NAN : std::max(acc, a);
-      else acc += p == 2 ? a * a : p == 1 ? a : std::pow(a, p);
+/// Elements of a gradient summed as one term: terms are fixed runs of the flat gradient, so the norm
+/// has the same bits on any number of threads.
+constexpr int64_t kTermElements = int64_t{1} << 15;
+
+/// Sum of |x|^p over n elements (p finite), or max |x| (p infinite, NaN if any element is NaN), in
+/// double; finite p sums into four accumulators in turn, which the loop can keep in flight at once.
+template <typename T>
+double run_term(const T* x, int64_t n, double p) {
+  if (std::isinf(p)) {
+    double largest = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = std::abs(static_cast<double>(x[i]));
+      largest = std::isnan(a) || std::isnan(largest) ? NAN : std::max(largest, a);
+    }
+    return largest;
+  }
+  auto power = [p](double a) { return p == 2 ? a * a : p == 1 ? a : std::pow(a, p); };
+  double sums[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int lane = 0; lane < 4; ++lane) sums[lane] += power(std::abs(static_cast<double>(x[i + lane])));
+  for (; i < n; ++i) sums[0] += power(std::abs(static_cast<double>(x[i])));
+  return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+}
+
+/// acc combined with a term: their sum for finite p, their max (NaN if either is) for infinite p.
+double combine(double acc, double term, double p) {
+  if (!std::isinf(p)) return acc + term;
+  return std::isnan(acc) || std::isnan(term) ? NAN : std::max(acc, term);
+}
+
+/// The terms of the CPU gradients among `grads` (none for the others), each gradient's runs of
+/// kTermElements in order, all of them split over the pool at once: a model's many small gradients
+/// cost one parallel_for, not one each.
+std::vector<std::vector<double>> cpu_terms(const std::vector<Tensor>& grads, double p) {
+  struct Run {
+    size_t grad;
+    int64_t first;
+  };
+  std::vector<Tensor> flat(grads.size());
+  std::vector<std::vector<double>> terms(grads.size());
+  std::vector<Run> runs;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].device().is_cpu()) continue;
+    flat[i] = grads[i].contiguous();
+    for (int64_t first = 0; first < flat[i].numel(); first += kTermElements) runs.push_back({i, first});
+    terms[i].resize(static_cast<size_t>((flat[i].numel() + kTermElements - 1) / kTermElements));
+  }
+  parallel_for(0, static_cast<int64_t>(runs.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const auto [grad, first] = runs[static_cast<size_t>(r)];
+      const Tensor& g = flat[grad];
+      visit_floating(g.dtype(), [&]<typename T>() {
+        terms[grad][static_cast<size_t>(first / kTermElements)] =
+            run_term(g.data_ptr<T>() + first, std::min(kTermElements, g.numel() - first), p);
+      });
     }
   });
-  return acc;
+  return terms;
 }
 
 }  // namespace
+
+std::vector<double> detail::norm_terms_where_they_are(const std::vector<Tensor>& grads, double p) {
+  const bool largest = std::isinf(p);
+  // Per gradient, its term; for the max norm also the sum of magnitudes, which is NaN exactly when an
+  // element is (a device's max may skip NaNs).
+  std::vector<Tensor> parts;
+  for (const Tensor& grad : grads) {
+    if (grad.numel() == 0) continue;
+    const Tensor magnitude = grad.to(DType::Float64).abs();
+    if (largest) parts.push_back(magnitude.max().reshape({1}));
+    const Tensor powers = p == 2 ? magnitude * magnitude : p == 1 || largest ? magnitude : magnitude.pow(p);
+    parts.push_back(powers.sum().reshape({1}));
+  }
+  const std::vector<double> values =
+      parts.empty() ? std::vector<double>{} : cat(parts).to(Device::cpu()).to_vector<double>();
+  std::vector<double> terms;
+  for (size_t i = 0, next = 0; i < grads.size(); ++i) {
+    if (grads[i].numel() == 0) {
+      terms.push_back(0);
+    } else if (largest) {
+      terms.push_back(std::isnan(values[next + 1]) ? NAN : values[next]);
+      next += 2;
+    } else {
+      terms.push_back(values[next++]);
+    }
+  }
+  return terms;
+}
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
   MF_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be > 0 (or kInfNorm), got {}", norm_type);
@@ -34,10 +111,19 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   std::vector<Tensor> grads;
   for (const Tensor& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
+  // Gradients on a GPU are reduced there, each to one term, and come back as one small copy.
+  std::vector<Tensor> elsewhere;
+  for (const Tensor& g : grads)
+    if (!g.device().is_cpu()) elsewhere.push_back(g);
+  const std::vector<double> elsewhere_terms = detail::norm_terms_where_they_are(elsewhere, norm_type);
+  const std::vector<std::vector<double>> terms = cpu_terms(grads, norm_type);
   double acc = 0;
   size_t first_nonfinite = grads.size();  // the gradient that made the norm non-finite, for the message
-  for (size_t i = 0; i < grads.size(); ++i) {
-    acc = accumulate_norm(grads[i], norm_type, acc);
+  for (size_t i = 0, next_elsewhere = 0; i < grads.size(); ++i) {
+    if (grads[i].device().is_cpu())
+      for (double term : terms[i]) acc = combine(acc, term, norm_type);
+    else
+      acc = combine(acc, elsewhere_terms[next_elsewhere++], norm_type);
     if (first_nonfinite == grads.size() && !std::isfinite(acc)) first_nonfinite = i;
   }
   double total = std::isinf(norm_type) ? acc : norm_type == 2 ? std::sqrt(acc) : std::pow(acc, 1 / norm_type);

@@ -588,6 +588,61 @@ TEST_CASE("clip_grad_norm_ with a non-finite gradient behaves as PyTorch's error
   CHECK_THROWS_WITH_AS(optim::clip_grad_norm_(strict, 1.0, 2.0, true), doctest::Contains("is inf"), Error);
 }
 
+// Gradients of many runs (clip_grad_norm_ sums CPU gradients in runs of 2^15 elements over the pool):
+// 0.5 everywhere gives a sum of squares exact in any order (0.25 per element), so the norm is the
+// square root of n / 4 to the bit; random ones give the same bits on 1 and 4 threads, and stay within
+// 1e-12 of one float64 loop over every element (each order's rounding is about 1e-16 per addition).
+TEST_CASE("clip_grad_norm_ over many runs of elements: exact sums exact, the same bits on any thread count") {
+  auto with_grad = [](const Tensor& grad) {
+    Tensor p = Tensor::empty(grad.shape(), grad.dtype()).set_requires_grad();
+    p.set_grad(grad);
+    return p;
+  };
+  const int64_t n = 100003;
+  std::vector<Tensor> halves = {with_grad(full({n}, 0.5, DType::Float32)), with_grad(full({7}, 0.5))};
+  CHECK(optim::clip_grad_norm_(halves, 1e9) == std::sqrt(static_cast<double>(n + 7) / 4));
+
+  ThreadCountGuard restore_threads;
+  auto norm_on = [&](int threads) {
+    set_num_threads(threads);
+    Generator gen(5);
+    std::vector<Tensor> ps = {with_grad(randn({250000}, DType::Float32, Device::cpu(), &gen)),
+                              with_grad(randn({3, 1000}, DType::Float64, Device::cpu(), &gen))};
+    return optim::clip_grad_norm_(ps, 1e9, 3.0);
+  };
+  const double serial = norm_on(1);
+  CHECK(serial == norm_on(4));
+  Generator gen(5);
+  double naive = 0;
+  for (float x : randn({250000}, DType::Float32, Device::cpu(), &gen).to_vector<float>())
+    naive += std::pow(std::abs(double{x}), 3);
+  for (double x : randn({3, 1000}, DType::Float64, Device::cpu(), &gen).to_vector<double>())
+    naive += std::pow(std::abs(x), 3);
+  CHECK(std::abs(serial - std::cbrt(naive)) <= 1e-12 * std::cbrt(naive));
+}
+
+// The per-gradient terms that gradients off the CPU get from ops on their device, checked on every
+// device against naive loops: |g|^p summed, or max |g|, NaN when an element is NaN (an infinite one
+// gives inf, not NaN), 0 for an empty gradient.
+TEST_CASE("clip_grad_norm_'s terms computed by ops where the gradients are match naive loops") {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (Device device : testing::test_devices()) {
+    CAPTURE(device);
+    const std::vector<Tensor> grads = {f64({3, -4}, {2}).to(device),
+                                       f64({1, -2, 0.5}, {3}).to(DType::Float32).to(device),
+                                       Tensor::empty({0}, DType::Float32, device)};
+    CHECK(optim::detail::norm_terms_where_they_are(grads, 2) == std::vector<double>{25, 5.25, 0});
+    CHECK(optim::detail::norm_terms_where_they_are(grads, 1) == std::vector<double>{7, 3.5, 0});
+    CHECK(optim::detail::norm_terms_where_they_are(grads, 3) == std::vector<double>{91, 9.125, 0});
+    CHECK(optim::detail::norm_terms_where_they_are(grads, inf) == std::vector<double>{4, 2, 0});
+    const std::vector<Tensor> odd = {f64({1, -inf}, {2}).to(device), f64({std::nan(""), 2}, {2}).to(device)};
+    const std::vector<double> largest = optim::detail::norm_terms_where_they_are(odd, inf);
+    CHECK(largest[0] == inf);
+    CHECK(std::isnan(largest[1]));
+    CHECK(optim::detail::norm_terms_where_they_are({}, 2).empty());
+  }
+}
+
 TEST_CASE("clip_grad_norm_ with error_if_nonfinite names the norm and the gradient that made it") {
   const double inf = std::numeric_limits<double>::infinity();
   // Gradient 0 is finite, gradient 1 holds NaN: the 2-norm sqrt(9 + 16 + NaN) is NaN.

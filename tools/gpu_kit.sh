@@ -33,7 +33,7 @@ readonly kMaxKitBytes=$((60 * 1024 * 1024))  # the device tool carries 64 MiB, t
 readonly kPayload=payload.tar.gz
 # Executables the kit carries: the suites with CUDA parts, the tools, and the toy checkpoint maker that
 # tools_translate.sh needs.
-readonly kTests="test_cuda test_ops_registry test_cuda_training test_distributed test_tensor test_ops test_properties test_nn test_transformer"
+readonly kTests="test_cuda test_ops_registry test_cuda_training test_distributed test_tensor test_ops test_properties test_nn test_transformer test_optim"
 readonly kTools="train_transformer translate average_checkpoints quantize_checkpoint bench_transformer"
 # Libraries the GPU machine provides itself: its driver and CUDA toolkit, and the kernel's vDSO.
 readonly kHostLibraries='^(linux-vdso|libcuda\.|libcudart\.|libcublas|libcublasLt|libnccl|libnvidia)'
@@ -203,12 +203,14 @@ part_test_cuda_training() {
 }
 part_suites() {
   local failed=""
-  for suite in test_tensor test_ops test_properties test_nn test_transformer; do bin/$suite || failed+=" $suite"; done
+  for suite in test_tensor test_ops test_properties test_nn test_transformer test_optim; do
+    bin/$suite || failed+=" $suite"
+  done
   bash scripts/tools_train.sh bin/train_transformer bin/translate || failed+=" tools_train"
   bash scripts/tools_translate.sh bin/translate bin/make_toy_checkpoint bin/average_checkpoints bin/quantize_checkpoint ||
     failed+=" tools_translate"
   [ -z "$failed" ] || { echo "failed:$failed"; return 1; }
-  echo "test_tensor, test_ops, test_properties, test_nn, test_transformer, tools_train.sh, tools_translate.sh"
+  echo "test_tensor, test_ops, test_properties, test_nn, test_transformer, test_optim, tools_train.sh, tools_translate.sh"
 }
 part_train() {
   bin/train_transformer --device "$DEVICE" --checkpoint "$WORK/toy.safetensors" 2>&1 | tee "$WORK/train.out"
