@@ -17,16 +17,19 @@ namespace {
 /// has the same bits on any number of threads.
 constexpr int64_t kTermElements = int64_t{1} << 15;
 
+/// acc combined with a term: their sum for finite p, their max (NaN if either is) for infinite p.
+double combine(double acc, double term, double p) {
+  if (!std::isinf(p)) return acc + term;
+  return std::isnan(acc) || std::isnan(term) ? NAN : std::max(acc, term);
+}
+
 /// Sum of |x|^p over n elements (p finite), or max |x| (p infinite, NaN if any element is NaN), in
 /// double; finite p sums into four accumulators in turn, which the loop can keep in flight at once.
 template <typename T>
 double run_term(const T* x, int64_t n, double p) {
   if (std::isinf(p)) {
     double largest = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double a = std::abs(static_cast<double>(x[i]));
-      largest = std::isnan(a) || std::isnan(largest) ? NAN : std::max(largest, a);
-    }
+    for (int64_t i = 0; i < n; ++i) largest = combine(largest, std::abs(static_cast<double>(x[i])), p);
     return largest;
   }
   auto power = [p](double a) { return p == 2 ? a * a : p == 1 ? a : std::pow(a, p); };
@@ -36,12 +39,6 @@ double run_term(const T* x, int64_t n, double p) {
     for (int lane = 0; lane < 4; ++lane) sums[lane] += power(std::abs(static_cast<double>(x[i + lane])));
   for (; i < n; ++i) sums[0] += power(std::abs(static_cast<double>(x[i])));
   return (sums[0] + sums[1]) + (sums[2] + sums[3]);
-}
-
-/// acc combined with a term: their sum for finite p, their max (NaN if either is) for infinite p.
-double combine(double acc, double term, double p) {
-  if (!std::isinf(p)) return acc + term;
-  return std::isnan(acc) || std::isnan(term) ? NAN : std::max(acc, term);
 }
 
 /// The terms of the CPU gradients among `grads` (none for the others), each gradient's runs of
@@ -77,30 +74,20 @@ std::vector<std::vector<double>> cpu_terms(const std::vector<Tensor>& grads, dou
 }  // namespace
 
 std::vector<double> detail::norm_terms_where_they_are(const std::vector<Tensor>& grads, double p) {
-  const bool largest = std::isinf(p);
-  // Per gradient, its term; for the max norm also the sum of magnitudes, which is NaN exactly when an
-  // element is (a device's max may skip NaNs).
-  std::vector<Tensor> parts;
+  std::vector<Tensor> parts;  // one per non-empty gradient (amax keeps NaNs on every device, as PyTorch's)
   for (const Tensor& grad : grads) {
     if (grad.numel() == 0) continue;
     const Tensor magnitude = grad.to(DType::Float64).abs();
-    if (largest) parts.push_back(magnitude.max().reshape({1}));
-    const Tensor powers = p == 2 ? magnitude * magnitude : p == 1 || largest ? magnitude : magnitude.pow(p);
-    parts.push_back(powers.sum().reshape({1}));
+    const Tensor term = std::isinf(p) ? magnitude.max()
+                        : p == 2      ? (magnitude * magnitude).sum()
+                        : p == 1      ? magnitude.sum()
+                                      : magnitude.pow(p).sum();
+    parts.push_back(term.reshape({1}));
   }
   const std::vector<double> values =
       parts.empty() ? std::vector<double>{} : cat(parts).to(Device::cpu()).to_vector<double>();
   std::vector<double> terms;
-  for (size_t i = 0, next = 0; i < grads.size(); ++i) {
-    if (grads[i].numel() == 0) {
-      terms.push_back(0);
-    } else if (largest) {
-      terms.push_back(std::isnan(values[next + 1]) ? NAN : values[next]);
-      next += 2;
-    } else {
-      terms.push_back(values[next++]);
-    }
-  }
+  for (size_t i = 0, next = 0; i < grads.size(); ++i) terms.push_back(grads[i].numel() == 0 ? 0 : values[next++]);
   return terms;
 }
 
@@ -111,19 +98,22 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   std::vector<Tensor> grads;
   for (const Tensor& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  // Gradients on a GPU are reduced there, each to one term, and come back as one small copy.
+  // Each gradient's terms: CPU ones in runs over the pool; those on a GPU reduced there, one term
+  // each, and copied back together.
+  std::vector<std::vector<double>> terms = cpu_terms(grads, norm_type);
   std::vector<Tensor> elsewhere;
-  for (const Tensor& g : grads)
-    if (!g.device().is_cpu()) elsewhere.push_back(g);
+  std::vector<size_t> elsewhere_at;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (!grads[i].device().is_cpu()) {
+      elsewhere.push_back(grads[i]);
+      elsewhere_at.push_back(i);
+    }
   const std::vector<double> elsewhere_terms = detail::norm_terms_where_they_are(elsewhere, norm_type);
-  const std::vector<std::vector<double>> terms = cpu_terms(grads, norm_type);
+  for (size_t k = 0; k < elsewhere_at.size(); ++k) terms[elsewhere_at[k]] = {elsewhere_terms[k]};
   double acc = 0;
   size_t first_nonfinite = grads.size();  // the gradient that made the norm non-finite, for the message
-  for (size_t i = 0, next_elsewhere = 0; i < grads.size(); ++i) {
-    if (grads[i].device().is_cpu())
-      for (double term : terms[i]) acc = combine(acc, term, norm_type);
-    else
-      acc = combine(acc, elsewhere_terms[next_elsewhere++], norm_type);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    for (double term : terms[i]) acc = combine(acc, term, norm_type);
     if (first_nonfinite == grads.size() && !std::isfinite(acc)) first_nonfinite = i;
   }
   double total = std::isinf(norm_type) ? acc : norm_type == 2 ? std::sqrt(acc) : std::pow(acc, 1 / norm_type);

@@ -33,7 +33,8 @@ readonly kMaxKitBytes=$((60 * 1024 * 1024))  # the device tool carries 64 MiB, t
 readonly kPayload=payload.tar.gz
 # Executables the kit carries: the suites with CUDA parts, the tools, and the toy checkpoint maker that
 # tools_translate.sh needs.
-readonly kTests="test_cuda test_ops_registry test_cuda_training test_distributed test_tensor test_ops test_properties test_nn test_transformer test_optim"
+readonly kTests="test_cuda test_ops_registry test_cuda_training test_distributed test_tensor test_ops test_properties
+  test_nn test_transformer test_optim"
 readonly kTools="train_transformer translate average_checkpoints quantize_checkpoint bench_transformer"
 # Libraries the GPU machine provides itself: its driver and CUDA toolkit, and the kernel's vDSO.
 readonly kHostLibraries='^(linux-vdso|libcuda\.|libcudart\.|libcublas|libcublasLt|libnccl|libnvidia)'
