@@ -252,8 +252,10 @@ TEST_CASE("the bfloat16 GEMM sums the rounded operands' products to float32 accu
     int64_t rows, cols, depth;
   };
   // Strips of 12 rows and panels of 32 columns with remainders, 512 columns and 256 pairs of k per block
-  // with remainders, an odd depth (a zero pads the last pair), single elements.
-  for (Shape3 s : {Shape3{1, 1, 1}, Shape3{13, 33, 3}, Shape3{25, 515, 64}, Shape3{7, 40, 1031}, Shape3{30, 17, 530}})
+  // with remainders, blocks of 144 rows with a remainder where B is one block, an odd depth (a zero
+  // pads the last pair), single elements.
+  for (Shape3 s : {Shape3{1, 1, 1}, Shape3{13, 33, 3}, Shape3{25, 515, 64}, Shape3{7, 40, 1031}, Shape3{30, 17, 530},
+                   Shape3{301, 45, 515}})
     for (bool trans_a : {false, true})
       for (bool trans_b : {false, true})
         for (int variant = 0; variant < 3; ++variant)  // c = product; c += product; the whole epilogue

@@ -7,6 +7,9 @@
 //       pack them into panels of kPanelColumns columns, per pair one word per column
 //       for each strip, for each panel: the micro-kernel
 //
+// (where op(B) has one block of columns, its panels are packed first and op(A) converted kBlockRows
+// rows at a time).
+//
 // vdpbf16ps adds, in each of 16 float32 lanes, the products of two bfloat16 pairs; the micro-kernel
 // keeps a kStripRows x 32 tile of c in 24 registers, loads a panel's two vectors per pair, broadcasts
 // a row's pair, and issues two dot products per row. Packing converts with vcvtne2ps2bf16 (to nearest,
@@ -49,6 +52,7 @@ MF_BEGIN_TARGET("avx512f,avx512bw,avx512bf16")
 constexpr int64_t kStripRows = 12;
 constexpr int64_t kPanelColumns = 32;
 constexpr int64_t kBlockPairs = 256;     // 512 values of k
+constexpr int64_t kBlockRows = 144;      // op(A) converted 144 rows at a time when B is one block: 144 KiB
 constexpr int64_t kBlockColumns = 512;   // a packed block of B: 256 pairs x 512 columns x 4 bytes = 512 KiB
 
 /// A 64-byte aligned buffer of `words` words, kept between calls (one per thread).
@@ -86,9 +90,9 @@ void convert_a(bool trans_a, int64_t rows, int64_t pairs, int64_t k0, int64_t de
                                  row_pairs(a + i * lda + k0 + 2 * q, depth - (k0 + 2 * q)));
     return;
   }
-  for (int64_t i = 0; i < rows; i += 16) {
-    const __mmask16 present = Avx512Floats::first_lanes(rows - i);
-    for (int64_t q = 0; q < pairs; q += 16) {
+  for (int64_t q = 0; q < pairs; q += 16) {
+    for (int64_t i = 0; i < rows; i += 16) {
+      const __mmask16 present = Avx512Floats::first_lanes(rows - i);
       __m512 tile[16];  // tile[t]: pair q + t of rows i to i + 15; transposed, row i + t's pairs q to q + 15
       for (int64_t t = 0; t < 16; ++t) {
         const int64_t k = k0 + 2 * (q + t);
@@ -192,12 +196,41 @@ template <int64_t Rows>
   tile<Rows>(pairs, strip, panel, c, ldc, low_mask, high_mask, epilogue);
 }
 
+/// c's rows [0, rows) and `width` columns from c += the epilogue of convert_a's rows times pack_b's
+/// panels: for each strip, for each panel, the micro-kernel.
+void multiply_packed(int64_t rows, int64_t width, int64_t pairs, const uint32_t* packed_a, const uint32_t* packed_b,
+                     float* c, int64_t ldc, const GemmEpilogue<float>& epilogue) {
+  const int64_t panels = (width + kPanelColumns - 1) / kPanelColumns;
+  for (int64_t first_row = 0; first_row < rows; first_row += kStripRows) {
+    const uint32_t* strip = packed_a + first_row * pairs;
+    for (int64_t n = 0; n < panels; ++n) {
+      const int64_t first_column = n * kPanelColumns;
+      const int64_t columns = std::min(kPanelColumns, width - first_column);
+      GemmEpilogue<float> tile_epilogue = epilogue;
+      if (epilogue.bias) tile_epilogue.bias += first_column;
+      strip_tile<kStripRows>(std::min(kStripRows, rows - first_row), pairs, strip, packed_b + n * pairs * kPanelColumns,
+                             c + first_row * ldc + first_column, ldc, Avx512Floats::first_lanes(columns),
+                             Avx512Floats::first_lanes(columns - 16), tile_epilogue);
+    }
+  }
+}
+
 void gemm_dot_products(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a,
                        int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                        const GemmEpilogue<float>& epilogue) {
   thread_local std::vector<uint32_t> packed_a_buffer, packed_b_buffer;
   const int64_t all_pairs = (depth + 1) / 2;
-  const int64_t strips = (rows + kStripRows - 1) / kStripRows;
+  auto pack_columns = [&](int64_t j0, int64_t width, int64_t pairs, int64_t k0) {
+    const int64_t panels = (width + kPanelColumns - 1) / kPanelColumns;
+    uint32_t* packed = aligned_words(packed_b_buffer, panels * pairs * kPanelColumns);
+    pack_b(trans_b, width, pairs, k0, depth, trans_b ? b + j0 * ldb : b + j0, ldb, packed);
+    return packed;
+  };
+  auto convert_rows = [&](int64_t i0, int64_t count, int64_t pairs, int64_t k0) {
+    uint32_t* words = aligned_words(packed_a_buffer, count * pairs);
+    convert_a(trans_a, count, pairs, k0, depth, trans_a ? a + i0 : a + i0 * lda, lda, words);
+    return words;
+  };
   for (int64_t q0 = 0; q0 < all_pairs; q0 += kBlockPairs) {
     const int64_t pairs = std::min(kBlockPairs, all_pairs - q0), k0 = 2 * q0;
     // Later blocks of k add to what the first wrote (beta and bias once); the last one clamps.
@@ -205,27 +238,23 @@ void gemm_dot_products(bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
     const GemmEpilogue<float> block{.alpha = epilogue.alpha, .beta = first ? epilogue.beta : 1.0f,
                                     .bias = first ? epilogue.bias : nullptr,
                                     .relu = epilogue.relu && q0 + kBlockPairs >= all_pairs};
-    uint32_t* packed_a = aligned_words(packed_a_buffer, rows * pairs);
-    convert_a(trans_a, rows, pairs, k0, depth, a, lda, packed_a);
-    for (int64_t j0 = 0; j0 < cols; j0 += kBlockColumns) {
-      const int64_t width = std::min(kBlockColumns, cols - j0);
-      const int64_t panels = (width + kPanelColumns - 1) / kPanelColumns;
-      uint32_t* packed_b = aligned_words(packed_b_buffer, panels * pairs * kPanelColumns);
-      pack_b(trans_b, width, pairs, k0, depth, trans_b ? b + j0 * ldb : b + j0, ldb, packed_b);
-      for (int64_t s = 0; s < strips; ++s) {
-        const int64_t first_row = s * kStripRows;
-        const uint32_t* strip = packed_a + s * pairs * kStripRows;
-        for (int64_t n = 0; n < panels; ++n) {
-          const int64_t first_column = n * kPanelColumns;
-          const int64_t columns = std::min(kPanelColumns, width - first_column);
-          GemmEpilogue<float> tile_epilogue = block;
-          if (block.bias) tile_epilogue.bias += j0 + first_column;
-          strip_tile<kStripRows>(std::min(kStripRows, rows - first_row), pairs, strip,
-                                 packed_b + n * pairs * kPanelColumns, c + first_row * ldc + j0 + first_column, ldc,
-                                 Avx512Floats::first_lanes(columns), Avx512Floats::first_lanes(columns - 16),
-                                 tile_epilogue);
-        }
+    if (cols <= kBlockColumns) {
+      // One block of B: op(A) converted kBlockRows rows at a time, each block multiplied while its
+      // words are still in L2 (all of op(A) at once would pass them through memory when it is tall).
+      const uint32_t* packed_b = pack_columns(0, cols, pairs, k0);
+      for (int64_t i0 = 0; i0 < rows; i0 += kBlockRows) {
+        const int64_t count = std::min(kBlockRows, rows - i0);
+        multiply_packed(count, cols, pairs, convert_rows(i0, count, pairs, k0), packed_b, c + i0 * ldc, ldc, block);
       }
+      continue;
+    }
+    // Many blocks of B: op(A) converted once, each block of B packed once.
+    const uint32_t* packed_a = convert_rows(0, rows, pairs, k0);
+    for (int64_t j0 = 0; j0 < cols; j0 += kBlockColumns) {
+      GemmEpilogue<float> columns_epilogue = block;
+      if (block.bias) columns_epilogue.bias += j0;
+      const int64_t width = std::min(kBlockColumns, cols - j0);
+      multiply_packed(rows, width, pairs, packed_a, pack_columns(j0, width, pairs, k0), c + j0, ldc, columns_epilogue);
     }
   }
 }
