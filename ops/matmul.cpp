@@ -14,6 +14,8 @@
 #include "core/graph.h"
 #include "core/parallel.h"
 
+#include <atomic>
+
 namespace mf {
 namespace {
 
@@ -200,14 +202,15 @@ Tensor as_rows(const Tensor& t) {
   return t.reshape({shape_numel(std::span(t.shape()).first(t.shape().size() - 1)), t.size(-1)});
 }
 
-/// c = a @ b (or c += a @ b) for 2-D float operands on one thread, c contiguous.
+/// c = a @ b (or c += a @ b) for 2-D float operands on one thread, c's rows contiguous (a block of
+/// columns of a contiguous matrix will do).
 void gemm_2d(Tensor a, Tensor b, Tensor& c, bool accumulate = false) {
   if (!blas_layout(a)) a = a.contiguous();
   if (!blas_layout(b)) b = b.contiguous();
   MatrixLayout la = *blas_layout(a), lb = *blas_layout(b);
   visit_floating(c.dtype(), [&]<typename T>() {
     gemm<T>(la.trans, lb.trans, c.size(0), c.size(1), a.size(1), static_cast<const T*>(a.raw_data()), la.ld,
-            static_cast<const T*>(b.raw_data()), lb.ld, c.data_ptr<T>(), c.size(1), {.beta = T(accumulate)});
+            static_cast<const T*>(b.raw_data()), lb.ld, c.data_ptr<T>(), c.stride(0), {.beta = T(accumulate)});
   });
 }
 
@@ -215,13 +218,20 @@ void gemm_2d(Tensor a, Tensor b, Tensor& c, bool accumulate = false) {
 /// one after the other, each split over the pool.
 constexpr double kConcurrentBackwardWork = 1 << 22;
 
+/// The most blocks a linear layer's dB is cut into on two threads (linear_backward_concurrently).
+constexpr int64_t kMaxGradientBlocks = 8;
+
 /// Whether b is the transposed view of a contiguous matrix (the W^T of linear's x @ W^T).
 bool is_transposed_matrix(const Tensor& b) { return !b.is_contiguous() && b.t().is_contiguous(); }
 
 /// A linear layer's backward on two threads: dA = dC @ B^T and dB = A^T @ dC (over a's rows) are
-/// independent and equally big, so each thread runs one of them whole, packing each operand once,
-/// where splitting both products packs their shared operands on both threads. Only for two threads
-/// (the pool does not split into teams). `a_sum` is A's gradient summed so far
+/// independent and equally big, so one thread runs dA whole while the other runs dB, packing each
+/// operand once, where splitting both products packs their shared operands on both threads. dB
+/// packs a transposed operand and can run a third slower (the output projection's in bfloat16), so
+/// where dB is several times taller than wide (or wider than tall) it is cut into blocks of rows
+/// (of columns), each packing the operand the blocks share again, and whichever thread is free
+/// takes the next: the thread done with dA takes dB's last blocks instead of waiting. Only for two
+/// threads (the pool does not split into teams). `a_sum` is A's gradient summed so far
 /// (GradContext::sums), or undefined: where it fits, dA is added into it (beta = 1) and da is that
 /// very tensor. With `dbias`, the column sums of dC (a bias's gradient) go there too, computed
 /// after dA: dB packs A^T and takes the longer of the two. Returns false, computing nothing, where
@@ -240,16 +250,31 @@ bool linear_backward_concurrently(const Tensor& a, const Tensor& b, const Tensor
   db = Tensor::empty(transposed_matrix ? Shape{m, k} : Shape{k, m}, rows.dtype());
   Tensor dsum_rows = dbias ? drows.contiguous() : Tensor();
   if (dbias) *dbias = Tensor::empty({m}, rows.dtype());
-  parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t product = begin; product < end; ++product) {
-      if (product == 0) {
+  // dB = transposed operand @ shared operand: dW = dC^T @ x for the x @ W^T of a linear layer.
+  const Tensor transposed = transposed_matrix ? drows.t() : rows.t(), shared = transposed_matrix ? rows : drows;
+  const int64_t db_rows = db.size(0), db_cols = db.size(1);
+  const bool by_rows = db_rows >= db_cols;
+  // miniflow's own GEMMs sum each element in one order, whatever block of C it lies in; OpenBLAS
+  // (float64, and CPUs without AVX2) need not, so there dB stays whole.
+  const bool own_gemm = rows.dtype() == DType::Float32 && kernel_isa() >= Isa::avx2;
+  const int64_t blocks =
+      own_gemm ? std::clamp<int64_t>(by_rows ? db_rows / db_cols : db_cols / db_rows, 1, kMaxGradientBlocks) : 1;
+  std::atomic<int64_t> next_task{0};  // 0: dA; 1 to blocks: dB's blocks
+  parallel_for(0, 2, 1, [&](int64_t, int64_t) {
+    for (int64_t task; (task = next_task.fetch_add(1)) <= blocks;) {
+      if (task == 0) {
         gemm_2d(drows, b.t(), da_rows, into_sum);
         if (dbias)
           visit_floating(rows.dtype(), [&]<typename T>() {
             sum_rows_here(static_cast<const T*>(dsum_rows.raw_data()), n, m, dbias->data_ptr<T>());
           });
-      } else if (transposed_matrix) gemm_2d(drows.t(), rows, db);  // dW for the x @ W^T of a linear layer
-      else gemm_2d(rows.t(), drows, db);
+        continue;
+      }
+      const int64_t extent = by_rows ? db_rows : db_cols;
+      const int64_t first = (task - 1) * extent / blocks, end = task * extent / blocks;
+      Tensor db_block = db.narrow(by_rows ? 0 : 1, first, end - first);
+      if (by_rows) gemm_2d(transposed.narrow(0, first, end - first), shared, db_block);
+      else gemm_2d(transposed, shared.narrow(1, first, end - first), db_block);
     }
   });
   da = into_sum ? a_sum : da_rows.reshape(a.shape());

@@ -684,26 +684,39 @@ TEST_CASE("a matmul split across threads by rows or by columns equals the naive 
 }
 
 TEST_CASE("a linear layer's backward on two threads, one product each, equals the one-thread backward") {
-  // Big enough (>= 2^22 multiply-adds) for matmul's backward to run dA and dB side by side, each on
-  // one thread; on one thread the same two products run one after the other, through the same BLAS
-  // calls, so the gradients match bit for bit. Both the transposed weight of x @ W^T and a plain
-  // right operand are covered.
+  // Big enough (>= 2^22 multiply-adds) for matmul's backward to run dA and dB side by side; on one
+  // thread the same two products run one after the other, through the same GEMM calls, so the
+  // gradients match bit for bit. A dB several times taller than wide (a layer of 1,000 outputs from
+  // 64 inputs) is cut into blocks of rows that either thread takes, and one several times wider into
+  // blocks of columns: each block must be the bits of the whole product. Both the transposed weight
+  // of x @ W^T and a plain right operand, with and without a bias, in float32 and under autocast.
   ThreadCountGuard restore_threads;
-  for (bool transposed : {true, false}) {
-    CAPTURE(transposed);
-    mf::Tensor x = mf::randn({2, 80, 256}), weight = transposed ? mf::randn({300, 256}) : mf::randn({256, 300});
-    mf::Tensor upstream = mf::randn({2, 80, 300});  // 160 rows: past the skinny kernel
-    std::vector<std::vector<float>> grads;
-    for (int threads : {1, 2}) {
-      mf::set_intra_op_threads(threads);
-      mf::Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
-      (mf::matmul(xs, transposed ? ws.t() : ws) * upstream).sum().backward();
-      grads.push_back(xs.grad().to_vector<float>());
-      grads.push_back(ws.grad().to_vector<float>());
-    }
-    CHECK(grads[0] == grads[2]);
-    CHECK(grads[1] == grads[3]);
-  }
+  for (auto [in, out] : {std::array<int64_t, 2>{256, 300}, std::array<int64_t, 2>{64, 1000},
+                         std::array<int64_t, 2>{1000, 70}})
+    for (bool transposed : {true, false})
+      for (bool autocast : {false, true}) {
+        CAPTURE(in);
+        CAPTURE(out);
+        CAPTURE(transposed);
+        CAPTURE(autocast);
+        mf::Tensor x = mf::randn({2, 80, in}), weight = transposed ? mf::randn({out, in}) : mf::randn({in, out});
+        mf::Tensor bias = mf::randn({out}), upstream = mf::randn({2, 80, out});  // 160 rows: past the skinny kernel
+        std::vector<std::vector<float>> grads;
+        for (int threads : {1, 2}) {
+          mf::set_intra_op_threads(threads);
+          mf::AutocastGuard lowered(mf::DeviceType::CPU, mf::DType::BFloat16, autocast);
+          mf::Tensor xs = x.clone().set_requires_grad(), ws = weight.clone().set_requires_grad();
+          mf::Tensor bs = bias.clone().set_requires_grad();
+          mf::Tensor y = transposed ? mf::linear(xs, ws, bs) : mf::matmul(xs, ws);
+          (y * upstream).sum().backward();
+          grads.push_back(xs.grad().to_vector<float>());
+          grads.push_back(ws.grad().to_vector<float>());
+          grads.push_back(transposed ? bs.grad().to_vector<float>() : std::vector<float>{});
+        }
+        CHECK(grads[0] == grads[3]);
+        CHECK(grads[1] == grads[4]);
+        CHECK(grads[2] == grads[5]);
+      }
 }
 
 TEST_CASE("a product's input gradient added in place into the gradient summed so far is the plain sum") {
