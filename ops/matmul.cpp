@@ -254,11 +254,12 @@ bool linear_backward_concurrently(const Tensor& a, const Tensor& b, const Tensor
   const Tensor transposed = transposed_matrix ? drows.t() : rows.t(), shared = transposed_matrix ? rows : drows;
   const int64_t db_rows = db.size(0), db_cols = db.size(1);
   const bool by_rows = db_rows >= db_cols;
-  // miniflow's own GEMMs sum each element in one order, whatever block of C it lies in; OpenBLAS
-  // (float64, and CPUs without AVX2) need not, so there dB stays whole.
-  const bool own_gemm = rows.dtype() == DType::Float32 && kernel_isa() >= Isa::avx2;
-  const int64_t blocks =
-      own_gemm ? std::clamp<int64_t>(by_rows ? db_rows / db_cols : db_cols / db_rows, 1, kMaxGradientBlocks) : 1;
+  // Blocks only where they keep dB's bits (elsewhere dB stays whole).
+  const bool blocks_keep_bits =
+      visit_floating(rows.dtype(), []<typename T>() { return cpu::gemm_bits_independent_of_blocks<T>(); });
+  const int64_t blocks = blocks_keep_bits ? std::clamp<int64_t>(by_rows ? db_rows / db_cols : db_cols / db_rows, 1,
+                                                                kMaxGradientBlocks)
+                                          : 1;
   std::atomic<int64_t> next_task{0};  // 0: dA; 1 to blocks: dB's blocks
   parallel_for(0, 2, 1, [&](int64_t, int64_t) {
     for (int64_t task; (task = next_task.fetch_add(1)) <= blocks;) {

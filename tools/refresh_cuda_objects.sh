@@ -6,8 +6,7 @@
 # incremental build would link the old CUDA objects beside new C++ ones that disagree with them
 # about struct layouts and signatures. This removes every CUDA object older than the newest header
 # of the library (tests/ and tools/ hold none a .cu file includes), so that the next ninja compiles
-# those again. With meson 1.4 or later, or a build
-# without CUDA objects, it does nothing.
+# those again. With meson 1.4 or later, or a build without CUDA objects, it does nothing.
 set -euo pipefail
 
 build=${1:?usage: bash tools/refresh_cuda_objects.sh BUILD_DIR}

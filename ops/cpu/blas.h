@@ -43,6 +43,14 @@ void gemm_full_precision(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t rows, i
       for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = math::Relu{}(c[i * ldc + j]);
 }
 
+/// Whether gemm<T> gives each element of c the same bits whichever block of c a call computes it in:
+/// miniflow's own kernels (float32, and autocast's bfloat16 products, where the CPU has AVX2 or
+/// AVX-512) sum each element in one order; OpenBLAS need not.
+template <typename T>
+bool gemm_bits_independent_of_blocks() {
+  return std::is_same_v<T, float> && kernel_isa() >= Isa::avx2;
+}
+
 /// c = op(a) op(b) through `epilogue` (sgemm.h: alpha, beta, bias, relu), row-major, op(a) rows x
 /// depth, op(b) depth x cols, for float or double.
 template <typename T>
