@@ -140,9 +140,18 @@ void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t dept
                                 : _mm512_setzero_ps();
       Avx512Floats::transpose(tile);
       for (int64_t t = 0; t < std::min<int64_t>(16, pairs - q); ++t)
-        _mm512_store_si512(panel + (q + t) * kPanelColumns, _mm512_maskz_mov_epi32(present, _mm512_castps_si512(tile[t])));
+        _mm512_store_si512(panel + (q + t) * kPanelColumns,
+                           _mm512_maskz_mov_epi32(present, _mm512_castps_si512(tile[t])));
     }
   }
+}
+
+/// Asks for the cache lines of a tile's row of c, [row, row + kPanelColumns), before its sums: the
+/// epilogue reads and writes them (it adds to c after the first block of k), and the sums take
+/// thousands of cycles, time for lines in L3 or memory to arrive that it would otherwise wait for.
+[[gnu::always_inline]] inline void prefetch_row(const float* row) {
+  for (int64_t i = 0; i < kPanelColumns; i += 16) __builtin_prefetch(row + i, 1, 3);
+  __builtin_prefetch(row + kPanelColumns - 1, 1, 3);
 }
 
 /// acc plus, in each float32 lane, the products of a's and b's bfloat16 pairs (vdpbf16ps). Written as
@@ -161,7 +170,10 @@ template <int64_t Rows>
                                         const GemmEpilogue<float>& epilogue) {
   __m512 low[Rows], high[Rows];
 #pragma GCC unroll 12
-  for (int64_t r = 0; r < Rows; ++r) low[r] = high[r] = _mm512_setzero_ps();
+  for (int64_t r = 0; r < Rows; ++r) {
+    low[r] = high[r] = _mm512_setzero_ps();
+    prefetch_row(c + r * ldc);
+  }
   for (int64_t q = 0; q < pairs; ++q) {
     const __m512i b_low = _mm512_load_si512(panel + q * kPanelColumns);
     const __m512i b_high = _mm512_load_si512(panel + q * kPanelColumns + 16);
