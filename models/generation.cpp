@@ -91,17 +91,17 @@ void select_if_changed(IncrementalDecoder& decoder, const std::vector<int64_t>& 
   if (!identity) decoder.select_rows(int64_vector(index));
 }
 
-/// A hypothesis still being extended; its index in the live list is its row in the decoder.
+/// A hypothesis still being extended.
 struct Live {
   int64_t sentence;
   std::vector<int64_t> tokens;
   double log_prob;
 };
 
-/// One way to extend a live hypothesis, ranked by log_prob.
+/// One way to extend a live hypothesis (live[live]), ranked by log_prob.
 struct Candidate {
   double log_prob;
-  int64_t row;
+  int64_t live;
   int64_t token;
 };
 
@@ -109,6 +109,34 @@ struct Candidate {
 Hypothesis finish(std::vector<int64_t> tokens, double log_prob, double alpha) {
   double score = log_prob / length_penalty(static_cast<int64_t>(tokens.size()), alpha);
   return {.tokens = std::move(tokens), .log_prob = log_prob, .score = score};
+}
+
+/// The decoder row of each hypothesis in `next` (grouped by sentence), given its parent's row. A
+/// sentence's hypotheses take the rows its group spans in `next`: each the row its parent held, where
+/// that row is among them and no better hypothesis took it, so that reordering the decoder's caches
+/// leaves that row where it is; the others the rows left over, in order. Which row a hypothesis sits
+/// in changes nothing it computes: rows are independent.
+std::vector<int64_t> rows_at_parents(const std::vector<Live>& next, const std::vector<int64_t>& parent_rows) {
+  std::vector<int64_t> rows(next.size(), -1);
+  for (size_t first = 0, end = 0; first < next.size(); first = end) {
+    while (end < next.size() && next[end].sentence == next[first].sentence) ++end;
+    std::vector<bool> taken(end - first, false);
+    for (size_t i = first; i < end; ++i) {
+      const auto parent = static_cast<size_t>(parent_rows[i]);
+      if (parent >= first && parent < end && !taken[parent - first]) {
+        rows[i] = parent_rows[i];
+        taken[parent - first] = true;
+      }
+    }
+    size_t free_row = first;
+    for (size_t i = first; i < end; ++i) {
+      if (rows[i] >= 0) continue;
+      while (taken[free_row - first]) ++free_row;
+      rows[i] = static_cast<int64_t>(free_row);
+      taken[free_row - first] = true;
+    }
+  }
+  return rows;
 }
 
 /// The early-stopping rule of beam_search's doc comment, for one sentence whose live hypotheses
@@ -213,26 +241,29 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
 
   const auto beam = static_cast<size_t>(options.beam_size);
   std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(batch_size));
-  std::vector<Live> live;  // row i of the decoder; grouped by sentence, best first within a sentence
+  std::vector<Live> live;  // grouped by sentence, best first within a sentence
   for (int64_t s = 0; s < batch_size; ++s) live.push_back({.sentence = s, .tokens = {}, .log_prob = 0.0});
+  std::vector<int64_t> live_rows(live.size());  // the decoder row of each live hypothesis
+  std::iota(live_rows.begin(), live_rows.end(), int64_t{0});
   int64_t vocab = -1;
   for (int64_t step = 1; !live.empty(); ++step) {
-    std::vector<int64_t> tokens;
-    for (const Live& h : live) tokens.push_back(h.tokens.empty() ? options.sos_id : h.tokens.back());
+    std::vector<int64_t> tokens(live.size());
+    for (size_t i = 0; i < live.size(); ++i)
+      tokens[static_cast<size_t>(live_rows[i])] = live[i].tokens.empty() ? options.sos_id : live[i].tokens.back();
     TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_id);
 
     std::vector<Live> next;
-    std::vector<int64_t> parents;  // decoder row of each hypothesis in `next`
+    std::vector<int64_t> parent_rows;  // the decoder row of each hypothesis' parent in `next`
     for (size_t begin = 0, end = 0; begin < live.size(); begin = end) {
       const int64_t s = live[begin].sentence;
       while (end < live.size() && live[end].sentence == s) ++end;
       const int64_t limit = limits[static_cast<size_t>(s)];
       const bool last_step = step == limit;
       std::vector<Candidate> candidates;
-      for (size_t row = begin; row < end; ++row)
+      for (size_t i = begin; i < end; ++i)
         for (int64_t j = 0; j < top.k; ++j) {
-          size_t at = row * static_cast<size_t>(top.k) + static_cast<size_t>(j);
-          candidates.push_back({live[row].log_prob + top.values[at], static_cast<int64_t>(row), top.ids[at]});
+          size_t at = static_cast<size_t>(live_rows[i] * top.k + j);
+          candidates.push_back({live[i].log_prob + top.values[at], static_cast<int64_t>(i), top.ids[at]});
         }
       // Stable: equal sums keep the earlier hypothesis, then the lower token id (topk's order).
       std::stable_sort(candidates.begin(), candidates.end(),
@@ -241,13 +272,13 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       for (size_t rank = 0; rank < candidates.size() && next.size() - first_new < beam; ++rank) {
         const Candidate& c = candidates[rank];
         if (c.token == options.eos_id && rank >= beam) continue;
-        std::vector<int64_t> extended = live[static_cast<size_t>(c.row)].tokens;
+        std::vector<int64_t> extended = live[static_cast<size_t>(c.live)].tokens;
         extended.push_back(c.token);
         if (c.token == options.eos_id) {
           finished[s].push_back(finish(std::move(extended), c.log_prob, options.length_penalty));
         } else {
           next.push_back({.sentence = s, .tokens = std::move(extended), .log_prob = c.log_prob});
-          parents.push_back(c.row);
+          parent_rows.push_back(live_rows[static_cast<size_t>(c.live)]);
         }
       }
       if (last_step) {
@@ -256,11 +287,14 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       }
       if (last_step || sentence_done(finished[s], next, first_new, next.size(), step, limit, options)) {
         next.resize(first_new);
-        parents.resize(first_new);
+        parent_rows.resize(first_new);
       }
     }
     if (next.empty()) break;
-    select_if_changed(decoder, parents, live.size());
+    live_rows = rows_at_parents(next, parent_rows);
+    std::vector<int64_t> sources(next.size());  // the decoder's row r continues from its row sources[r]
+    for (size_t i = 0; i < next.size(); ++i) sources[static_cast<size_t>(live_rows[i])] = parent_rows[i];
+    select_if_changed(decoder, sources, live.size());
     live = std::move(next);
   }
 

@@ -456,6 +456,32 @@ TEST_CASE("beam_search drops a sentence's rows once it is done (scripted)") {
   CHECK(results[1][1].log_prob == l02 + l9);
 }
 
+TEST_CASE("beam_search keeps a hypothesis in its parent's decoder row where it can (scripted)") {
+  // Beam 3, no length penalty. Step 1 (one row): "3" (0.4), "4" (0.35), "5" (0.2) live, in decoder
+  // rows 0, 1 and 2, all continuing row 0. Step 2 ranks "4 0" (log 0.35 + log 0.9 = -1.155), "3 0"
+  // (log 0.4 + log 0.6 = -1.427) and "3 4" (log 0.4 + log 0.3 = -2.120) above "5 0" (-2.303): "4 0"
+  // stays in its parent's row 1 and "3 0" in row 0, so only row 2 moves (it takes "3 4", from row 0):
+  // the selection is {0, 1, 0}, where rows in rank order would move every row ({1, 0, 0}). Step 3
+  // ends all three (EOS 0.9 after any other prefix); each must carry its own prefix's scores.
+  Model model = table_model({{{}, {0.02, 0.02, 0.01, 0.4, 0.35, 0.2}},
+                             {{3}, {0.6, 0.04, 0.005, 0.025, 0.3, 0.03}},
+                             {{4}, {0.9, 0.002, 0.005, 0.001, 0.002, 0.09}},
+                             {{5}, {0.5, 0.1, 0.005, 0.195, 0.1, 0.1}}},
+                            {0.02, 0.02, 0.9, 0.02, 0.02, 0.02});
+  FakeDecoder decoder(model, {0});
+  auto results = beam_search(decoder, 1, {.beam_size = 3, .max_new_tokens = 10, .length_penalty = 0, .nbest = 3});
+  CHECK(decoder.rows_per_step == std::vector<int64_t>{1, 3, 3});
+  CHECK(decoder.selections == std::vector<std::vector<int64_t>>{{0, 0, 0}, {0, 1, 0}});
+  auto log = [](double p) { return static_cast<double>(static_cast<float>(std::log(p))); };
+  REQUIRE(results[0].size() == 3);
+  CHECK(results[0][0].tokens == std::vector<int64_t>{4, 0, kEos});
+  CHECK(results[0][0].log_prob == doctest::Approx(log(0.35) + log(0.9) + log(0.9)).epsilon(1e-12));
+  CHECK(results[0][1].tokens == std::vector<int64_t>{3, 0, kEos});
+  CHECK(results[0][1].log_prob == doctest::Approx(log(0.4) + log(0.6) + log(0.9)).epsilon(1e-12));
+  CHECK(results[0][2].tokens == std::vector<int64_t>{3, 4, kEos});
+  CHECK(results[0][2].log_prob == doctest::Approx(log(0.4) + log(0.3) + log(0.9)).epsilon(1e-12));
+}
+
 TEST_CASE("beam_search: an EOS ranked below the beam is not kept") {
   // Beam 2, nbest 2, alpha = -1 (lp(L) = 6 / (5 + L), score = sum * (5 + L) / 6), max_new_tokens 10.
   // Step 1 (p: 0 0.3, 1 0.05, EOS 0.15, 3 0.5): "3" (-0.693) and "0" (-1.204) live.
