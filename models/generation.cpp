@@ -98,10 +98,10 @@ struct Live {
   double log_prob;
 };
 
-/// One way to extend a live hypothesis (live[live]), ranked by log_prob.
+/// One way to extend live[hypothesis], ranked by log_prob.
 struct Candidate {
   double log_prob;
-  int64_t live;
+  int64_t hypothesis;
   int64_t token;
 };
 
@@ -272,13 +272,13 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       for (size_t rank = 0; rank < candidates.size() && next.size() - first_new < beam; ++rank) {
         const Candidate& c = candidates[rank];
         if (c.token == options.eos_id && rank >= beam) continue;
-        std::vector<int64_t> extended = live[static_cast<size_t>(c.live)].tokens;
+        std::vector<int64_t> extended = live[static_cast<size_t>(c.hypothesis)].tokens;
         extended.push_back(c.token);
         if (c.token == options.eos_id) {
           finished[s].push_back(finish(std::move(extended), c.log_prob, options.length_penalty));
         } else {
           next.push_back({.sentence = s, .tokens = std::move(extended), .log_prob = c.log_prob});
-          parent_rows.push_back(live_rows[static_cast<size_t>(c.live)]);
+          parent_rows.push_back(live_rows[static_cast<size_t>(c.hypothesis)]);
         }
       }
       if (last_step) {

@@ -156,7 +156,9 @@ double length_penalty(int64_t length, double alpha);
 /// S / lp(t) that stops too soon when alpha > 0. With BeamStop::BeamFinished it is done once it has
 /// beam_size finished hypotheses. Either way a sentence is also done when it has no live hypotheses
 /// left; at its limit the live hypotheses are finished as they stand, without EOS. A done sentence's
-/// rows are dropped with select_rows, and the search ends when all are done.
+/// rows are dropped with select_rows, and the search ends when all are done. A sentence's hypotheses
+/// sit in consecutive rows, each in its parent's row where it can, so that select_rows leaves most
+/// rows where they are.
 ///
 /// Returns per sentence its best min(nbest, number found) finished hypotheses, best score first (ties
 /// keep the order they were found in). With length_penalty 0 and beam_size 1 the result is exactly
