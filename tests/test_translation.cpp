@@ -164,7 +164,7 @@ TEST_CASE("averaging checkpoints: N copies give the model back, two give their e
   wider.d_ff = 64;
   const std::filesystem::path c = temp_file("miniflow_test_average_c.safetensors");
   models::Translator(wider, first.source(), first.target()).save(c);
-  const std::string expected = "'" + c.string() + "' has another model config than '" + a.string() + "'";
+  const std::string expected = fmt::format("'{}' has another model config than '{}'", c.string(), a.string());
   CHECK_THROWS_WITH_AS(models::Translator::average({a, c}), doctest::Contains(expected.c_str()), Error);
   CHECK_THROWS_WITH_AS(models::Translator::average({}), doctest::Contains("no checkpoint given"), Error);
   for (const auto& path : {a, b, c}) std::filesystem::remove(path);
