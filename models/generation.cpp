@@ -118,22 +118,22 @@ Hypothesis finish(std::vector<int64_t> tokens, double log_prob, double alpha) {
 /// in changes nothing it computes: rows are independent.
 std::vector<int64_t> rows_at_parents(const std::vector<Live>& next, const std::vector<int64_t>& parent_rows) {
   std::vector<int64_t> rows(next.size(), -1);
+  std::vector<bool> taken(next.size(), false);
   for (size_t first = 0, end = 0; first < next.size(); first = end) {
     while (end < next.size() && next[end].sentence == next[first].sentence) ++end;
-    std::vector<bool> taken(end - first, false);
     for (size_t i = first; i < end; ++i) {
       const auto parent = static_cast<size_t>(parent_rows[i]);
-      if (parent >= first && parent < end && !taken[parent - first]) {
+      if (parent >= first && parent < end && !taken[parent]) {
         rows[i] = parent_rows[i];
-        taken[parent - first] = true;
+        taken[parent] = true;
       }
     }
     size_t free_row = first;
     for (size_t i = first; i < end; ++i) {
       if (rows[i] >= 0) continue;
-      while (taken[free_row - first]) ++free_row;
+      while (taken[free_row]) ++free_row;
       rows[i] = static_cast<int64_t>(free_row);
-      taken[free_row - first] = true;
+      taken[free_row] = true;
     }
   }
   return rows;

@@ -114,6 +114,10 @@ void convert_a(bool trans_a, int64_t rows, int64_t pairs, int64_t k0, int64_t de
 /// * kPanelColumns; columns past width are zero.
 void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t depth, const float* b, int64_t ldb,
             uint32_t* packed) {
+  // Where column j's word for pair 0 goes: its panel, then its place in the panel's rows.
+  auto column_start = [&](int64_t j) {
+    return packed + (j / kPanelColumns) * pairs * kPanelColumns + j % kPanelColumns;
+  };
   if (!trans_b) {
     // Pair q of every column: b's rows k and k + 1 read front to back, 16 columns at a time (read
     // down the columns instead, a weight just out of memory arrived a line per row, several times slower).
@@ -123,14 +127,13 @@ void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t dept
         const __mmask16 present = Avx512Floats::first_lanes(width - j);
         __m512 lo = k < depth ? _mm512_maskz_loadu_ps(present, b + k * ldb + j) : _mm512_setzero_ps();
         __m512 hi = k + 1 < depth ? _mm512_maskz_loadu_ps(present, b + (k + 1) * ldb + j) : _mm512_setzero_ps();
-        uint32_t* panel = packed + (j / kPanelColumns) * pairs * kPanelColumns + j % kPanelColumns;
-        _mm512_store_si512(panel + q * kPanelColumns, interleaved_pairs(lo, hi));
+        _mm512_store_si512(column_start(j) + q * kPanelColumns, interleaved_pairs(lo, hi));
       }
     }
     return;
   }
   for (int64_t j = 0; j < width; j += 16) {
-    uint32_t* panel = packed + (j / kPanelColumns) * pairs * kPanelColumns + j % kPanelColumns;
+    uint32_t* panel = column_start(j);
     const __mmask16 present = Avx512Floats::first_lanes(width - j);
     // op(b) = b^T: column j's pairs are runs of b's row j; 16 rows x 16 pairs transposed in registers.
     for (int64_t q = 0; q < pairs; q += 16) {
