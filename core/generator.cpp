@@ -102,42 +102,59 @@ template <int Groups>
   hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), high, 0xAA);
 }
 
-[[gnu::target("avx2")]] void philox_fill_avx2(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out) {
+/// Blocks counter .. counter + 8 * Groups - 1 into out, the rounds of the groups interleaved, as
+/// philox_groups_avx512's.
+template <int Groups>
+[[gnu::target("avx2"), gnu::always_inline]] inline void philox_groups_avx2(uint64_t key, uint64_t counter,
+                                                                             uint32_t* out) {
   const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kMultiplier0)), m1 = _mm256_set1_epi32(static_cast<int>(kMultiplier1));
-  int64_t i = 0;
-  for (; i + 8 <= blocks; i += 8) {
+  __m256i c0[Groups], c1[Groups], c2[Groups], c3[Groups];
+  for (int g = 0; g < Groups; ++g) {
     alignas(32) uint32_t low[8], high[8];
     for (int l = 0; l < 8; ++l) {
-      uint64_t c = counter + static_cast<uint64_t>(i + l);
+      uint64_t c = counter + static_cast<uint64_t>(8 * g + l);
       low[l] = static_cast<uint32_t>(c);
       high[l] = static_cast<uint32_t>(c >> 32);
     }
-    __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(low));
-    __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(high));
-    __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
-    uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-    for (int round = 0; round < 10; ++round) {
+    c0[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(low));
+    c1[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(high));
+    c2[g] = c3[g] = _mm256_setzero_si256();
+  }
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0)), key1 = _mm256_set1_epi32(static_cast<int>(k1));
+    for (int g = 0; g < Groups; ++g) {
       __m256i hi0, lo0, hi1, lo1;
-      mulhilo(c0, m0, hi0, lo0);
-      mulhilo(c2, m1, hi1, lo1);
-      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
-      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
-      c1 = lo1;
-      c3 = lo0;
-      k0 += kWeyl0;
-      k1 += kWeyl1;
+      mulhilo(c0[g], m0, hi0, lo0);
+      mulhilo(c2[g], m1, hi1, lo1);
+      c0[g] = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[g]), key0);
+      c2[g] = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[g]), key1);
+      c1[g] = lo1;
+      c3[g] = lo0;
     }
+    k0 += kWeyl0;
+    k1 += kWeyl1;
+  }
+  for (int g = 0; g < Groups; ++g) {
     // 4 x 8 transpose: u_j holds block 4k + j in 128-bit lane k.
-    __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpackhi_epi32(c0, c1);
-    __m256i t2 = _mm256_unpacklo_epi32(c2, c3), t3 = _mm256_unpackhi_epi32(c2, c3);
+    __m256i t0 = _mm256_unpacklo_epi32(c0[g], c1[g]), t1 = _mm256_unpackhi_epi32(c0[g], c1[g]);
+    __m256i t2 = _mm256_unpacklo_epi32(c2[g], c3[g]), t3 = _mm256_unpackhi_epi32(c2[g], c3[g]);
     __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
     __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-    auto* dst = reinterpret_cast<__m256i*>(out + 4 * i);
+    auto* dst = reinterpret_cast<__m256i*>(out + 32 * g);
     _mm256_storeu_si256(dst, _mm256_permute2x128_si256(u0, u1, 0x20));
     _mm256_storeu_si256(dst + 1, _mm256_permute2x128_si256(u2, u3, 0x20));
     _mm256_storeu_si256(dst + 2, _mm256_permute2x128_si256(u0, u1, 0x31));
     _mm256_storeu_si256(dst + 3, _mm256_permute2x128_si256(u2, u3, 0x31));
   }
+}
+
+[[gnu::target("avx2")]] void philox_fill_avx2(uint64_t key, uint64_t counter, int64_t blocks, uint32_t* out) {
+  constexpr int kGroups = 4;  // 32 blocks: apply_dropout's batch in two
+  int64_t i = 0;
+  for (; i + 8 * kGroups <= blocks; i += 8 * kGroups)
+    philox_groups_avx2<kGroups>(key, counter + static_cast<uint64_t>(i), out + 4 * i);
+  for (; i + 8 <= blocks; i += 8) philox_groups_avx2<1>(key, counter + static_cast<uint64_t>(i), out + 4 * i);
   philox_fill_scalar(key, counter + static_cast<uint64_t>(i), blocks - i, out + 4 * i);
 }
 

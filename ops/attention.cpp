@@ -231,7 +231,7 @@ void cpu_attention(const std::vector<Tensor>& in, std::vector<Tensor>& out, cons
           }
           const E* kept = w;
           if (p > 0) {
-            apply_dropout(dropout, pair * T * S, T * S, w, dropped.data());
+            apply_dropout<W>(dropout, pair * T * S, T * S, w, dropped.data());
             kept = dropped.data();
           }
           if (T <= kDirectQueries) {
@@ -301,7 +301,7 @@ void cpu_attention_backward(const std::vector<Tensor>& in, std::vector<Tensor>& 
           gemm<E>(CblasNoTrans, CblasTrans, T, S, D, d_o, H * D, vs.at(b, h), vs.row_stride, dkept.data(), S);
           const E* kept = w;
           if (p > 0) {  // one draw of the mask for both: the weights forward, their gradient backward
-            apply_dropout(dropout, pair * T * S, T * S, w, dropped.data(), dkept.data(), dkept.data());
+            apply_dropout<W>(dropout, pair * T * S, T * S, w, dropped.data(), dkept.data(), dkept.data());
             kept = dropped.data();
           }
           gemm<E>(CblasTrans, CblasNoTrans, S, D, T, kept, S, d_o, H * D, dv + b * S * H * D + h * D, H * D);

@@ -523,7 +523,7 @@ void cpu_dropout(const std::vector<Tensor>& in, std::vector<Tensor>& out, const 
     T* o = out[0].data_ptr<T>();
     parallel_for(0, blocks, grain_for(4), [&](int64_t begin, int64_t end) {  // whole Philox blocks each
       int64_t first = 4 * begin, n = std::min(4 * end, numel) - first;
-      cpu::with_widest_isa([&]<int>() MF_LAMBDA_INLINE { apply_dropout(dropout, first, n, inp + first, o + first); });
+      cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE { apply_dropout<W>(dropout, first, n, inp + first, o + first); });
     });
   });
 }

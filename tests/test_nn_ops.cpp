@@ -5,7 +5,9 @@
 #include "helpers.h"
 #include "ops/reference.h"
 
+#include <bit>
 #include <cmath>
+#include <limits>
 
 using namespace mf;
 using mf::testing::check_close;
@@ -181,6 +183,35 @@ TEST_CASE("dropout masks do not depend on the thread count") {
   set_num_threads(std::max(restore_threads.saved, 4));
   Tensor parallel = dropout(x, 0.4, true, &b);
   check_close(parallel, serial, 0, 0);
+}
+
+TEST_CASE("float32 dropout: x times the reference's scale or 0, to the bit, infinities and NaN included") {
+  // The float kernel picks each factor in vectors (the lanes of every ISA, then a scalar tail); the
+  // reference draws each element's Philox word by itself. Their products must agree bit for bit:
+  // 0 times an infinity or a NaN is NaN, 0 times a negative is -0. 1003 elements: odd tails.
+  std::vector<float> values(1003);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 13) * 0.37f - 2.0f;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i : {0, 9, 21, 500, 1002}) values[i] = inf;
+  for (size_t i : {1, 10, 22, 501}) values[i] = -inf;
+  for (size_t i : {2, 11, 23, 502}) values[i] = nan;
+  for (size_t i : {3, 12, 24, 503}) values[i] = -0.0f;
+  for (double p : {0.1, 0.5, 0.9}) {
+    CAPTURE(p);
+    Generator generator(17);
+    generator.set_offset(5);  // a counter that is not a multiple of the kernel's batch
+    Tensor out = dropout(from_vector<float>(values, {1003}), p, true, &generator);
+    std::vector<float> outs = out.to_vector<float>();
+    int64_t differing = 0, dropped = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const auto scale = static_cast<float>(reference::dropout_scale(17, 5, p, static_cast<int64_t>(i)));
+      dropped += scale == 0;
+      differing += std::bit_cast<uint32_t>(outs[i]) != std::bit_cast<uint32_t>(values[i] * scale);
+    }
+    CHECK(differing == 0);
+    CHECK(dropped > 0);
+    CHECK(dropped < 1003);
+  }
 }
 
 TEST_CASE("dropout: identity in eval mode and at p = 0, zeros at p = 1, gradient = mask / (1 - p)") {
