@@ -7,7 +7,9 @@
 // To name the ranks that did not arrive, a rank whose collective timed out asks every other rank,
 // on a communicator of its own, where it is; a rank's MPI thread answers while it waits in a
 // collective and while it is idle, so the ranks that do not answer are the ones that are gone
-// (or whose MPI thread is stuck).
+// (or whose MPI thread is stuck). The same questions name the ranks missing from a timed-out
+// collective of an NCCL group started over this one: the MPI thread answers with the last NCCL
+// collective this rank launched.
 #include "distributed/backends.h"
 
 #include "core/error.h"
@@ -26,6 +28,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace mf::distributed::detail {
@@ -33,8 +36,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kAskTag = 1;    // payload: the asker's sequence number
-constexpr int kReplyTag = 2;  // payload: Status
+constexpr int kAskTag = 1;      // where are you in this group's collectives? (payload: the asker's sequence number)
+constexpr int kReplyTag = 2;    // payload: Status
+constexpr int kAskNcclTag = 3;  // how far are your NCCL collectives? (same payload and reply)
 
 /// Where a rank is, as it answers a peer whose collective timed out.
 struct Status {
@@ -75,9 +79,11 @@ std::string mpi_error_text(int code) {
   return std::string(text.data(), static_cast<size_t>(length));
 }
 
-/// A collective handed to the MPI thread, with the host tensors it works on and its completion.
+/// A collective handed to the MPI thread, with the host tensors it works on and its completion; or,
+/// with `task` set, other work that must make MPI calls.
 struct Job {
   Collective collective;
+  std::function<void()> task;
   Tensor host_input, host_output;  // the collective's tensors, or host copies of CUDA ones
   std::mutex mutex;
   std::condition_variable done_signal;
@@ -117,11 +123,11 @@ class MpiWork : public Work {
   bool copied_back_ = false;
 };
 
-class MpiProcessGroup : public ProcessGroup {
+class MpiProcessGroup : public MpiProcessGroupBase {
  public:
   MpiProcessGroup(int rank, int world_size, MPI_Comm comm, MPI_Comm notices, bool owns_mpi,
                   const ProcessGroupOptions& options)
-      : ProcessGroup(rank, world_size, options), comm_(comm), notices_(notices), owns_mpi_(owns_mpi) {
+      : MpiProcessGroupBase(rank, world_size, options), comm_(comm), notices_(notices), owns_mpi_(owns_mpi) {
     MPI_Op_create(&reduce_bfloat16<std::plus<float>>, /*commute=*/1, &bfloat16_sum_);
     MPI_Op_create(&reduce_bfloat16<Max>, /*commute=*/1, &bfloat16_max_);
     worker_ = std::thread([this] { serve(); });
@@ -144,6 +150,35 @@ class MpiProcessGroup : public ProcessGroup {
   std::string backend() const override { return "mpi"; }
   Device device() const override { return Device::cpu(); }
 
+  void note_nccl_launch(uint64_t sequence) override { nccl_launched_.store(sequence); }
+
+  std::string nccl_ranks_missing(uint64_t sequence) override {
+    auto job = std::make_shared<Job>();
+    std::string missing;
+    job->task = [&] {
+      std::vector<std::optional<Status>> answers = ask_peers(kAskNcclTag, static_cast<int64_t>(sequence));
+      std::vector<std::string> absent;
+      for (int peer = 0; peer < world_size(); ++peer) {
+        const std::optional<Status>& answer = answers[static_cast<size_t>(peer)];
+        if (!answer)
+          absent.push_back(fmt::format("rank {} did not answer (it is gone, or its MPI thread is stuck)", peer));
+        else if (answer->sequence < static_cast<int64_t>(sequence))
+          absent.push_back(fmt::format("rank {} has not reached it (the last NCCL collective it launched is #{})",
+                                       peer, answer->sequence));
+      }
+      missing = absent.empty() ? "every rank has launched it, yet it did not complete (a GPU or the link between "
+                                 "them stalled)"
+                               : fmt::format("{}", fmt::join(absent, "; "));
+    };
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(job);
+    }
+    wake_.notify_one();
+    std::unique_lock lock(job->mutex);
+    job->done_signal.wait(lock, [&] { return job->done; });
+    return missing;
+  }
 
  protected:
   void end_job(int status) override {
@@ -194,6 +229,13 @@ class MpiProcessGroup : public ProcessGroup {
   }
 
   void run(Job& job) {
+    if (job.task) {
+      job.task();
+      std::lock_guard lock(job.mutex);
+      job.done = true;
+      job.done_signal.notify_all();
+      return;
+    }
     const Collective& c = job.collective;
     current_ = {.in_collective = 1, .sequence = static_cast<int64_t>(c.sequence), .kind = static_cast<int64_t>(c.kind)};
     const Clock::time_point deadline = Clock::now() + timeout();
@@ -281,40 +323,43 @@ class MpiProcessGroup : public ProcessGroup {
     }
   }
 
-  /// Answers every peer that asked where this rank is.
+  /// Answers every peer that asked where this rank is: in this group's collectives, or (kAskNcclTag)
+  /// how far its NCCL collectives have been launched.
   void answer_peers() {
-    for (;;) {
-      int asked = 0;
-      MPI_Status status;
-      MPI_Iprobe(MPI_ANY_SOURCE, kAskTag, notices_, &asked, &status);
-      if (!asked) break;
-      int64_t their_sequence = 0;
-      MPI_Recv(&their_sequence, 1, MPI_INT64_T, status.MPI_SOURCE, kAskTag, notices_, MPI_STATUS_IGNORE);
-      replies_.push_back({current_, MPI_REQUEST_NULL});
-      MPI_Isend(&replies_.back().status, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, notices_,
-                &replies_.back().request);
+    for (int tag : {kAskTag, kAskNcclTag}) {
+      for (;;) {
+        int asked = 0;
+        MPI_Status status;
+        MPI_Iprobe(MPI_ANY_SOURCE, tag, notices_, &asked, &status);
+        if (!asked) break;
+        int64_t their_sequence = 0;
+        MPI_Recv(&their_sequence, 1, MPI_INT64_T, status.MPI_SOURCE, tag, notices_, MPI_STATUS_IGNORE);
+        const Status answer =
+            tag == kAskTag ? current_ : Status{.sequence = static_cast<int64_t>(nccl_launched_.load())};
+        sends_.push_back({answer, MPI_REQUEST_NULL});
+        MPI_Isend(&sends_.back().payload, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, notices_,
+                  &sends_.back().request);
+      }
     }
-    while (!replies_.empty()) {  // the buffers of finished replies can go
+    while (!sends_.empty()) {  // the buffers of finished sends can go
       int sent = 0;
-      MPI_Test(&replies_.front().request, &sent, MPI_STATUS_IGNORE);
+      MPI_Test(&sends_.front().request, &sent, MPI_STATUS_IGNORE);
       if (!sent) break;
-      replies_.pop_front();
+      sends_.pop_front();
     }
   }
 
-  /// Asks the other ranks where they are, waits a moment for their answers, names the collective and
-  /// the ranks that did not arrive on stderr, and ends the job.
-  [[noreturn]] void end_job_after_timeout(const Collective& c) {
-    const int64_t sequence = static_cast<int64_t>(c.sequence);
-    std::vector<MPI_Request> asks;
+  /// Asks every other rank the question `ask_tag` names and waits a moment for their answers
+  /// (answering theirs meanwhile): one per rank, none for a rank that did not answer, this rank's own
+  /// as the one asked about would be (`sequence`, in it).
+  std::vector<std::optional<Status>> ask_peers(int ask_tag, int64_t sequence) {
     for (int peer = 0; peer < world_size(); ++peer) {
       if (peer == rank()) continue;
-      asks.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(&sequence, 1, MPI_INT64_T, peer, kAskTag, notices_, &asks.back());
+      sends_.push_back({Status{.sequence = sequence}, MPI_REQUEST_NULL});
+      MPI_Isend(&sends_.back().payload.sequence, 1, MPI_INT64_T, peer, ask_tag, notices_, &sends_.back().request);
     }
-    std::vector<Status> answers(static_cast<size_t>(world_size()));
-    std::vector<bool> answered(static_cast<size_t>(world_size()), false);
-    answered[static_cast<size_t>(rank())] = true;
+    std::vector<std::optional<Status>> answers(static_cast<size_t>(world_size()));
+    answers[static_cast<size_t>(rank())] = Status{.in_collective = 1, .sequence = sequence};
     const auto grace = std::clamp<std::chrono::milliseconds>(timeout() / 4, std::chrono::milliseconds(250),
                                                             std::chrono::milliseconds(2000));
     const Clock::time_point until = Clock::now() + grace;
@@ -330,21 +375,28 @@ class MpiProcessGroup : public ProcessGroup {
       }
       Status answer;
       MPI_Recv(&answer, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, notices_, MPI_STATUS_IGNORE);
-      auto source = static_cast<size_t>(status.MPI_SOURCE);
-      if (!answered[source]) --missing;
-      answered[source] = true;
-      answers[source] = answer;
+      std::optional<Status>& slot = answers[static_cast<size_t>(status.MPI_SOURCE)];
+      if (!slot) --missing;
+      slot = answer;
     }
+    return answers;
+  }
+
+  /// Asks the other ranks where they are, names the collective and the ranks that did not arrive on
+  /// stderr, and ends the job.
+  [[noreturn]] void end_job_after_timeout(const Collective& c) {
+    const int64_t sequence = static_cast<int64_t>(c.sequence);
+    std::vector<std::optional<Status>> answers = ask_peers(kAskTag, sequence);
     std::vector<std::string> absent;
     for (int peer = 0; peer < world_size(); ++peer) {
-      auto p = static_cast<size_t>(peer);
-      if (!answered[p]) {
+      const std::optional<Status>& answer = answers[static_cast<size_t>(peer)];
+      if (!answer) {
         absent.push_back(fmt::format("rank {} did not answer (it is gone, or its MPI thread is stuck)", peer));
-      } else if (peer != rank() && !(answers[p].in_collective && answers[p].sequence == sequence)) {
-        absent.push_back(answers[p].in_collective
-                             ? fmt::format("rank {} is waiting in collective #{} instead", peer, answers[p].sequence)
+      } else if (!(answer->in_collective && answer->sequence == sequence)) {
+        absent.push_back(answer->in_collective
+                             ? fmt::format("rank {} is waiting in collective #{} instead", peer, answer->sequence)
                              : fmt::format("rank {} has not reached it (the last collective it finished is #{})",
-                                           peer, answers[p].sequence));
+                                           peer, answer->sequence));
       }
     }
     std::string who = absent.empty() ? "every rank has reached it, yet it did not complete" : fmt::format(
@@ -356,8 +408,9 @@ class MpiProcessGroup : public ProcessGroup {
     std::_Exit(1);  // MPI_Abort does not return; if it did, this process must still end
   }
 
-  struct Reply {
-    Status status;
+  /// A question or an answer on its way to a peer: MPI reads `payload` until `request` completes.
+  struct Send {
+    Status payload;
     MPI_Request request;
   };
 
@@ -371,14 +424,15 @@ class MpiProcessGroup : public ProcessGroup {
   bool stopping_ = false;
   std::atomic<int> abort_status_{-1};
   std::atomic<int> waiters_{0};  // threads in MpiWork::wait()
+  std::atomic<uint64_t> nccl_launched_{0};  // the last collective this rank's NCCL group launched
   // The MPI thread's own.
   Status current_;
-  std::deque<Reply> replies_;
+  std::deque<Send> sends_;
 };
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_mpi_process_group(const ProcessGroupOptions& options) {
+std::shared_ptr<MpiProcessGroupBase> make_mpi_process_group(const ProcessGroupOptions& options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   bool owns_mpi = false;

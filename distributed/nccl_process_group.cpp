@@ -7,7 +7,8 @@
 // device (an event orders them), so that a bucket's reduction overlaps the rest of backward. wait()
 // makes miniflow's stream wait for it and blocks the host until it is done, polling the communicator
 // for errors; past the timeout it aborts the communicator (NCCL's way out of a collective that
-// cannot finish) and ends the job.
+// cannot finish) and ends the job, naming the ranks that had not launched the collective (their MPI
+// threads say how far they have got; NCCL itself cannot tell).
 #include "distributed/backends.h"
 
 #include "core/error.h"
@@ -131,7 +132,7 @@ class NcclWork : public Work {
 
 class NcclProcessGroup : public ProcessGroup {
  public:
-  NcclProcessGroup(int rank, int world_size, int device, std::shared_ptr<ProcessGroup> bootstrap,
+  NcclProcessGroup(int rank, int world_size, int device, std::shared_ptr<MpiProcessGroupBase> bootstrap,
                    const ProcessGroupOptions& options)
       : ProcessGroup(rank, world_size, options), device_(device), bootstrap_(std::move(bootstrap)) {
     MF_CUDA_CHECK(cudaSetDevice(device_));
@@ -178,9 +179,10 @@ class NcclProcessGroup : public ProcessGroup {
       if (async != ncclSuccess && async != ncclInProgress)
         fail("nccl: {} failed: {}", c.describe(), nccl().get_error_string(async));
       if (Clock::now() > deadline) {
-        std::fprintf(stderr, "[rank %d] miniflow: %s did not complete within %.3g s (nccl: a rank did not reach "
-                     "it or its GPU stalled); ending the job\n", rank(), c.describe().c_str(),
-                     std::chrono::duration<double>(timeout()).count());
+        const std::string missing = bootstrap_ ? bootstrap_->nccl_ranks_missing(c.sequence) : "its GPU stalled";
+        std::fprintf(stderr, "[rank %d] miniflow: %s did not complete within %.3g s (nccl): %s; ending the job\n",
+                     rank(), c.describe().c_str(), std::chrono::duration<double>(timeout()).count(),
+                     missing.c_str());
         std::fflush(stderr);
         abort_job(1);
       }
@@ -229,12 +231,13 @@ class NcclProcessGroup : public ProcessGroup {
     }
     MF_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     MF_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+    if (bootstrap_) bootstrap_->note_nccl_launch(c.sequence);
     return std::make_shared<NcclWork>(*this, std::move(c), done);
   }
 
  private:
   int device_;
-  std::shared_ptr<ProcessGroup> bootstrap_;
+  std::shared_ptr<MpiProcessGroupBase> bootstrap_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t comm_stream_ = nullptr;
 };
@@ -242,7 +245,7 @@ class NcclProcessGroup : public ProcessGroup {
 void NcclWork::wait() { group_.wait_for(collective_, done_); }
 
 std::shared_ptr<ProcessGroup> make_group(const ProcessGroupOptions& options) {
-  std::shared_ptr<ProcessGroup> bootstrap;
+  std::shared_ptr<MpiProcessGroupBase> bootstrap;
   int rank = 0, world_size = 1;
 #ifdef MF_DISTRIBUTED_MPI
   if (launched_by_mpi()) {

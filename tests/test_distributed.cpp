@@ -8,6 +8,7 @@
 #include "helpers.h"
 
 #include "cuda/cuda.h"
+#include "distributed/backends.h"
 #include "distributed/data_parallel.h"
 #include "distributed/process_group.h"
 #include "distributed/zero.h"
@@ -15,6 +16,8 @@
 #include "optim/adam.h"
 #include "train/toy_corpus.h"
 #include "train/train_loop.h"
+
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <numeric>
@@ -576,6 +579,30 @@ TEST_CASE("nccl: collectives and data-parallel gradients on CUDA tensors (a worl
   (sum(diff * diff) / static_cast<double>(x.size(0))).backward();
   ddp.finish_gradient_sync();
   check_close(model->first->weight.grad().to(Device::cpu()), reference->first->weight.grad(), 1e-4, 1e-5);
+}
+
+TEST_CASE("an NCCL collective that timed out: the MPI threads say which ranks have not launched it") {
+  // What NcclProcessGroup prints when its collective times out, asked of real peers over MPI: each rank
+  // records how far its NCCL collectives have been launched (here without a GPU), and the asking rank
+  // hears every other rank's MPI thread, busy in a barrier or idle, answer.
+  auto* mpi = dynamic_cast<dist::detail::MpiProcessGroupBase*>(&world());
+  if (mpi == nullptr || world().world_size() < 2) {
+    MESSAGE("SKIPPED: needs the suite under mpirun with 2 or more ranks");
+    return;
+  }
+  const int w = world().world_size();
+  mpi->note_nccl_launch(world().rank() == 0 ? 5 : 3);  // rank 0 waits in #5; the others are back at #3
+  world().barrier();
+  if (world().rank() == 0) {
+    std::vector<std::string> behind;
+    for (int peer = 1; peer < w; ++peer)
+      behind.push_back(fmt::format("rank {} has not reached it (the last NCCL collective it launched is #3)", peer));
+    CHECK(mpi->nccl_ranks_missing(5) == fmt::format("{}", fmt::join(behind, "; ")));
+    CHECK(mpi->nccl_ranks_missing(3) == "every rank has launched it, yet it did not complete (a GPU or the link "
+                                        "between them stalled)");
+  }
+  world().barrier();
+  mpi->note_nccl_launch(0);
 }
 
 TEST_CASE("validation scores: the ranks' shards, their counts summed, score as one process scoring them all") {
