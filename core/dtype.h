@@ -18,9 +18,10 @@
 
 namespace mf {
 
-/// The element types. BFloat16 and Int8 are storage types so far: tensors hold them, print them, cast
-/// to and from them, copy, fill and view them, and checkpoints store them (Int8 holds quantized
-/// weights); an op that does arithmetic refuses them.
+/// The element types. BFloat16 and Int8 are storage types: tensors hold them, print them, cast to and
+/// from them, copy, fill and view them, and checkpoints store them (Int8 holds quantized weights);
+/// kernels never compute in them. The dispatcher runs an op on bfloat16 inputs in float32 and rounds
+/// its results (as PyTorch's CPU kernels do); an op that does arithmetic refuses int8.
 enum class DType : uint8_t { Float32, Float64, Int64, Bool, BFloat16, Int8 };
 inline constexpr int kDTypeCount = 6;
 

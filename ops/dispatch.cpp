@@ -181,13 +181,16 @@ Device common_device(const OpDef& def, const std::vector<Tensor>& inputs) {
   return device;
 }
 
-/// bfloat16 and int8 are storage types so far: the ops that move or convert elements take them
+/// bfloat16 and int8 are storage types: the ops that move or convert elements take them
 /// (takes_storage_dtypes), on either device; the rest refuse them here, before any kernel could read
-/// their bits as another type.
+/// their bits as another type. bfloat16 inputs reach this only in float32 (call() casts them), so a
+/// bfloat16 refused here is an op asked to make one from nothing (arange, a random draw).
 void check_storage_dtype(const OpDef& def, DType dtype) {
-  if (!is_storage_only(dtype)) return;
-  MF_CHECK(def.takes_storage_dtypes, "{} tensors are stored, cast, copied, filled and viewed so far, not computed "
-           "with (cast with .to(mf::DType::Float32) first)", dtype_name(dtype));
+  if (!is_storage_only(dtype) || def.takes_storage_dtypes) return;
+  MF_CHECK(dtype != DType::BFloat16, "makes no bfloat16 tensors itself (make a float32 one and cast it with "
+           ".to(mf::DType::BFloat16))");
+  fail("{} tensors are stored, cast, copied, filled and viewed so far, not computed with (cast with "
+       ".to(mf::DType::Float32) first)", dtype_name(dtype));
 }
 
 /// `reads_bfloat16`: this call's kernel reads bfloat16 inputs as they are (OpDef::lowered_kernel_reads_bfloat16).
@@ -326,12 +329,54 @@ std::vector<Tensor> float32_inputs(const std::vector<Tensor>& inputs, const Site
   return cast;
 }
 
+/// Whether this call does bfloat16 arithmetic outside autocast: an op that computes, with a bfloat16
+/// input (or, in place, target) on a device where autocast is off. It computes in float32 (below).
+bool computes_bfloat16_in_float32(const OpDef& def, const std::vector<Tensor>& inputs, const Tensor* target = nullptr) {
+  if (def.view || def.takes_storage_dtypes || def.writes_input) return false;
+  auto outside_autocast = [](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::BFloat16 && !is_autocast_enabled(t.device().type);
+  };
+  return std::any_of(inputs.begin(), inputs.end(), outside_autocast) || (target && outside_autocast(*target));
+}
+
+/// Whether autocast's lowering should run this op's products on bfloat16 operands: an op autocast
+/// lowers (linear, matmul, attention) whose float inputs were all bfloat16 (the caller checks that),
+/// so rounding their float32 copies to bfloat16 again is exact and the faster kernel gives the float32
+/// kernel's results up to the order of the sums, as PyTorch's bfloat16 GEMMs sum bfloat16 products in
+/// float32.
+bool products_in_bfloat16(const OpDef& def) { return def.autocast == AutocastRule::LowerPrecision; }
+
+DeviceType bfloat16_device(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.dtype() == DType::BFloat16) return t.device().type;
+  return DeviceType::CPU;
+}
+
 }  // namespace
 
 std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs, Site site) {
   const OpDef& def = registry()[id];
   if (autocast_casts_inputs(def, inputs, /*in_place=*/false)) [[unlikely]]
     return call(id, float32_inputs(inputs, site), attrs, site);
+  // bfloat16 arithmetic as PyTorch's CPU kernels do it: in float32 with one rounding per result. The
+  // op runs on float32 copies of its bfloat16 inputs (recorded casts: gradients flow back in
+  // bfloat16), and its float32 results are rounded to bfloat16 unless a float32 or float64 input
+  // made float32 the computed type (promote_types' rule; the fronts promote mixed operands).
+  if (computes_bfloat16_in_float32(def, inputs)) [[unlikely]] {
+    const bool wider_input = std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
+      return t.defined() && (t.dtype() == DType::Float32 || t.dtype() == DType::Float64);
+    });
+    std::vector<Tensor> outputs;
+    {
+      AutocastGuard products(bfloat16_device(inputs), DType::BFloat16, products_in_bfloat16(def) && !wider_input);
+      outputs = call(id, float32_inputs(inputs, site), attrs, site);
+    }
+    if (!wider_input)
+      for (Tensor& out : outputs)
+        if (out.defined() && out.dtype() == DType::Float32)
+          out = call1(OpId::cast, {out}, CastParams{.dtype = DType::BFloat16}, site);
+    return outputs;
+  }
   CallDepth depth;
   std::vector<Tensor> outputs;
   bool lowered = false;
@@ -377,6 +422,12 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
   const OpDef& def = registry()[id];
   if (autocast_casts_inputs(def, inputs, /*in_place=*/true)) [[unlikely]]
     return call_inplace(id, self, float32_inputs(inputs, site), attrs, site);
+  // bfloat16 outside autocast: computed in float32 as call() does, the result rounded into self.
+  const bool bfloat16_in_float32 = computes_bfloat16_in_float32(def, inputs, &self);
+  if (bfloat16_in_float32 && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
+        return t.defined() && t.dtype() == DType::BFloat16;
+      })) [[unlikely]]
+    return call_inplace(id, self, float32_inputs(inputs, site), attrs, site);
   CallDepth depth;
   try {
     check_input_count(id, inputs);
@@ -389,7 +440,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
              device.str());
     check_writable(self);
     check_storage_dtype(def, inputs);
-    check_storage_dtype(def, self.dtype());
+    if (!bfloat16_in_float32) check_storage_dtype(def, self.dtype());
     std::vector<OutputSpec> specs = def.infer(inputs, attrs);
     check_storage_dtype(def, specs);
     MF_CHECK(specs.size() == 1 && specs[0].shape == self.shape(),

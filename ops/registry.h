@@ -397,8 +397,9 @@ struct OpDef {
   bool writes_input = false;
   /// Inputs may live on different devices (to_device).
   bool mixes_devices = false;
-  /// Takes and gives bfloat16 and int8 tensors: the ops that move or convert elements. The
-  /// dispatcher refuses those dtypes for every other op (views take any dtype).
+  /// Takes and gives bfloat16 and int8 tensors: the ops that move or convert elements. Every other op
+  /// gets bfloat16 inputs as float32 ones (its float32 results rounded back) and refuses int8 (views
+  /// take any dtype).
   bool takes_storage_dtypes = false;
   AutocastRule autocast = AutocastRule::Float32;
   /// Devices whose kernel, in a call autocast lowers, reads bfloat16 inputs as they are (cuBLAS takes

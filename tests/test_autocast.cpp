@@ -190,7 +190,7 @@ TEST_CASE("under autocast, bfloat16 inputs are cast to float32, gradients flowin
     CAPTURE(device);
     Tensor x = mf::from_vector(std::vector<float>{1.5f, -2.0f, 0.25f}, {3}, device).to(DType::BFloat16);
     x.set_requires_grad(true);
-    CHECK_THROWS_WITH_AS(mf::softmax(x, 0), doctest::Contains("not computed with"), mf::Error);
+    CHECK(mf::softmax(x, 0).dtype() == DType::BFloat16);  // outside autocast: bfloat16 arithmetic
     Tensor y;
     {
       mf::AutocastGuard autocast(device.type);
@@ -249,7 +249,7 @@ TEST_CASE("a kernel that reads bfloat16 under autocast gets bfloat16 inputs as t
   RecordingMatmul recording;
   Tensor a = mf::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}).to(DType::BFloat16).set_requires_grad(true);
   Tensor b = mf::from_vector(std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}, {3, 2}).set_requires_grad(true);
-  CHECK_THROWS_WITH_AS(mf::matmul(a, b), doctest::Contains("not computed with"), mf::Error);  // outside autocast
+  CHECK(mf::matmul(a, b).dtype() == DType::Float32);  // outside autocast: b's float32 makes the result float32
   mf::AutocastGuard autocast;
   dtypes_given.clear();
   Tensor y = mf::matmul(a, b);

@@ -166,24 +166,30 @@ TEST_CASE("every op matches its naive reference, on every device") {
   }
 }
 
+namespace {
+
+/// Whether two ops' outputs hold the same dtypes and values, NaN matching NaN.
+bool same(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k].defined() != b[k].defined()) return false;
+    if (!a[k].defined()) continue;
+    if (a[k].dtype() != b[k].dtype()) return false;
+    const std::vector<double> x = a[k].to(DType::Float64).to_vector<double>(),
+                              y = b[k].to(DType::Float64).to_vector<double>();
+    if (!std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                    [](double u, double v) { return u == v || (std::isnan(u) && std::isnan(v)); }))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 // Autocast's rules (OpDef::autocast): a Float32 op computes as outside it, bit for bit, and takes
 // bfloat16 inputs as their float32 values; a LowerPrecision op stays within bfloat16's rounding of
 // its float32 result (test_autocast.cpp holds the lowered GEMMs to exact references).
 TEST_CASE("under autocast, every op keeps its float32 result, except the GEMMs it lowers") {
-  // Whether two ops' outputs hold the same values, NaN matching NaN.
-  auto same = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-    if (a.size() != b.size()) return false;
-    for (size_t k = 0; k < a.size(); ++k) {
-      if (a[k].defined() != b[k].defined()) return false;
-      if (!a[k].defined()) continue;
-      const std::vector<double> x = a[k].to(DType::Float64).to_vector<double>(),
-                                y = b[k].to(DType::Float64).to_vector<double>();
-      if (!std::equal(x.begin(), x.end(), y.begin(), y.end(),
-                      [](double u, double v) { return u == v || (std::isnan(u) && std::isnan(v)); }))
-        return false;
-    }
-    return true;
-  };
   int lowered = 0, kept = 0;
   for (size_t i = 0; i < kOpCount; ++i) {
     auto id = static_cast<OpId>(i);
@@ -223,6 +229,50 @@ TEST_CASE("under autocast, every op keeps its float32 result, except the GEMMs i
   }
   CHECK(lowered >= 5);
   MESSAGE(fmt::format("autocast: {} samples of lowered ops, {} of ops it keeps in float32", lowered, kept));
+}
+
+// bfloat16 arithmetic outside autocast, as PyTorch's CPU kernels do it: each op computes in float32
+// on its bfloat16 inputs' values and rounds each float result to bfloat16 once. So the reference is
+// the float32 op on the widened inputs, its float32 outputs rounded (the casts are tested bit by bit
+// in test_bfloat16.cpp). The ops autocast lowers run their products on bfloat16 operands, the same
+// values, summed in another order; attention's backward also rounds the intermediate products it
+// multiplies again (dP = dO V^T before dS = P (dP - rowsum)), an error of about 2^-8 relative to the
+// terms, not the result (the samples' terms are of order 1): within 4 x 2^-8 relative, 2^-8 absolute.
+TEST_CASE("outside autocast, every op that computes takes bfloat16 inputs and rounds its results once") {
+  int exact = 0, gemms = 0;
+  for (size_t i = 0; i < kOpCount; ++i) {
+    auto id = static_cast<OpId>(i);
+    const OpDef& def = registry()[id];
+    if (!def.samples || !selected(id) || def.view || def.takes_storage_dtypes || def.writes_input) continue;
+    for (const Sample& sample : def.samples()) {
+      CAPTURE(kOpNames[i]);
+      CAPTURE(sample.name);
+      std::vector<Tensor> bf16, widened;
+      bool any_bf16 = false;
+      for (const Tensor& t : copies_on(sample.inputs, Device::cpu(), true)) {
+        const bool floating = t.dtype() == DType::Float32;
+        any_bf16 = any_bf16 || floating;
+        bf16.push_back(floating ? t.to(DType::BFloat16) : t);
+        widened.push_back(floating ? t.to(DType::BFloat16).to(DType::Float32) : t);
+      }
+      if (!any_bf16) continue;
+      std::vector<Tensor> expected = call(id, widened, sample.attrs);
+      for (Tensor& t : expected)
+        if (t.defined() && t.dtype() == DType::Float32) t = t.to(DType::BFloat16);
+      const std::vector<Tensor> got = call(id, bf16, sample.attrs);
+      if (def.autocast == AutocastRule::LowerPrecision) {
+        REQUIRE(got.size() == expected.size());
+        for (size_t k = 0; k < got.size(); ++k) CHECK(got[k].dtype() == expected[k].dtype());
+        check_outputs(got, expected, 4.0 / 256, 1.0 / 256);
+        ++gemms;
+      } else {
+        CHECK(same(got, expected));
+        ++exact;
+      }
+    }
+  }
+  CHECK(gemms >= 5);
+  MESSAGE(fmt::format("bfloat16: {} samples bit for bit, {} of GEMMs within a rounding", exact, gemms));
 }
 
 TEST_CASE("every differentiable op passes gradcheck in float64") {
