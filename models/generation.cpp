@@ -24,7 +24,7 @@ struct TopTokens {
 };
 
 /// Checks what the settings of both searches share.
-void check_common(const char* op, int64_t batch_size, int64_t max_new_tokens, std::initializer_list<int64_t> specials) {
+void check_common(const char* op, int64_t batch_size, int64_t max_new_tokens, const std::vector<int64_t>& specials) {
   MF_CHECK(batch_size >= 1, "{}: batch_size must be at least 1, got {}", op, batch_size);
   MF_CHECK(max_new_tokens >= 1, "{}: max_new_tokens must be at least 1, got {}", op, max_new_tokens);
   for (int64_t token : specials) MF_CHECK(token >= 0, "{}: special token ids must be >= 0, got {}", op, token);
@@ -39,7 +39,7 @@ Tensor int64_vector(const std::vector<int64_t>& values) {
 /// than every special token, no NaN among the winners) and returns each row's k best tokens
 /// (ties go to the lower id, as topk and torch.argmax do), never `banned` (-1: none).
 TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
-                   int64_t& vocab, std::initializer_list<int64_t> specials, int64_t banned) {
+                   int64_t& vocab, const std::vector<int64_t>& specials, int64_t banned) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor scores = decoder.step(int64_vector(tokens));  // [N, V]
   MF_CHECK(scores.defined() && scores.dim() == 2 && scores.size(0) == rows && is_floating(scores.dtype()),
@@ -183,7 +183,7 @@ double length_penalty(int64_t length, double alpha) {
 
 GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, const GreedyOptions& options) {
   const char* op = "greedy_decode";
-  auto specials = {options.sos_id, options.eos_id, options.pad_id};
+  const std::vector<int64_t> specials{options.sos_id, options.eos_id, options.pad_id};
   check_common(op, batch_size, options.max_new_tokens, specials);
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
@@ -228,7 +228,9 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
 std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, int64_t batch_size,
                                                  const BeamOptions& options) {
   const char* op = "beam_search";
-  auto specials = {options.sos_id, options.eos_id};
+  MF_CHECK(options.eos_id >= -1, "{}: eos_id must be a token id, or -1 for none, got {}", op, options.eos_id);
+  std::vector<int64_t> specials{options.sos_id};
+  if (options.eos_id >= 0) specials.push_back(options.eos_id);
   check_common(op, batch_size, options.max_new_tokens, specials);
   MF_CHECK(options.beam_size >= 1, "{}: beam_size must be at least 1, got {}", op, options.beam_size);
   MF_CHECK(options.nbest >= 1 && options.nbest <= options.beam_size,

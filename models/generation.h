@@ -103,7 +103,8 @@ struct BeamOptions {
   double length_penalty = 0.6;
   /// Hypotheses returned per sentence, 1 <= nbest <= beam_size.
   int64_t nbest = 1;
-  /// The special tokens' ids; the defaults are those of every text::Vocab.
+  /// The special tokens' ids; the defaults are those of every text::Vocab. eos_id -1: none, every
+  /// hypothesis runs to its limit (a language model asked for a fixed number of tokens).
   int64_t sos_id = text::kSosId;
   int64_t eos_id = text::kEosId;
   /// A token never generated, or -1 (GreedyOptions::banned_id).

@@ -1,6 +1,7 @@
 #include "models/sampling.h"
 
 #include "core/graph.h"
+#include "models/generation.h"
 #include "nn/kv_cache.h"
 #include "ops/functional.h"
 
@@ -46,6 +47,86 @@ Tensor choose(const Tensor& logits, const SamplingOptions& options) {
   return multinomial(softmax(scores, -1), 1, false, options.generator).view({scores.size(0)});
 }
 
+/// The model's logits [rows, fed, V], checked, and the cache moved past the fed positions.
+Tensor run_model(const LanguageModel& model, const Tensor& fed, nn::KVCache* cache) {
+  Tensor logits = model(fed);
+  MF_CHECK(logits.defined() && logits.dim() == 3 && logits.size(0) == fed.size(0) && logits.size(1) == fed.size(1),
+           "generate: the model returned {} for tokens {}; expected logits [B, T, V] = [{}, {}, V]",
+           logits.defined() ? shape_str(logits.shape()) : "an undefined tensor", shape_str(fed.shape()), fed.size(0),
+           fed.size(1));
+  if (cache != nullptr) cache->advance(fed.size(1));
+  return logits;
+}
+
+/// What the model is fed without the cache: the whole sequence, or its last context_length tokens.
+Tensor uncached_window(const Tensor& sequence, int64_t context_length) {
+  const int64_t length = sequence.size(1), window = context_length > 0 ? context_length : length;
+  return sequence.narrow(1, std::max<int64_t>(length - window, 0), std::min(window, length));
+}
+
+/// A decoder-only model as beam search's IncrementalDecoder. Its first step feeds the prompts (the
+/// search's start token is not the model's); later steps append each row's token to its sequence and
+/// feed that token (with the cache) or the sequence (without). select_rows reorders the sequences and
+/// the cache's rows alike.
+class LanguageModelDecoder final : public IncrementalDecoder {
+ public:
+  LanguageModelDecoder(const LanguageModel& model, Tensor prompt, const GenerateOptions& options)
+      : model_(model), sequences_(std::move(prompt)), options_(options) {}
+
+  Tensor step(const Tensor& tokens) override {
+    Tensor fed = sequences_;
+    if (started_) {
+      Tensor column = tokens.view({tokens.size(0), 1}).to(sequences_.device());
+      sequences_ = cat({sequences_, column}, 1);
+      fed = options_.use_cache ? column : uncached_window(sequences_, options_.context_length);
+    }
+    started_ = true;
+    if (!options_.use_cache) return run_model(model_, fed, nullptr).select(1, -1);
+    nn::KVCache::Use use(cache_);
+    return run_model(model_, fed, &cache_).select(1, -1);
+  }
+
+  Scores scores() const override { return Scores::Logits; }
+
+  void select_rows(const Tensor& index) override {
+    sequences_ = index_select(sequences_, 0, index.to(sequences_.device()));
+    cache_.select_rows(index);
+  }
+
+ private:
+  const LanguageModel& model_;
+  Tensor sequences_;  // [rows, T + tokens fed so far]
+  const GenerateOptions& options_;
+  nn::KVCache cache_;
+  bool started_ = false;
+};
+
+/// generate() by beam search: each row's best hypothesis after its prompt, rows that ended early
+/// padded with their stop token.
+Tensor generate_by_beam_search(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options) {
+  MF_CHECK(!options.sampling.do_sample, "generate: num_beams {} searches; set sampling.do_sample = false (beam "
+           "sampling is not there)", options.num_beams);
+  MF_CHECK(options.stop_tokens.size() <= 1, "generate: beam search takes at most one stop token, got {}",
+           options.stop_tokens.size());
+  const int64_t rows = prompt.size(0);
+  if (options.max_new_tokens == 0) return prompt;
+  LanguageModelDecoder decoder(model, prompt, options);
+  const int64_t stop = options.stop_tokens.empty() ? -1 : options.stop_tokens[0];
+  std::vector<std::vector<Hypothesis>> best = beam_search(
+      decoder, rows, {.beam_size = options.num_beams, .max_new_tokens = options.max_new_tokens,
+                      .length_penalty = options.length_penalty, .sos_id = 0, .eos_id = stop});
+  std::vector<int64_t> prompts = prompt.to(Device::cpu()).to_vector<int64_t>(), out;
+  int64_t longest = 0;
+  for (const auto& hypotheses : best) longest = std::max<int64_t>(longest, hypotheses[0].tokens.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<int64_t>& tokens = best[static_cast<size_t>(r)][0].tokens;
+    out.insert(out.end(), prompts.begin() + r * prompt.size(1), prompts.begin() + (r + 1) * prompt.size(1));
+    out.insert(out.end(), tokens.begin(), tokens.end());
+    out.insert(out.end(), static_cast<size_t>(longest) - tokens.size(), tokens.back());
+  }
+  return from_vector(out, {rows, prompt.size(1) + longest}, prompt.device());
+}
+
 }  // namespace
 
 Tensor sample_next(const Tensor& logits, const SamplingOptions& options) {
@@ -71,7 +152,9 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
            "generate: with the key/value cache, the prompt ({} tokens) and max_new_tokens ({}) must fit in "
            "context_length {}",
            prompt.size(1), options.max_new_tokens, options.context_length);
+  MF_CHECK(options.num_beams >= 1, "generate: num_beams must be >= 1, got {}", options.num_beams);
   NoGradGuard no_grad;
+  if (options.num_beams > 1) return generate_by_beam_search(model, prompt, options);
   nn::KVCache cache;
   std::optional<nn::KVCache::Use> use;
   if (options.use_cache) use.emplace(cache);
@@ -79,12 +162,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
   Tensor sequence = prompt, fed = prompt;
   std::vector<int64_t> ended(static_cast<size_t>(rows), -1);  // a row's stop token once it has one
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    Tensor logits = model(fed);
-    MF_CHECK(logits.defined() && logits.dim() == 3 && logits.size(0) == rows && logits.size(1) == fed.size(1),
-             "generate: the model returned {} for tokens {}; expected logits [B, T, V] = [{}, {}, V]",
-             logits.defined() ? shape_str(logits.shape()) : "an undefined tensor", shape_str(fed.shape()), rows,
-             fed.size(1));
-    if (options.use_cache) cache.advance(fed.size(1));
+    Tensor logits = run_model(model, fed, options.use_cache ? &cache : nullptr);
     std::vector<int64_t> next =
         choose(logits.select(1, -1), options.sampling).to(Device::cpu()).to_vector<int64_t>();  // [B]
     bool all_ended = true;
@@ -99,12 +177,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
     Tensor column = from_vector(next, {rows, 1}, prompt.device());
     sequence = cat({sequence, column}, 1);
     if (all_ended) break;
-    if (options.use_cache) {
-      fed = column;
-    } else {
-      int64_t length = sequence.size(1), window = options.context_length > 0 ? options.context_length : length;
-      fed = sequence.narrow(1, std::max<int64_t>(length - window, 0), std::min(window, length));
-    }
+    fed = options.use_cache ? column : uncached_window(sequence, options.context_length);
   }
   return sequence;
 }

@@ -1,7 +1,7 @@
-// Decoder-only generation (GPT-style): a prompt extended token by token, greedy or sampled with
-// temperature, top-k and top-p, batched, seeded, with stop tokens, and with a key/value cache
-// (nn::KVCache) so that each step feeds only the newest token. Hugging Face's generate() is the model
-// for its options.
+// Decoder-only generation (GPT-style): a prompt extended token by token, greedy, sampled with
+// temperature, top-k and top-p, or by beam search, batched, seeded, with stop tokens, and with a
+// key/value cache (nn::KVCache) so that each step feeds only the newest token. Hugging Face's
+// generate() is the model for its options.
 #pragma once
 
 #include "core/generator.h"
@@ -39,6 +39,14 @@ struct GenerateOptions {
   int64_t max_new_tokens = 64;
   /// How each token is chosen.
   SamplingOptions sampling;
+  /// Beam search over this many hypotheses per row (Hugging Face's num_beams), through
+  /// generation::beam_search: each row's result is its best hypothesis, ranked by summed
+  /// log-probability over the length penalty. 1 chooses each token as `sampling` says; above 1 needs
+  /// sampling.do_sample = false and at most one stop token (the hypotheses' EOS; without one every
+  /// hypothesis runs max_new_tokens).
+  int64_t num_beams = 1;
+  /// Beam search's length penalty alpha (generation::length_penalty, GNMT's; 0 ranks by the plain sum).
+  double length_penalty = 0.6;
   /// A row ends at the first of these it generates; later positions of an ended row repeat that token.
   /// Generation stops once every row has ended.
   std::vector<int64_t> stop_tokens = {};
@@ -57,9 +65,10 @@ struct GenerateOptions {
 using LanguageModel = std::function<Tensor(const Tensor& tokens)>;
 
 /// Extends every row of `prompt` ([B, T] int64, T >= 1, rows of equal length) by up to max_new_tokens
-/// tokens chosen by sample_next from the model's logits at the last position: [B, T + n] int64 on the
-/// prompt's device, n <= max_new_tokens. The same generator state gives the same tokens, with or without
-/// the cache, on any thread count. Runs with autograd off. Throws mf::Error for bad options, a bad
+/// tokens chosen by sample_next from the model's logits at the last position, or by beam search
+/// (num_beams): [B, T + n] int64 on the prompt's device, n <= max_new_tokens, a row that ended early
+/// repeating its stop token. The same generator state gives the same tokens, with or without the
+/// cache, on any thread count. Runs with autograd off. Throws mf::Error for bad options, a bad
 /// prompt, or a model whose logits are not [B, fed, V].
 Tensor generate(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options = {});
 

@@ -1,6 +1,7 @@
 #include "nn/kv_cache.h"
 
 #include "core/error.h"
+#include "ops/functional.h"
 
 namespace mf::nn {
 
@@ -16,6 +17,14 @@ void KVCache::advance(int64_t count) {
 void KVCache::clear() {
   entries_.clear();
   position_ = 0;
+}
+
+void KVCache::select_rows(const Tensor& index) {
+  for (auto& [module, entry] : entries_) {
+    const Tensor rows = index.to(entry.keys.device());
+    entry.keys = index_select(entry.keys, 0, rows);
+    entry.values = index_select(entry.values, 0, rows);
+  }
 }
 
 KVCache* KVCache::active() { return in_use; }

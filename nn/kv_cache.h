@@ -22,6 +22,9 @@ class KVCache {
   void advance(int64_t count);
   /// Forgets every position.
   void clear();
+  /// Keeps and reorders the cached rows of every entry: row i becomes old row index[i] (`index`: [B']
+  /// int64, entries of [0, B), repeats allowed), as a beam forks and drops hypotheses.
+  void select_rows(const Tensor& index);
 
   /// One attention module's keys and values, [B, H, S, D] each.
   struct Entry {

@@ -6,7 +6,10 @@
 
 #include "helpers.h"
 
+#include "ops/reference.h"
+
 #include <cmath>
+#include <functional>
 
 using namespace mf;
 using mf::testing::check_close;
@@ -98,6 +101,23 @@ TEST_CASE("the key/value cache gives the logits of the whole sequence, and gener
                        Error);
 }
 
+TEST_CASE("the key/value cache's rows follow select_rows: reordered, repeated and dropped, as beams fork") {
+  manual_seed(4);
+  TinyGpt model;
+  model->eval();
+  NoGradGuard no_grad;
+  Tensor sequence = from_vector(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, {2, 6});
+  Tensor index = from_vector(std::vector<int64_t>{1, 0, 1}, {3});
+  Tensor picked = index_select(sequence, 0, index);  // [3, 6]: rows 1, 0, 1
+  Tensor expected = model(picked).narrow(1, 5, 1);   // the last position, computed whole
+  nn::KVCache cache;
+  nn::KVCache::Use use(cache);
+  model(sequence.narrow(1, 0, 5));
+  cache.advance(5);
+  cache.select_rows(index);
+  check_close(model(picked.narrow(1, 5, 1)), expected, 1e-5, 1e-5);
+}
+
 TEST_CASE("generate: greedy and sampled tokens are the same with and without the cache, and seeded") {
   manual_seed(2);
   TinyGpt model;
@@ -187,4 +207,114 @@ TEST_CASE("generate: a row ends at its stop token and repeats it; generation end
                        doctest::Contains("the model returned [1, 10] for tokens [1, 1]"), Error);
   CHECK_THROWS_WITH_AS(generation::generate(counting, zeros({1, 2}), options),
                        doctest::Contains("the prompt must be [B, T] int64"), Error);
+}
+
+namespace {
+
+/// A first-order Markov model as a language model: the logits after token t are row t of `table`
+/// ([V, V]), at every position it is fed, so it needs no cache.
+generation::LanguageModel markov(const Tensor& table) {
+  return [table](const Tensor& ids) {
+    return index_select(table, 0, ids.reshape({-1})).view({ids.size(0), ids.size(1), table.size(1)});
+  };
+}
+
+/// The best continuation of `last` by exhaustive search, worked out independently of beam_search:
+/// every sequence of up to `max_new` tokens that ends at its first `stop` or at max_new tokens,
+/// scored as its summed log-softmax (float64 from the table's floats) over GNMT's length penalty
+/// ((5 + length) / 6)^alpha.
+std::vector<int64_t> exhaustive_best(const std::vector<float>& table, int64_t vocabulary, int64_t last, int64_t stop,
+                                     int64_t max_new, double alpha) {
+  auto log_prob = [&](int64_t from, int64_t to) {
+    double total = 0;
+    for (int64_t j = 0; j < vocabulary; ++j) total += std::exp(double(table[static_cast<size_t>(from * vocabulary + j)]));
+    return double(table[static_cast<size_t>(from * vocabulary + to)]) - std::log(total);
+  };
+  std::vector<int64_t> best, prefix;
+  double best_score = -INFINITY;
+  std::function<void(int64_t, double)> extend = [&](int64_t from, double sum) {
+    for (int64_t token = 0; token < vocabulary; ++token) {
+      prefix.push_back(token);
+      double s = sum + log_prob(from, token);
+      if (token == stop || static_cast<int64_t>(prefix.size()) == max_new) {
+        double score = s / std::pow((5.0 + double(prefix.size())) / 6.0, alpha);
+        if (score > best_score) best_score = score, best = prefix;
+      } else {
+        extend(token, s);
+      }
+      prefix.pop_back();
+    }
+  };
+  extend(last, 0.0);
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("generate: beam search finds what an exhaustive search finds, where greedy search does not") {
+  constexpr int64_t kVocabulary = 5, kStop = 2, kMaxNew = 4;
+  int greedy_worse = 0;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    CAPTURE(seed);
+    Tensor table = reference::randn({kVocabulary, kVocabulary}, seed) * 2.0;
+    const std::vector<float> values = table.to_vector<float>();
+    for (double alpha : {0.0, 0.6}) {
+      CAPTURE(alpha);
+      generation::GenerateOptions options;
+      options.sampling.do_sample = false;
+      options.max_new_tokens = kMaxNew;
+      options.stop_tokens = {kStop};
+      options.length_penalty = alpha;
+      options.num_beams = 64;  // 4^3 live prefixes at most: every one kept, so the search is exhaustive
+      Tensor prompt = from_vector(std::vector<int64_t>{0, 1}, {2, 1});
+      std::vector<std::vector<int64_t>> found = generation::generate(markov(table), {{0}, {1}}, options);
+      for (int64_t row = 0; row < 2; ++row) {
+        std::vector<int64_t> expected{row};
+        for (int64_t t : exhaustive_best(values, kVocabulary, row, kStop, kMaxNew, alpha)) expected.push_back(t);
+        CHECK(found[static_cast<size_t>(row)] == expected);
+        options.num_beams = 1;
+        if (generation::generate(markov(table), {{row}}, options)[0] != expected) ++greedy_worse;
+        options.num_beams = 64;
+      }
+      // The tensor form: rows padded with their stop token to the longest.
+      Tensor padded = generation::generate(markov(table), prompt, options);
+      for (int64_t row = 0; row < 2; ++row) {
+        std::vector<int64_t> tokens = padded.select(0, row).to_vector<int64_t>();
+        const std::vector<int64_t>& cut = found[static_cast<size_t>(row)];
+        CHECK(std::equal(cut.begin(), cut.end(), tokens.begin()));
+        for (size_t t = cut.size(); t < tokens.size(); ++t) CHECK(tokens[t] == kStop);
+      }
+    }
+  }
+  CHECK(greedy_worse > 0);  // the tables include cases where search matters
+}
+
+TEST_CASE("generate: beam search gives the same tokens with and without the cache, its rows forked and reordered") {
+  manual_seed(3);
+  TinyGpt model;
+  model->eval();
+  auto lm = [&](const Tensor& ids) { return model(ids); };
+  Tensor prompt = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  generation::GenerateOptions options;
+  options.sampling.do_sample = false;
+  options.num_beams = 3;
+  options.max_new_tokens = 12;
+  options.stop_tokens = {4};
+  Tensor cached = generation::generate(lm, prompt, options);
+  CHECK(cached.narrow(1, 0, 3).to_vector<int64_t>() == prompt.to_vector<int64_t>());
+  options.use_cache = false;
+  CHECK(generation::generate(lm, prompt, options).to_vector<int64_t>() == cached.to_vector<int64_t>());
+  options.stop_tokens = {};  // no end token: every hypothesis runs max_new_tokens
+  CHECK(generation::generate(lm, prompt, options).shape() == Shape{2, 15});
+
+  options.stop_tokens = {4, 5};
+  CHECK_THROWS_WITH_AS(generation::generate(lm, prompt, options),
+                       doctest::Contains("beam search takes at most one stop token, got 2"), Error);
+  options.stop_tokens = {4};
+  options.sampling.do_sample = true;
+  CHECK_THROWS_WITH_AS(generation::generate(lm, prompt, options),
+                       doctest::Contains("set sampling.do_sample = false"), Error);
+  options.num_beams = 0;
+  CHECK_THROWS_WITH_AS(generation::generate(lm, prompt, options), doctest::Contains("num_beams must be >= 1, got 0"),
+                       Error);
 }
