@@ -183,8 +183,8 @@ Device common_device(const OpDef& def, const std::vector<Tensor>& inputs) {
 
 /// bfloat16 and int8 are storage types: the ops that move or convert elements take them
 /// (takes_storage_dtypes), on either device; the rest refuse them here, before any kernel could read
-/// their bits as another type. bfloat16 inputs reach this only in float32 (call() casts them), so a
-/// bfloat16 refused here is an op asked to make one from nothing (arange, a random draw).
+/// their bits as another type. bfloat16 reaches this only in float32 (call() and call_inplace() widen
+/// inputs and fill targets), so a bfloat16 refused here is an op told to make one from other dtypes.
 void check_storage_dtype(const OpDef& def, DType dtype) {
   if (!is_storage_only(dtype) || def.takes_storage_dtypes) return;
   MF_CHECK(dtype != DType::BFloat16, "makes no bfloat16 tensors itself (make a float32 one and cast it with "
@@ -428,6 +428,18 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
         return t.defined() && t.dtype() == DType::BFloat16;
       })) [[unlikely]]
     return call_inplace(id, self, float32_inputs(inputs, site), attrs, site);
+  // A fill that computes its values (a random draw, arange) into a bfloat16 tensor: made in float32,
+  // then rounded into it, as PyTorch draws bfloat16 tensors.
+  if (def.writes_input && !def.takes_storage_dtypes && self.dtype() == DType::BFloat16 && !inputs.empty() &&
+      inputs[0].is_same(self)) [[unlikely]] {
+    Tensor widened = Tensor::empty(self.shape(), DType::Float32, self.device());
+    std::vector<Tensor> widened_inputs = inputs;
+    widened_inputs[0] = widened;
+    call_inplace(id, widened, widened_inputs, attrs, site);
+    NoGradGuard filling;
+    self.copy_(widened, site);
+    return;
+  }
   CallDepth depth;
   try {
     check_input_count(id, inputs);

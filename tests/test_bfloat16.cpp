@@ -196,10 +196,16 @@ TEST_CASE("bfloat16 arithmetic computes in float32 and rounds each result once")
   CHECK(b.softmax(-1).dtype() == DType::BFloat16);
 }
 
-TEST_CASE("ops that make bfloat16 from nothing, and optimizers, refuse it, naming what to do") {
-  CHECK_THROWS_WITH_AS(arange(0, 4, 1, DType::BFloat16),
-                       doctest::Contains("arange: makes no bfloat16 tensors itself (make a float32 one and cast it"),
-                       Error);
+// PyTorch 2.15 gives the same: torch.arange(255, 261, dtype=torch.bfloat16) is [255, 256, 256, 258,
+// 260, 260], and torch.randn(5, generator=g, dtype=torch.bfloat16) equals the float32 draw rounded.
+TEST_CASE("random draws and arange make bfloat16 in float32 and round it; optimizers refuse bfloat16 weights") {
+  // Between 256 and 512 bfloat16 steps by 2: 257 ties to the even 256, 259 to the even 260.
+  CHECK(arange(255, 261, 1, DType::BFloat16).to_vector<double>() == std::vector<double>{255, 256, 256, 258, 260, 260});
+  Generator first(5), second(5);
+  Tensor drawn = randn({1001}, DType::BFloat16, Device::cpu(), &first);
+  CHECK(drawn.dtype() == DType::BFloat16);
+  CHECK(drawn.to(DType::Float32).to_vector<float>() ==
+        randn({1001}, DType::Float32, Device::cpu(), &second).to(DType::BFloat16).to(DType::Float32).to_vector<float>());
   Tensor weight = ones({2}, DType::BFloat16);
   weight.set_requires_grad(true);
   CHECK_THROWS_WITH_AS(optim::SGD({weight}, {.lr = 0.1}), doctest::Contains("keep master weights in float32"), Error);
