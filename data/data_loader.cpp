@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -25,25 +25,35 @@ TensorDataset::TensorDataset(Tensor inputs, Tensor targets) : inputs_(std::move(
 
 Example TensorDataset::get(int64_t index) const { return {inputs_.select(0, index), targets_.select(0, index)}; }
 
-// One epoch's walk: the batches' indices, the batch in hand, and with prefetching a worker thread that
-// keeps up to kAhead batches ready in order.
+Example stack_examples(std::vector<Example> examples) {
+  MF_CHECK(!examples.empty(), "stack_examples: no examples to stack");
+  std::vector<Tensor> inputs, targets;
+  for (Example& example : examples) {
+    inputs.push_back(std::move(example.input));
+    targets.push_back(std::move(example.target));
+  }
+  return {stack(inputs), targets.front().defined() ? stack(targets) : Tensor()};
+}
+
+// One epoch's walk: the batches' indices, the batch in hand, and with workers the threads that build
+// the next batches, each taking the next one not yet started, and the built ones waiting by number
+// until the loop takes them in order.
 struct DataLoader::Iterator::Run {
-  Run(std::shared_ptr<const Dataset> dataset, std::vector<std::vector<int64_t>> batches, bool prefetch)
-      : dataset_(std::move(dataset)), batches_(std::move(batches)), prefetch_(prefetch) {
+  Run(std::shared_ptr<const Dataset> dataset, std::vector<std::vector<int64_t>> batches, int64_t workers,
+      std::function<Example(std::vector<Example>)> collate)
+      : dataset_(std::move(dataset)), batches_(std::move(batches)), collate_(std::move(collate)),
+        workers_(static_cast<size_t>(std::min<int64_t>(workers, static_cast<int64_t>(batches_.size())))) {
     if (batches_.empty()) return;
-    if (prefetch_) worker_ = std::thread([this] { produce(); });
-    current_ = next();
+    for (size_t w = 0; w < workers_; ++w) threads_.emplace_back([this] { work(); });
+    try {
+      current_ = next();
+    } catch (...) {
+      stop();  // the destructor does not run for a constructor that throws
+      throw;
+    }
   }
 
-  ~Run() {
-    if (!worker_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    worker_.join();
-  }
+  ~Run() { stop(); }
 
   bool done() const { return position_ >= batches_.size(); }
   const Example& current() const {
@@ -56,64 +66,84 @@ struct DataLoader::Iterator::Run {
   }
 
  private:
-  static constexpr size_t kAhead = 2;
+  static constexpr size_t kAheadPerWorker = 2;
 
-  Example next() { return prefetch_ ? take() : collate(batches_[position_]); }
+  /// A built batch, or the error building it threw.
+  struct Built {
+    Example batch;
+    std::exception_ptr error;
+  };
 
-  /// The examples at `indices`, stacked along a new first dim.
-  Example collate(const std::vector<int64_t>& indices) const {
-    std::vector<Tensor> inputs, targets;
-    for (int64_t index : indices) {
-      Example example = dataset_->get(index);
-      inputs.push_back(std::move(example.input));
-      targets.push_back(std::move(example.target));
-    }
-    return {stack(inputs), targets.front().defined() ? stack(targets) : Tensor()};
+  Example next() { return workers_ == 0 ? build(position_) : take(position_); }
+
+  /// Batch `b`: the examples at its indices, collated.
+  Example build(size_t b) const {
+    std::vector<Example> examples;
+    for (int64_t index : batches_[b]) examples.push_back(dataset_->get(index));
+    return collate_ ? collate_(std::move(examples)) : stack_examples(std::move(examples));
   }
 
-  Example take() {
+  Example take(size_t b) {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !ready_.empty() || error_; });
-    if (ready_.empty()) std::rethrow_exception(error_);
-    Example batch = std::move(ready_.front());
-    ready_.pop_front();
+    changed_.wait(lock, [&] { return built_.count(b) > 0; });
+    Built built = std::move(built_.at(b));
+    built_.erase(b);
+    taken_ = b + 1;
     changed_.notify_all();
-    return batch;
+    if (built.error) std::rethrow_exception(built.error);
+    return std::move(built.batch);
   }
 
-  void produce() {
+  void work() {
     SerialThreadGuard serial;  // the intra-op pool belongs to the thread running the model
     NoGradGuard no_grad;
-    for (const std::vector<int64_t>& indices : batches_) {
+    for (;;) {
+      size_t b = 0;
       {
         std::unique_lock lock(mutex_);
-        changed_.wait(lock, [&] { return ready_.size() < kAhead || stop_; });
-        if (stop_) return;
+        changed_.wait(lock, [&] {
+          return stop_ || next_batch_ >= batches_.size() || next_batch_ < taken_ + kAheadPerWorker * workers_;
+        });
+        if (stop_ || next_batch_ >= batches_.size()) return;
+        b = next_batch_++;
       }
+      Built built;
       try {
-        Example batch = collate(indices);
-        std::lock_guard lock(mutex_);
-        ready_.push_back(std::move(batch));
+        built.batch = build(b);
       } catch (...) {
+        built.error = std::current_exception();
+      }
+      {
         std::lock_guard lock(mutex_);
-        error_ = std::current_exception();
+        built_.emplace(b, std::move(built));
       }
       changed_.notify_all();
-      if (error_) return;  // written under the lock above, by this thread only
     }
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    for (std::thread& thread : threads_) thread.join();
+    threads_.clear();
   }
 
   std::shared_ptr<const Dataset> dataset_;
   std::vector<std::vector<int64_t>> batches_;
-  bool prefetch_;
-  size_t position_ = 0;
+  std::function<Example(std::vector<Example>)> collate_;
+  size_t workers_;
+  size_t position_ = 0;  // the batch in hand (the loop's thread only)
   Example current_;
 
-  std::thread worker_;
+  std::vector<std::thread> threads_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<Example> ready_;
-  std::exception_ptr error_;
+  std::map<size_t, Built> built_;  // by batch number
+  size_t next_batch_ = 0;           // the next batch a worker starts
+  size_t taken_ = 0;                // batches the loop has taken
   bool stop_ = false;
 };
 
@@ -130,6 +160,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     : dataset_(std::move(dataset)), options_(std::move(options)) {
   MF_CHECK(dataset_ != nullptr, "DataLoader: the dataset is null");
   MF_CHECK(options_.batch_size >= 1, "DataLoader: batch_size must be at least 1, got {}", options_.batch_size);
+  MF_CHECK(options_.num_workers >= 0, "DataLoader: num_workers must be >= 0, got {}", options_.num_workers);
   if (options_.seed) {
     seed_ = *options_.seed;
   } else {
@@ -170,7 +201,7 @@ DataLoader::Iterator DataLoader::begin() {
     batches.emplace_back(indices.begin() + static_cast<std::ptrdiff_t>(start),
                          indices.begin() + static_cast<std::ptrdiff_t>(end));
   }
-  return Iterator(std::make_shared<Iterator::Run>(dataset_, std::move(batches), options_.prefetch));
+  return Iterator(std::make_shared<Iterator::Run>(dataset_, std::move(batches), options_.num_workers, options_.collate));
 }
 
 }  // namespace mf::data

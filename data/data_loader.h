@@ -1,6 +1,6 @@
 // Datasets and the DataLoader (PyTorch's torch.utils.data, libtorch's torch::data, in a small form):
-// examples batched by stacking, shuffled per epoch from a seed, and prepared on a background thread
-// while the program trains on the previous batch.
+// examples batched by stacking or a collate function of your own, shuffled per epoch from a seed, and
+// prepared on worker threads while the program trains on the previous batch.
 //
 //   data::DataLoader loader(data::TensorDataset(inputs, targets), {.batch_size = 64, .shuffle = true});
 //   for (int epoch = 0; epoch < 10; ++epoch)
@@ -11,6 +11,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -24,8 +25,9 @@ struct Example {
   Tensor target;
 };
 
-/// Indexable examples. get() runs on the DataLoader's background thread while the program runs its
-/// own, so it must not change state the program shares (reading tensors and files is fine).
+/// Indexable examples. get() runs on the DataLoader's worker threads (several at once with
+/// num_workers > 1) while the program runs its own, so it must not change state the program or another
+/// call shares (reading tensors and files is fine).
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -55,9 +57,20 @@ struct DataLoaderOptions {
   /// The shuffle's seed. Unset, the loader draws one from the default generator when it is made, so
   /// mf::manual_seed makes the orders repeatable.
   std::optional<uint64_t> seed = std::nullopt;
-  /// Build the next batch on a background thread while the program uses the current one.
-  bool prefetch = true;
+  /// Threads building the next batches while the program uses the current one (PyTorch's
+  /// num_workers); 0 builds each batch on the program's thread when it is reached. Batches come in
+  /// order whichever thread built them, at most two per worker ahead (PyTorch's prefetch_factor); a
+  /// batch that failed to build throws its error when the loop reaches it.
+  int64_t num_workers = 1;
+  /// Makes a batch of its examples (PyTorch's collate_fn), on the thread that builds the batch: to pad
+  /// sequences of different lengths, say. Unset, inputs and targets are each stacked along a new first
+  /// dim (an undefined target stays undefined).
+  std::function<Example(std::vector<Example>)> collate;
 };
+
+/// The examples' inputs and targets each stacked along a new first dim: the DataLoader's default
+/// collate (PyTorch's default_collate), for a collate function that builds on it.
+Example stack_examples(std::vector<Example> examples);
 
 class DataLoader {
  public:
