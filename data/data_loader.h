@@ -65,7 +65,7 @@ struct DataLoaderOptions {
   /// Makes a batch of its examples (PyTorch's collate_fn), on the thread that builds the batch: to pad
   /// sequences of different lengths, say. Unset, inputs and targets are each stacked along a new first
   /// dim (an undefined target stays undefined).
-  std::function<Example(std::vector<Example>)> collate;
+  std::function<Example(std::vector<Example>)> collate = nullptr;
 };
 
 /// The examples' inputs and targets each stacked along a new first dim: the DataLoader's default
