@@ -89,6 +89,19 @@ struct Job {
   std::condition_variable done_signal;
   bool done = false;
   std::string error;
+
+  /// Called by the MPI thread when the job is over; `failure` is empty on success.
+  void finish(std::string failure) {
+    std::lock_guard lock(mutex);
+    error = std::move(failure);
+    done = true;
+    done_signal.notify_all();
+  }
+  /// Blocks until finish().
+  void wait_until_done() {
+    std::unique_lock lock(mutex);
+    done_signal.wait(lock, [&] { return done; });
+  }
 };
 
 class MpiWork : public Work {
@@ -98,8 +111,7 @@ class MpiWork : public Work {
   void wait() override {
     {
       ++waiters_;  // the MPI thread polls without pausing while a thread waits
-      std::unique_lock lock(job_->mutex);
-      job_->done_signal.wait(lock, [&] { return job_->done; });
+      job_->wait_until_done();
       --waiters_;
     }
     MF_CHECK(job_->error.empty(), "{}", job_->error);
@@ -155,28 +167,9 @@ class MpiProcessGroup : public MpiProcessGroupBase {
   std::string nccl_ranks_missing(uint64_t sequence) override {
     auto job = std::make_shared<Job>();
     std::string missing;
-    job->task = [&] {
-      std::vector<std::optional<Status>> answers = ask_peers(kAskNcclTag, static_cast<int64_t>(sequence));
-      std::vector<std::string> absent;
-      for (int peer = 0; peer < world_size(); ++peer) {
-        const std::optional<Status>& answer = answers[static_cast<size_t>(peer)];
-        if (!answer)
-          absent.push_back(fmt::format("rank {} did not answer (it is gone, or its MPI thread is stuck)", peer));
-        else if (answer->sequence < static_cast<int64_t>(sequence))
-          absent.push_back(fmt::format("rank {} has not reached it (the last NCCL collective it launched is #{})",
-                                       peer, answer->sequence));
-      }
-      missing = absent.empty() ? "every rank has launched it, yet it did not complete (a GPU or the link between "
-                                 "them stalled)"
-                               : fmt::format("{}", fmt::join(absent, "; "));
-    };
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(job);
-    }
-    wake_.notify_one();
-    std::unique_lock lock(job->mutex);
-    job->done_signal.wait(lock, [&] { return job->done; });
+    job->task = [&] { missing = ranks_missing_from_nccl(static_cast<int64_t>(sequence)); };
+    enqueue(job);
+    job->wait_until_done();
     return missing;
   }
 
@@ -198,15 +191,20 @@ class MpiProcessGroup : public MpiProcessGroupBase {
                          : c.output.device().is_cpu() ? c.output
                                                       : Tensor::empty(c.output.shape(), c.output.dtype());
     job->collective = std::move(c);
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(job);
-    }
-    wake_.notify_one();
+    enqueue(job);
     return std::make_shared<MpiWork>(std::move(job), waiters_);
   }
 
  private:
+  /// Hands `job` to the MPI thread, after the jobs queued before it.
+  void enqueue(std::shared_ptr<Job> job) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(job));
+    }
+    wake_.notify_one();
+  }
+
   /// The MPI thread: runs the queued collectives in order, answering peers' questions meanwhile.
   void serve() {
     for (;;) {
@@ -231,9 +229,7 @@ class MpiProcessGroup : public MpiProcessGroupBase {
   void run(Job& job) {
     if (job.task) {
       job.task();
-      std::lock_guard lock(job.mutex);
-      job.done = true;
-      job.done_signal.notify_all();
+      job.finish({});
       return;
     }
     const Collective& c = job.collective;
@@ -249,10 +245,8 @@ class MpiProcessGroup : public MpiProcessGroupBase {
         c.kind != Collective::Kind::Broadcast && c.kind != Collective::Kind::AllGather)
       job.host_output.div_(scalar_tensor(world_size(), job.host_output.dtype()));
     current_ = {.in_collective = 0, .sequence = static_cast<int64_t>(c.sequence), .kind = 0};
-    std::lock_guard lock(job.mutex);
-    if (code != MPI_SUCCESS) job.error = fmt::format("mpi: {} failed: {}", c.describe(), mpi_error_text(code));
-    job.done = true;
-    job.done_signal.notify_all();
+    job.finish(code == MPI_SUCCESS ? std::string() : fmt::format("mpi: {} failed: {}", c.describe(),
+                                                                 mpi_error_text(code)));
   }
 
   /// An all-reduce goes in pieces of kPieceBytes, one after the other: MPI libraries reduce a few
@@ -380,6 +374,24 @@ class MpiProcessGroup : public MpiProcessGroupBase {
       slot = answer;
     }
     return answers;
+  }
+
+  /// For a timed-out collective `sequence` of the NCCL group: the ranks that have not launched it,
+  /// as the peers' MPI threads answer (see nccl_ranks_missing). Runs on the MPI thread.
+  std::string ranks_missing_from_nccl(int64_t sequence) {
+    std::vector<std::optional<Status>> answers = ask_peers(kAskNcclTag, sequence);
+    std::vector<std::string> absent;
+    for (int peer = 0; peer < world_size(); ++peer) {
+      const std::optional<Status>& answer = answers[static_cast<size_t>(peer)];
+      if (!answer)
+        absent.push_back(fmt::format("rank {} did not answer (it is gone, or its MPI thread is stuck)", peer));
+      else if (answer->sequence < sequence)
+        absent.push_back(fmt::format("rank {} has not reached it (the last NCCL collective it launched is #{})",
+                                     peer, answer->sequence));
+    }
+    if (absent.empty()) return "every rank has launched it, yet it did not complete (a GPU or the link between them "
+                               "stalled)";
+    return fmt::format("{}", fmt::join(absent, "; "));
   }
 
   /// Asks the other ranks where they are, names the collective and the ranks that did not arrive on

@@ -298,6 +298,8 @@ void run_kernel(KernelFn kernel, const std::vector<Tensor>& inputs, std::vector<
   kernel(inputs, outputs, attrs);
 }
 
+bool is_bfloat16(const Tensor& t) { return t.defined() && t.dtype() == DType::BFloat16; }
+
 /// Whether autocast lowers this op on `device` (on this thread, now).
 bool autocast_lowers(const OpDef& def, Device device) {
   return def.autocast == AutocastRule::LowerPrecision && is_autocast_enabled(device.type);
@@ -316,7 +318,7 @@ bool lowered_kernel_reads_bfloat16(const OpDef& def, Device device) {
 bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs, bool in_place) {
   if (def.view || def.takes_storage_dtypes || def.writes_input) return false;
   return std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& t) {
-    return t.defined() && t.dtype() == DType::BFloat16 && is_autocast_enabled(t.device().type) &&
+    return is_bfloat16(t) && is_autocast_enabled(t.device().type) &&
            (in_place || !lowered_kernel_reads_bfloat16(def, t.device()));
   });
 }
@@ -325,7 +327,7 @@ bool autocast_casts_inputs(const OpDef& def, const std::vector<Tensor>& inputs, 
 std::vector<Tensor> float32_inputs(const std::vector<Tensor>& inputs, const Site& site) {
   std::vector<Tensor> cast = inputs;
   for (Tensor& t : cast)
-    if (t.defined() && t.dtype() == DType::BFloat16) t = call1(OpId::cast, {t}, CastParams{.dtype = DType::Float32}, site);
+    if (is_bfloat16(t)) t = call1(OpId::cast, {t}, CastParams{.dtype = DType::Float32}, site);
   return cast;
 }
 
@@ -334,7 +336,7 @@ std::vector<Tensor> float32_inputs(const std::vector<Tensor>& inputs, const Site
 bool computes_bfloat16_in_float32(const OpDef& def, const std::vector<Tensor>& inputs, const Tensor* target = nullptr) {
   if (def.view || def.takes_storage_dtypes || def.writes_input) return false;
   auto outside_autocast = [](const Tensor& t) {
-    return t.defined() && t.dtype() == DType::BFloat16 && !is_autocast_enabled(t.device().type);
+    return is_bfloat16(t) && !is_autocast_enabled(t.device().type);
   };
   return std::any_of(inputs.begin(), inputs.end(), outside_autocast) || (target && outside_autocast(*target));
 }
@@ -348,7 +350,7 @@ bool products_in_bfloat16(const OpDef& def) { return def.autocast == AutocastRul
 
 DeviceType bfloat16_device(const std::vector<Tensor>& inputs) {
   for (const Tensor& t : inputs)
-    if (t.defined() && t.dtype() == DType::BFloat16) return t.device().type;
+    if (is_bfloat16(t)) return t.device().type;
   return DeviceType::CPU;
 }
 
@@ -424,9 +426,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
     return call_inplace(id, self, float32_inputs(inputs, site), attrs, site);
   // bfloat16 outside autocast: computed in float32 as call() does, the result rounded into self.
   const bool bfloat16_in_float32 = computes_bfloat16_in_float32(def, inputs, &self);
-  if (bfloat16_in_float32 && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
-        return t.defined() && t.dtype() == DType::BFloat16;
-      })) [[unlikely]]
+  if (bfloat16_in_float32 && std::any_of(inputs.begin(), inputs.end(), is_bfloat16)) [[unlikely]]
     return call_inplace(id, self, float32_inputs(inputs, site), attrs, site);
   // A fill that computes its values (a random draw, arange) into a bfloat16 tensor: made in float32,
   // then rounded into it, as PyTorch draws bfloat16 tensors.
