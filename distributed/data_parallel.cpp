@@ -86,10 +86,24 @@ DistributedDataParallel::DistributedDataParallel(const nn::Module& module, std::
   }
   for (nn::NamedTensor& p : named) params_.push_back(p.tensor);
 
-  // Buckets over the parameters in reverse order, a new one when the dtype or device changes or the
-  // bytes would pass bucket_bytes; a parameter of a quarter bucket or more gets one of its own.
-  where_.resize(params_.size());
-  for (size_t k = params_.size(); k-- > 0;) {
+  std::vector<size_t> reversed(params_.size());
+  for (size_t k = 0; k < params_.size(); ++k) reversed[k] = params_.size() - 1 - k;
+  assign_buckets(reversed);
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (params_[k].requires_grad())
+      hooks_.push_back(autograd::register_post_accumulate_grad_hook(params_[k], [this, k](Tensor&) {
+        on_gradient_ready(k);
+      }));
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::assign_buckets(const std::vector<size_t>& order) {
+  // A new bucket when the dtype or device changes or the bytes would pass bucket_bytes; a parameter
+  // of a quarter bucket or more gets one of its own.
+  buckets_.clear();
+  where_.assign(params_.size(), {0, 0});
+  for (size_t k : order) {
     const Tensor& p = params_[k];
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
     const bool alone = 4 * bytes >= options_.bucket_bytes;
@@ -113,14 +127,42 @@ DistributedDataParallel::DistributedDataParallel(const nn::Module& module, std::
     bucket->filled.assign(bucket->params.size(), false);
     bucket->unfilled = bucket->params.size();
   }
-  for (size_t k = 0; k < params_.size(); ++k)
-    if (params_[k].requires_grad())
-      hooks_.push_back(autograd::register_post_accumulate_grad_hook(params_[k], [this, k](Tensor&) {
-        on_gradient_ready(k);
-      }));
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+void DistributedDataParallel::rebuild_buckets_in_ready_order() {
+  // Rank 0's order, led by its length: a rank 0 that ran no backward (nothing recorded) leaves the
+  // buckets as they are until a step where it does.
+  NoGradGuard no_grad;
+  std::vector<int64_t> order(params_.size() + 1, 0);
+  order[0] = static_cast<int64_t>(ready_order_.size());
+  for (size_t i = 0; i < ready_order_.size(); ++i) order[i + 1] = static_cast<int64_t>(ready_order_[i]);
+  Tensor shared = from_vector(order, {static_cast<int64_t>(order.size())}).to(group_->device());
+  group_->broadcast(shared, 0);
+  order = shared.to(Device::cpu()).to_vector<int64_t>();
+  ready_order_.clear();
+  if (order[0] == 0) return;
+
+  std::vector<size_t> rebuilt;
+  std::vector<bool> placed(params_.size(), false);
+  for (int64_t i = 1; i <= order[0]; ++i) {
+    const size_t k = static_cast<size_t>(order[static_cast<size_t>(i)]);
+    rebuilt.push_back(k);
+    placed[k] = true;
+  }
+  for (size_t k = params_.size(); k-- > 0;)
+    if (!placed[k]) rebuilt.push_back(k);
+  assign_buckets(rebuilt);
+  for (auto& bucket : buckets_) {  // the gradients just reduced move into their new buckets
+    if (bucket->in_place) continue;
+    for (size_t slot = 0; slot < bucket->params.size(); ++slot) {
+      Tensor& p = params_[bucket->params[slot]];
+      Tensor region = bucket->flat.narrow(0, bucket->offsets[slot], p.numel());
+      region.copy_(p.grad().reshape({p.numel()}));
+      p.set_grad(region.reshape(p.shape()));
+    }
+  }
+  buckets_rebuilt_ = true;
+}
 
 std::vector<std::vector<size_t>> DistributedDataParallel::bucket_parameters() const {
   std::vector<std::vector<size_t>> out;
@@ -155,6 +197,7 @@ void DistributedDataParallel::on_gradient_ready(size_t param) {
   Bucket& bucket = *buckets_[b];
   MF_CHECK(!bucket.filled[slot], "DistributedDataParallel: backward ran again before finish_gradient_sync() ended "
            "the previous one (accumulate gradients inside no_sync())");
+  if (options_.rebuild_buckets && !buckets_rebuilt_) ready_order_.push_back(param);
   fill(bucket, slot);
   if (options_.overlap) launch_ready_buckets();
 }
@@ -220,6 +263,7 @@ void DistributedDataParallel::finish_gradient_sync() {
     bucket->work.reset();
   }
   next_launch_ = 0;
+  if (options_.rebuild_buckets && !buckets_rebuilt_) rebuild_buckets_in_ready_order();
 }
 
 }  // namespace mf::distributed

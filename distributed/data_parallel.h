@@ -9,7 +9,9 @@
 //   optimizer.step();
 //
 // Gradients are packed into buckets of about bucket_bytes, the parameters in reverse registration
-// order (roughly the order backward finishes them). A bucket is reduced as soon as all its gradients
+// order (roughly the order backward finishes them) until the first step has shown the real order:
+// then the buckets are rebuilt once in the order rank 0's gradients became final, as PyTorch's
+// Reducer rebuilds its buckets after the first iteration. A bucket is reduced as soon as all its gradients
 // are final (the autograd engine's post-accumulate-grad hook says so) and every bucket before it has
 // been started, so all ranks issue the same collectives in the same order whatever order their
 // gradients come in. A bucket holding a parameter that a rank's backward did not reach starts only in
@@ -54,6 +56,12 @@ struct DataParallelOptions {
   GradientCompression compression = GradientCompression::None;
   /// Also copy rank 0's buffers (not only its parameters) to every rank at the start.
   bool broadcast_buffers = true;
+  /// Rebuild the buckets once, at the end of the first finish_gradient_sync() whose backward ran on
+  /// rank 0, in the order that backward made its gradients final (parameters it did not reach
+  /// last, in reverse registration order); every rank takes rank 0's order. A model whose modules
+  /// are registered in another order than backward reaches them then still fills its first bucket
+  /// first. The reduced gradients do not depend on the buckets.
+  bool rebuild_buckets = true;
 };
 
 class DistributedDataParallel {
@@ -97,6 +105,10 @@ class DistributedDataParallel {
 
  private:
   struct Bucket;
+  /// Packs the parameters, taken in `order`, into buckets_ (and where_).
+  void assign_buckets(const std::vector<size_t>& order);
+  /// Rebuilds the buckets in rank 0's order of ready gradients, once rank 0 has recorded one.
+  void rebuild_buckets_in_ready_order();
   void on_gradient_ready(size_t param);
   void launch_ready_buckets();
   bool compresses(const Bucket& bucket) const;
@@ -111,6 +123,8 @@ class DistributedDataParallel {
   std::vector<autograd::HookHandle> hooks_;
   size_t next_launch_ = 0;
   bool syncing_ = true;
+  bool buckets_rebuilt_ = false;
+  std::vector<size_t> ready_order_;  // parameters as their gradients became final, until the rebuild
 };
 
 }  // namespace mf::distributed

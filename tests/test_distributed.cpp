@@ -285,8 +285,8 @@ TEST_CASE("data parallel: W ranks at B / W rows equal one process accumulating t
   check_same_parameters(*train_parallel(4, {}), *alone, 1e-5);
 }
 
-TEST_CASE("data parallel: buckets of any size and overlap on or off give the same bits") {
-  auto reference = train_parallel(3, {.overlap = false});
+TEST_CASE("data parallel: buckets of any size, rebuilt or not, and overlap on or off give the same bits") {
+  auto reference = train_parallel(3, {.overlap = false, .rebuild_buckets = false});
   for (int64_t bucket_bytes : {int64_t{64}, int64_t{1} << 10, int64_t{1} << 30}) {
     CAPTURE(bucket_bytes);
     check_same_parameters(*train_parallel(3, {.bucket_bytes = bucket_bytes}), *reference, 0);
@@ -302,6 +302,54 @@ TEST_CASE("data parallel: buckets cover every parameter once, the last layer's f
   std::iota(reversed.rbegin(), reversed.rend(), size_t{0});
   CHECK(seen == reversed);
   CHECK(ddp.bucket_parameters().size() > 2);
+}
+
+TEST_CASE("data parallel: after a step of rank 0's, the buckets follow the order its gradients became final") {
+  // That order recorded independently, on a copy, by hooks of the engine's own; the parameter that
+  // forward leaves out (spare's) follows in reverse registration order.
+  auto copy = make_model(3);
+  const std::vector<Tensor> copy_params = copy->parameters();
+  std::vector<size_t> expected;
+  std::vector<autograd::HookHandle> hooks;
+  for (size_t k = 0; k < copy_params.size(); ++k)
+    hooks.push_back(autograd::register_post_accumulate_grad_hook(copy_params[k], [&expected, k](Tensor&) {
+      expected.push_back(k);
+    }));
+  shard_backward(*copy, 1, 0);
+  std::vector<size_t> reversed(copy_params.size());
+  std::iota(reversed.rbegin(), reversed.rend(), size_t{0});
+  for (size_t k : reversed)
+    if (std::find(expected.begin(), expected.end(), k) == expected.end()) expected.push_back(k);
+  REQUIRE(expected != reversed);  // else the test could not tell a rebuild from none
+
+  // One parameter a bucket (each reduced in its own .grad), then all in one (packed side by side).
+  for (int64_t bucket_bytes : {int64_t{4}, int64_t{1} << 30}) {
+    CAPTURE(bucket_bytes);
+    auto model = make_model(3);
+    dist::DistributedDataParallel ddp(*model, shared_world(),
+                                      {.bucket_bytes = bucket_bytes, .reduce = dist::ReduceOp::Sum});
+    auto order = [&] {
+      std::vector<size_t> seen;
+      for (const auto& bucket : ddp.bucket_parameters()) seen.insert(seen.end(), bucket.begin(), bucket.end());
+      return seen;
+    };
+    CHECK(ddp.bucket_parameters().size() == (bucket_bytes == 4 ? reversed.size() : 1));
+    CHECK(order() == reversed);
+    if (world().rank() > 0) shard_backward(*model, 0, world().rank());  // rank 0 sits this step out
+    ddp.finish_gradient_sync();
+    CHECK(order() == reversed);
+    model->zero_grad();
+    if (world().rank() == 0) shard_backward(*model, 1, 0);  // now only rank 0 runs backward
+    ddp.finish_gradient_sync();
+    CHECK(order() == expected);  // on every rank
+    // The reduced gradients moved into the new buckets: rank 0's own (the others added zeros).
+    const std::vector<Tensor> params = model->parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      CAPTURE(k);
+      check_close(params[k].grad(), copy_params[k].grad().defined() ? copy_params[k].grad() : zeros_like(params[k]),
+                  0, 0);
+    }
+  }
 }
 
 TEST_CASE("data parallel: rank 0's weights reach every rank, and unused parameters reduce as zeros") {
