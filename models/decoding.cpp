@@ -133,4 +133,57 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   return out;
 }
 
+Tensor target_log_probs(Transformer& model, const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out) {
+  MF_CHECK(tgt_in.dim() == 2 && tgt_out.shape() == tgt_in.shape(),
+           "target_log_probs: tgt_in and tgt_out must be [B, T] of one shape, got {} and {}", shape_str(tgt_in.shape()),
+           shape_str(tgt_out.shape()));
+  const Tensor logits = model.forward(src, tgt_in);  // [B, T, V]
+  const Tensor chosen = gather(log_softmax(logits, -1), -1, tgt_out.unsqueeze(-1)).squeeze(-1);
+  return chosen.masked_fill(tgt_out.eq(static_cast<double>(model.config().pad_id)), 0.0);
+}
+
+std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std::vector<int64_t>>& sources,
+                                       const std::vector<std::vector<int64_t>>& targets,
+                                       const ScoringOptions& options) {
+  MF_CHECK(sources.size() == targets.size(), "score_targets: {} sources but {} targets", sources.size(),
+           targets.size());
+  MF_CHECK(options.batch_tokens > 0, "score_targets: batch_tokens must be positive, got {}", options.batch_tokens);
+  MF_CHECK(options.batch_sentences >= 0, "score_targets: batch_sentences must be 0 (no cap) or positive, got {}",
+           options.batch_sentences);
+  const int64_t limit = model.config().max_len - 1;
+  auto kept = [&](const std::vector<int64_t>& ids) { return std::min<int64_t>(static_cast<int64_t>(ids.size()), limit); };
+  std::vector<int64_t> lengths;  // source + <eos>, then <sos> + target
+  for (size_t i = 0; i < sources.size(); ++i) lengths.push_back(kept(sources[i]) + kept(targets[i]) + 2);
+
+  std::vector<TargetScore> out(sources.size());
+  NoGradGuard no_grad;
+  for (const text::Batch& batch : text::sorted_batches(lengths, options.batch_tokens, options.batch_sentences)) {
+    const Tensor src = pad_sources(sources, batch, model.config().max_len, model.device());
+    int64_t width = 0;  // the longest target + <eos>
+    for (int64_t i : batch) width = std::max(width, kept(targets[static_cast<size_t>(i)]) + 1);
+    std::vector<int64_t> tgt_in(batch.size() * static_cast<size_t>(width), text::kPadId), tgt_out = tgt_in;
+    for (size_t row = 0; row < batch.size(); ++row) {
+      const std::vector<int64_t>& ids = targets[static_cast<size_t>(batch[row])];
+      const auto n = static_cast<std::ptrdiff_t>(kept(ids));
+      const auto start = static_cast<std::ptrdiff_t>(row) * width;
+      tgt_in[static_cast<size_t>(start)] = text::kSosId;
+      std::copy(ids.begin(), ids.begin() + n, tgt_in.begin() + start + 1);
+      *std::copy(ids.begin(), ids.begin() + n, tgt_out.begin() + start) = text::kEosId;
+    }
+    const Shape shape{static_cast<int64_t>(batch.size()), width};
+    const std::vector<double> log_probs =
+        target_log_probs(model, src, from_vector(tgt_in, shape, model.device()),
+                         from_vector(tgt_out, shape, model.device()))
+            .to(Device::cpu())
+            .to_vector<double>();
+    for (size_t row = 0; row < batch.size(); ++row) {
+      TargetScore& score = out[static_cast<size_t>(batch[row])];
+      const auto first = log_probs.begin() + static_cast<std::ptrdiff_t>(row) * width;
+      score.token_log_probs.assign(first, first + kept(targets[static_cast<size_t>(batch[row])]) + 1);
+      for (double p : score.token_log_probs) score.log_prob += p;
+    }
+  }
+  return out;
+}
+
 }  // namespace mf::models

@@ -76,4 +76,37 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
                                                                 const std::vector<std::vector<int64_t>>& sources,
                                                                 const DecodingOptions& options);
 
+/// Forced decoding of a padded batch: log p(tgt_out[b, t] | src[b], tgt_in[b, 0..t]) for every
+/// target position, [B, T] in the model's dtype on its device, 0 where tgt_out is <pad>. src [B, S],
+/// tgt_in [B, T] (<sos> + target, shifted) and tgt_out [B, T] (target + <eos>) as Transformer::forward
+/// and Transformer::loss take them; the rows' sums are what the loss without label smoothing averages.
+Tensor target_log_probs(Transformer& model, const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out);
+
+/// How much a model believes a given translation (Marian's scorer, fairseq's --score-reference,
+/// CTranslate2's score_batch).
+struct TargetScore {
+  /// The log-probability of the target and then <eos> after the source: the sum of token_log_probs.
+  double log_prob = 0;
+  /// log p of each target id given the source and the ids before it, then that of <eos>.
+  std::vector<double> token_log_probs;
+};
+
+struct ScoringOptions {
+  /// Source plus target tokens per batch, padding, <sos> and <eos> included (pairs are sorted by that
+  /// length first); a pair longer than that on its own gets a batch of its own.
+  int64_t batch_tokens = kSmallBatchTokens;
+  /// At most this many pairs per batch (0: no cap).
+  int64_t batch_sentences = 256;
+};
+
+/// Scores each target (ids without <sos> or <eos>) as the translation of the source beside it (ids
+/// without <eos>): target_log_probs over length-sorted batches, results in input order. Sources and
+/// targets longer than the model's max_len - 1 are cut to their first max_len - 1 ids, as decoding cuts
+/// sources; a pair's score does not depend on its batchmates beyond float rounding. Runs with autograd
+/// off, on the model's device; put the model in eval() mode first. Throws mf::Error when the lists'
+/// sizes differ or the options are out of range.
+std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std::vector<int64_t>>& sources,
+                                       const std::vector<std::vector<int64_t>>& targets,
+                                       const ScoringOptions& options = {});
+
 }  // namespace mf::models

@@ -132,6 +132,16 @@ std::vector<std::vector<Translation>> Translator::translate(const std::vector<st
   return out;
 }
 
+std::vector<TargetScore> Translator::score(const std::vector<std::string>& sources,
+                                          const std::vector<std::string>& targets, const ScoringOptions& options) {
+  MF_CHECK(sources.size() == targets.size(), "Translator::score: {} source sentences but {} targets", sources.size(),
+           targets.size());
+  std::vector<std::vector<int64_t>> source_ids, target_ids;
+  for (const std::string& sentence : sources) source_ids.push_back(source_.encode(sentence));
+  for (const std::string& sentence : targets) target_ids.push_back(target_.encode(sentence));
+  return score_targets(*model_, source_ids, target_ids, options);
+}
+
 std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
                                                       int64_t max_new_tokens) {
   std::vector<std::string> out;

@@ -67,6 +67,10 @@ class Translator {
   /// empty sentence is translated like any other (from <eos> alone).
   std::vector<std::vector<Translation>> translate(const std::vector<std::string>& sentences,
                                                   const DecodingOptions& options);
+  /// How likely the model finds each target sentence as the translation of the source sentence
+  /// beside it (score_targets on both sides' encodings, as translate encodes them).
+  std::vector<TargetScore> score(const std::vector<std::string>& sources, const std::vector<std::string>& targets,
+                                 const ScoringOptions& options = {});
   /// Greedy translations of `sentences`, one each (translate with beam_size 1).
   std::vector<std::string> translate_greedy(const std::vector<std::string>& sentences, int64_t max_new_tokens);
 

@@ -367,6 +367,86 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
                        "decode_sources: workers must be 0 (one per intra-op thread) or positive, got -1", Error);
 }
 
+TEST_CASE("forced decoding's log-probabilities are PyTorch's, and sum to its loss without label smoothing") {
+  auto model = reference_model(DType::Float64);
+  model->eval();
+  const Tensor &src = reference("input.src"), &tgt_in = reference("input.tgt_in"), &tgt_out = reference("input.tgt_out");
+  const Tensor log_probs = models::target_log_probs(*model, src, tgt_in, tgt_out);  // [3, 6]
+  // By hand from PyTorch's logits: log_softmax of each row, the target's entry, 0 at padding.
+  const Tensor& logits = reference("expected.logits");  // [3, 6, 13]
+  double total = 0;
+  int64_t targets = 0;
+  for (int64_t b = 0; b < 3; ++b)
+    for (int64_t t = 0; t < 6; ++t) {
+      CAPTURE(b);
+      CAPTURE(t);
+      const int64_t target = tgt_out.at<int64_t>({b, t});
+      double expected = 0;
+      if (target != text::kPadId) {
+        double largest = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < 13; ++v) largest = std::max(largest, logits.at<double>({b, t, v}));
+        for (int64_t v = 0; v < 13; ++v) sum += std::exp(logits.at<double>({b, t, v}) - largest);
+        expected = logits.at<double>({b, t, target}) - largest - std::log(sum);
+        ++targets;
+      }
+      CHECK(log_probs.at<double>({b, t}) == doctest::Approx(expected).epsilon(1e-12));
+      total += log_probs.at<double>({b, t});
+    }
+  CHECK(-total / static_cast<double>(targets) ==
+        doctest::Approx(reference("expected.loss_no_smoothing").item<double>()).epsilon(1e-12));
+}
+
+TEST_CASE("score_targets gives a translation the log-probability its search found, whatever its batchmates") {
+  auto model = std::make_shared<models::Transformer>(reference_config());
+  model->to(DType::Float64);
+  model->load_state_dict(testing::reference_with_prefix("trained."));
+  model->eval();
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {}, {4, 6}};
+  // The searches score their hypotheses step by step through the key/value cache; scoring runs each
+  // target through the decoder whole: two ways to one number. Hypotheses cut short by the length limit
+  // (no <eos>) are left out: scoring ends every target with <eos>.
+  std::vector<std::vector<int64_t>> score_sources, targets;
+  std::vector<double> found;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto hypotheses =
+        models::decode_sources(*model, {sources[i]}, {.beam_size = 3, .max_new_tokens = 8, .nbest = 3});
+    for (const generation::Hypothesis& h : hypotheses.front()) {
+      if (h.tokens.empty() || h.tokens.back() != text::kEosId) continue;
+      score_sources.push_back(sources[i]);
+      targets.emplace_back(h.tokens.begin(), h.tokens.end() - 1);
+      found.push_back(h.log_prob);
+    }
+  }
+  REQUIRE(targets.size() >= 2 * sources.size());
+  targets.push_back({});  // <eos> alone
+  score_sources.push_back({5, 7});
+  for (const models::ScoringOptions& options :
+       {models::ScoringOptions{.batch_tokens = 1}, {.batch_tokens = 20, .batch_sentences = 3}, {}}) {
+    CAPTURE(options.batch_tokens);
+    const std::vector<models::TargetScore> scores = models::score_targets(*model, score_sources, targets, options);
+    REQUIRE(scores.size() == targets.size());
+    for (size_t i = 0; i < found.size(); ++i) {
+      CAPTURE(i);
+      CHECK(scores[i].log_prob == doctest::Approx(found[i]).epsilon(1e-10));
+      CHECK(scores[i].token_log_probs.size() == targets[i].size() + 1);
+    }
+    const models::TargetScore& eos_alone = scores.back();
+    REQUIRE(eos_alone.token_log_probs.size() == 1);
+    CHECK(eos_alone.log_prob == eos_alone.token_log_probs[0]);
+    CHECK(eos_alone.log_prob < 0);
+  }
+  // A target past max_len - 1 ids is scored on its first max_len - 1, then <eos>.
+  std::vector<int64_t> long_target(40, 7), cut(15, 7);
+  const auto long_score = models::score_targets(*model, {{5, 7}}, {long_target}).front();
+  CHECK(long_score.token_log_probs.size() == 16);
+  CHECK(long_score.log_prob ==
+        doctest::Approx(models::score_targets(*model, {{5, 7}}, {cut}).front().log_prob).epsilon(1e-12));
+  CHECK(models::score_targets(*model, {}, {}).empty());
+  CHECK_THROWS_WITH_AS(models::score_targets(*model, {{5}}, {}), "score_targets: 1 sources but 0 targets", Error);
+  CHECK_THROWS_WITH_AS(models::score_targets(*model, {{5}}, {{6}}, {.batch_tokens = 0}),
+                       "score_targets: batch_tokens must be positive, got 0", Error);
+}
+
 TEST_CASE("decode_sources holds each sentence to its own source's output budget, whatever its batchmates") {
   // With <eos> banned no hypothesis can end: each runs to its budget, min(max_len - 1, 1.5 x its
   // source's ids with <eos> + 10): 13 tokens for a source of one id, 15 (max_len - 1) for a long one.

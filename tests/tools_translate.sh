@@ -138,6 +138,37 @@ else
   fail "a sentence's n-best list repeats a hypothesis"
 fi
 
+# ---- scoring given translations ------------------------------------------------------------------
+# Each n-best hypothesis, scored as the translation of its source, must give back the log-probability
+# the search found for it: its n-best score times the length penalty ((5 + words + <eos>) / 6)^0.6.
+awk '{ for (k = 0; k < 3; ++k) print }' "$dir/src.txt" >"$dir/score_src.txt"
+cut -f2 "$dir/nbest.txt" >"$dir/score_tgt.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/score_src.txt" --score "$dir/score_tgt.txt" >"$dir/scores.txt"
+if paste "$dir/nbest.txt" "$dir/scores.txt" | awk -F'\t' '
+    { words = split($2, w, " "); penalty = ((5 + words + 1) / 6) ^ 0.6
+      if (NF != 4 || $4 != words + 1) { print "line " NR ": expected " words + 1 " tokens: " $0; bad = 1 }
+      if (($3 / penalty - $1) ^ 2 > 2e-4 ^ 2) { print "line " NR ": " $3 " / " penalty " is not " $1; bad = 1 } }
+    END { if (NR != 24) { print NR " lines"; bad = 1 }; exit bad }'
+then
+  pass "--score gives each n-best hypothesis the log-probability its search found, and its tokens"
+else
+  fail "--score against the n-best scores"; paste "$dir/nbest.txt" "$dir/scores.txt"
+fi
+printf '%s\n' "i want a beer" "" >"$dir/score_two.txt"
+printf '%s\n' "ich mochte ein bier" "" | "$translate" --checkpoint "$ckpt" --score "$dir/score_two.txt" >"$dir/scores.txt"
+if awk -F'\t' 'NR == 1 && $2 == 5 && $1 <= 0 { ok++ } NR == 2 && $2 == 1 && $1 < 0 { ok++ } END { exit !(NR == 2 && ok == 2) }' \
+    "$dir/scores.txt"; then
+  pass "--score reads stdin, and scores an empty target as <eos> alone"
+else
+  fail "--score on stdin with an empty line"; cat "$dir/scores.txt"
+fi
+expect "--score with --beam" 2 "--score scores given translations: --beam does not apply" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" --beam 4
+expect "--score with a file of another length" 1 "file to score '$dir/score_two.txt' has 2 lines but the input" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/score_two.txt"
+expect "--score with a missing file" 1 "cannot open file to score '$dir/none.txt'" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/none.txt"
+
 # ---- BLEU and chrF ------------------------------------------------------------------------------
 bleu_signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3-miniflow"
 chrf_signature="nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.3-miniflow"

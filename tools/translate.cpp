@@ -30,6 +30,13 @@
 // output tokens and <eos>, columns the source tokens (as tokenized, "(unk)" marking words outside the
 // vocabulary) and <eos>.
 //
+// --score FILE scores instead of translating (forced decoding, as Marian's scorer and fairseq's
+// --score-reference do): FILE's line i is taken as the translation of input line i, and the output's
+// line i is "LOGPROB<TAB>TOKENS": the natural log of the probability the model gives that target
+// after that source (its pieces or words and then <eos>, each given the ones before it; 4 decimals,
+// 0 the most likely), and the tokens that sum covers, <eos> included. Empty lines are scored too (an
+// empty target is <eos> alone). --batch-tokens counts source and target tokens together there.
+//
 // --device cuda (or cuda:N) loads the checkpoint onto that GPU and decodes there; only the chosen
 // tokens come back to the host each step.
 //
@@ -62,7 +69,7 @@ namespace models = mf::models;
 using mf::tools::UsageError;
 
 struct Options {
-  std::string checkpoint, input, output, reference, attention_svg, beam_stop = "exact", precision = "fp32";
+  std::string checkpoint, input, output, reference, score, attention_svg, beam_stop = "exact", precision = "fp32";
   mf::Device device = mf::Device::cpu();
   int64_t beam = 1, nbest = 1, max_len = 100, attention_sentence = 1;
   int64_t batch_tokens = mf::models::DecodingOptions{}.batch_tokens;
@@ -108,6 +115,9 @@ bool parse_options(int argc, char** argv, Options& o) {
            "1: one batch at a time, its ops split over the threads");
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
+  args.add("score", &o.score,
+           "score instead of translating: line i of this file as the translation of input line i, printing "
+           "\"LOGPROB<TAB>TOKENS\" per line (its log-probability, <eos> included, and the tokens summed)");
   // Not sacrebleu's bare --lowercase: here that would read as lowercasing the translations.
   args.add_switch("lowercase-bleu", &o.lowercase_bleu,
                   "lowercase before BLEU (sacrebleu's --lowercase); chrF stays cased");
@@ -139,6 +149,11 @@ bool parse_options(int argc, char** argv, Options& o) {
     throw UsageError(fmt::format("--batch-workers must be between 0 and --threads ({}), not {}", o.threads,
                                  o.batch_workers));
   if (o.lowercase_bleu && o.reference.empty()) throw UsageError("--lowercase-bleu needs --reference");
+  if (!o.score.empty()) {
+    const char* other = o.beam > 1 ? "--beam" : o.nbest > 1 ? "--nbest" : !o.reference.empty() ? "--reference"
+                        : !o.attention_svg.empty() ? "--attention-svg" : nullptr;
+    if (other) throw UsageError(fmt::format("--score scores given translations: {} does not apply", other));
+  }
   if (o.attention_sentence < 1)
     throw UsageError(fmt::format("--attention-sentence is a 1-based line number, not {}", o.attention_sentence));
   if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "int8")
@@ -227,6 +242,23 @@ std::string score_lines(const std::vector<Hypotheses>& results, const std::vecto
                      mf::text::corpus_chrf(best, references).str());
 }
 
+/// --score: the "LOGPROB<TAB>TOKENS" lines of each target line as the translation of its source line,
+/// and the tokens scored.
+std::pair<std::string, int64_t> forced_scores(models::Translator& translator, const std::vector<std::string>& sources,
+                                              const std::vector<std::string>& targets, const Options& o) {
+  const std::vector<models::TargetScore> scores = translator.score(
+      sources, targets,
+      {.batch_tokens = o.batch_tokens > 0 ? o.batch_tokens : models::kSmallBatchTokens,
+       .batch_sentences = o.batch_sentences});
+  std::string text;
+  int64_t tokens = 0;
+  for (const models::TargetScore& score : scores) {
+    text += mf::format_message("{:.4f}\t{}\n", score.log_prob, score.token_log_probs.size());
+    tokens += static_cast<int64_t>(score.token_log_probs.size());
+  }
+  return {std::move(text), tokens};
+}
+
 /// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
 /// tool decodes it: the best of the same search.
 std::vector<int64_t> decode_ids(models::Translator& translator, const std::string& sentence, const Options& o) {
@@ -274,6 +306,16 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   return mf::train::heatmap_svg(title, row_labels, column_labels, values);
 }
 
+/// Writes the output text to --output (atomically) or stdout.
+void write_output(const std::string& text, const Options& o) {
+  if (o.output.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    if (std::fflush(stdout) != 0) mf::fail("cannot write the output to stdout: {}", std::strerror(errno));
+  } else {
+    mf::write_file_atomic(o.output, text, o.score.empty() ? "translations" : "scores");
+  }
+}
+
 int run(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) return 0;
@@ -302,6 +344,13 @@ int run(int argc, char** argv) {
       mf::fail("reference file '{}' has {} lines but the input ({}) has {}", o.reference, references.size(),
                input_name, lines.size());
   }
+  std::vector<std::string> targets;
+  if (!o.score.empty()) {
+    targets = read_lines(o.score, "file to score");
+    if (targets.size() != lines.size())
+      mf::fail("file to score '{}' has {} lines but the input ({}) has {}", o.score, targets.size(), input_name,
+               lines.size());
+  }
   std::vector<int64_t> token_counts;
   for (const std::string& line : lines)
     token_counts.push_back(static_cast<int64_t>(translator.source().units(line).size()));
@@ -317,6 +366,22 @@ int run(int argc, char** argv) {
   int64_t truncated = std::count_if(token_counts.begin(), token_counts.end(), [&](int64_t n) { return n > limit; });
   if (truncated > 0)
     fmt::print(stderr, "translate: {} sentence(s) longer than the model's {} tokens were truncated\n", truncated, limit);
+  if (!o.score.empty()) {
+    truncated = std::count_if(targets.begin(), targets.end(), [&](const std::string& line) {
+      return static_cast<int64_t>(translator.target().units(line).size()) > limit;
+    });
+    if (truncated > 0)
+      fmt::print(stderr, "translate: {} target(s) longer than the model's {} tokens were scored on their first {}\n",
+                 truncated, limit, limit);
+    const auto start = std::chrono::steady_clock::now();
+    auto [text, tokens] = forced_scores(translator, lines, targets, o);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (o.timing)
+      fmt::print(stderr, "translate: {} pairs scored, {} target tokens in {:.3f} s: {:.0f} tokens/s\n", lines.size(),
+                 tokens, seconds, static_cast<double>(tokens) / seconds);
+    write_output(text, o);
+    return 0;
+  }
 
   const auto start = std::chrono::steady_clock::now();
   auto [results, generated] = translate_lines(translator, lines, token_counts, o);
@@ -336,13 +401,7 @@ int run(int argc, char** argv) {
                memory.system_allocations - memory_before.system_allocations,
                memory.allocations - memory_before.allocations);
   }
-  std::string text = format_output(results, o.nbest);
-  if (o.output.empty()) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    if (std::fflush(stdout) != 0) mf::fail("cannot write the translations to stdout: {}", std::strerror(errno));
-  } else {
-    mf::write_file_atomic(o.output, text, "translations");
-  }
+  write_output(format_output(results, o.nbest), o);
   if (!o.reference.empty()) fmt::print(stderr, "{}", score_lines(results, references, o));
   if (!o.attention_svg.empty())
     mf::write_file_atomic(o.attention_svg, attention_svg(translator, lines[o.attention_sentence - 1], o),
