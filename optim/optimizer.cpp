@@ -19,9 +19,9 @@ void Optimizer::register_params(const std::vector<Tensor>& params) {
     for (const Tensor& p : group_params(g)) seen.insert(&p.impl());
   for (const Tensor& p : params) {
     MF_CHECK(p.defined(), "{}: parameter group holds an undefined tensor", name_);
-    MF_CHECK(p.dtype() == DType::Float32 || p.dtype() == DType::Float64,
-             "{}: can only optimize float32 or float64 tensors (keep master weights in float32), got a {} "
-             "parameter of shape {}", name_, dtype_name(p.dtype()), shape_str(p.shape()));
+    MF_CHECK(p.dtype() == DType::Float32 || p.dtype() == DType::Float64 || p.dtype() == DType::BFloat16,
+             "{}: can only optimize float32, float64 or bfloat16 tensors, got a {} parameter of shape {}", name_,
+             dtype_name(p.dtype()), shape_str(p.shape()));
     MF_CHECK(seen.insert(&p.impl()).second, "{}: a parameter of shape {} appears in more than one place", name_,
              shape_str(p.shape()));
   }
@@ -50,10 +50,14 @@ void Optimizer::step() {
                grad.device() == p.device() ? ""
                                            : fmt::format(" (on {}, the parameter on {})", grad.device().str(),
                                                          p.device().str()));
+      ++state.step;
+      if (p.dtype() == DType::BFloat16) {
+        update_in_float32(g, p, grad, state);
+        continue;
+      }
       // The fused loop writes through raw pointers, so updates work on contiguous data and copy back
       // if needed.
       Tensor work = p.is_contiguous() ? p : p.contiguous();
-      ++state.step;
       update(g, work, grad.contiguous(), state, fused_ && p.device().is_cpu());
       if (work.is_same(p)) {
         p.storage()->bump_version();
@@ -62,6 +66,22 @@ void Optimizer::step() {
         target.copy_(work);
       }
     }
+  }
+}
+
+void Optimizer::update_in_float32(size_t group, const Tensor& param, const Tensor& grad, ParamState& state) {
+  ParamState wide{.step = state.step};
+  for (const auto& [name, buffer] : state.buffers) wide.buffers.emplace(name, buffer.to(DType::Float32));
+  Tensor work = param.to(DType::Float32);
+  update(group, work, grad.to(DType::Float32).contiguous(), wide, fused_ && param.device().is_cpu());
+  Tensor target = param;
+  target.copy_(work);  // rounded to nearest even, as every buffer below
+  for (const auto& [name, buffer] : wide.buffers) {
+    auto it = state.buffers.find(name);
+    if (it == state.buffers.end())
+      state.buffers.emplace(name, buffer.to(param.dtype()));
+    else
+      it->second.copy_(buffer);
   }
 }
 

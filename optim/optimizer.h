@@ -60,7 +60,11 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  /// One update of every parameter that has a gradient (under NoGradGuard).
+  /// One update of every parameter that has a gradient (under NoGradGuard). A bfloat16 parameter and
+  /// its state (kept in bfloat16, as PyTorch keeps a parameter's state in its dtype) are updated as
+  /// PyTorch's fused CPU optimizers update them: read as float32, updated by the float32 rule, each
+  /// result rounded to bfloat16 once. Updates smaller than half a bfloat16 step of a weight are lost:
+  /// float32 master weights under autocast train more precisely.
   void step();
   /// Drops every parameter's gradient (PyTorch's set_to_none = true).
   void zero_grad();
@@ -112,6 +116,8 @@ class Optimizer {
  private:
   /// Throws mf::Error when the groups' parameter lists were edited behind the optimizer's back.
   void check_param_count() const;
+  /// update() on float32 copies of a bfloat16 parameter, its gradient and its state, rounded back.
+  void update_in_float32(size_t group, const Tensor& param, const Tensor& grad, ParamState& state);
 
   std::string name_;
   bool fused_ = true;

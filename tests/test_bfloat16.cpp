@@ -198,7 +198,7 @@ TEST_CASE("bfloat16 arithmetic computes in float32 and rounds each result once")
 
 // PyTorch 2.15 gives the same: torch.arange(255, 261, dtype=torch.bfloat16) is [255, 256, 256, 258,
 // 260, 260], and torch.randn(5, generator=g, dtype=torch.bfloat16) equals the float32 draw rounded.
-TEST_CASE("random draws and arange make bfloat16 in float32 and round it; optimizers refuse bfloat16 weights") {
+TEST_CASE("random draws and arange make bfloat16 in float32 and round it") {
   // Between 256 and 512 bfloat16 steps by 2: 257 ties to the even 256, 259 to the even 260.
   CHECK(arange(255, 261, 1, DType::BFloat16).to_vector<double>() == std::vector<double>{255, 256, 256, 258, 260, 260});
   Generator first(5), second(5);
@@ -206,12 +206,97 @@ TEST_CASE("random draws and arange make bfloat16 in float32 and round it; optimi
   CHECK(drawn.dtype() == DType::BFloat16);
   CHECK(drawn.to(DType::Float32).to_vector<float>() ==
         randn({1001}, DType::Float32, Device::cpu(), &second).to(DType::BFloat16).to(DType::Float32).to_vector<float>());
-  Tensor weight = ones({2}, DType::BFloat16);
-  weight.set_requires_grad(true);
-  CHECK_THROWS_WITH_AS(optim::SGD({weight}, {.lr = 0.1}), doctest::Contains("keep master weights in float32"), Error);
   // Views need no kernel and take any dtype.
   Tensor b = ones({2, 2}, DType::BFloat16);
   CHECK(b.view({4}).narrow(0, 1, 2).to_vector<double>() == std::vector<double>{1, 1});
+}
+
+namespace {
+
+/// float32 rounded to the nearest bfloat16, ties to even, by its bits (the test's own rounding).
+float rounded(float x) {
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return std::bit_cast<float>(bits & 0xFFFF0000u);
+}
+
+/// A bfloat16 weight holding `values`, with the gradient `grad` (rounded to bfloat16).
+void set_gradient(Tensor& weight, const std::vector<float>& grad) {
+  weight.set_grad(from_vector(grad, {static_cast<int64_t>(grad.size())}).to(DType::BFloat16));
+}
+
+}  // namespace
+
+TEST_CASE("optimizers update bfloat16 weights in float32, the weight and its state rounded once a step") {
+  // By hand: torch.optim's rules in float32 on the bfloat16 values, written out per element in their
+  // documented order, the step's scalars in double as Python computes them; the weight's update takes
+  // the new state as computed, and then the weight and each state buffer are rounded to bfloat16
+  // (PyTorch's fused CPU optimizers on bfloat16 parameters compute in float32 the same way and store
+  // each result once). PyTorch 2.15's Adam, fused or not, and its fused SGD gave these same weights at
+  // every step for these inputs.
+  const std::vector<float> start = {0.5f, -1.25f, 3.0f, 1e-3f, -7.0f, 0.1f};
+  const std::vector<std::vector<float>> grads = {{0.1f, -0.2f, 0.3f, 1e-4f, 2.0f, -0.05f},
+                                                 {0.3f, 0.1f, -0.7f, 2e-4f, -1.5f, 0.2f},
+                                                 {-0.2f, 0.4f, 0.05f, -3e-4f, 0.5f, 0.01f}};
+  for (bool fused : {true, false}) {
+    CAPTURE(fused);
+    Tensor weight = from_vector(start, {6}).to(DType::BFloat16);
+    weight.set_requires_grad(true);
+    const double lr = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    optim::Adam adam({weight}, {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps});
+    adam.set_fused(fused);
+    std::vector<float> p(start.size()), m(start.size(), 0), v(start.size(), 0);
+    for (size_t i = 0; i < start.size(); ++i) p[i] = rounded(start[i]);
+    for (size_t step = 1; step <= grads.size(); ++step) {
+      set_gradient(weight, grads[step - 1]);
+      adam.step();
+      const auto t = static_cast<double>(step);
+      const auto neg_step = static_cast<float>(-(lr / (1 - std::pow(beta1, t))));
+      const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(beta2, t)));
+      for (size_t i = 0; i < start.size(); ++i) {
+        const float g = rounded(grads[step - 1][i]);
+        const float new_m = m[i] * static_cast<float>(beta1) + static_cast<float>(1 - beta1) * g;
+        const float new_v = v[i] * static_cast<float>(beta2) + (static_cast<float>(1 - beta2) * g) * g;
+        p[i] = rounded(p[i] + (neg_step * new_m) / (std::sqrt(new_v) / bias_correction2_sqrt + static_cast<float>(eps)));
+        m[i] = rounded(new_m);
+        v[i] = rounded(new_v);
+      }
+      CAPTURE(step);
+      CHECK(weight.dtype() == DType::BFloat16);
+      CHECK(weight.to(DType::Float32).to_vector<float>() == p);
+      const optim::ParamState& state = adam.param_state(0);
+      CHECK(state.buffers.at("exp_avg").dtype() == DType::BFloat16);
+      CHECK(state.buffers.at("exp_avg").to(DType::Float32).to_vector<float>() == m);
+      CHECK(state.buffers.at("exp_avg_sq").to(DType::Float32).to_vector<float>() == v);
+    }
+    // 1e-3 moved by about lr each step, far more than its bfloat16 step (2^-17): it did change.
+    CHECK(p[3] != rounded(start[3]));
+  }
+
+  // SGD with momentum: b = momentum b + g (b = g at the first step), w = w - lr b.
+  Tensor weight = from_vector(start, {6}).to(DType::BFloat16);
+  weight.set_requires_grad(true);
+  optim::SGD sgd({weight}, {.lr = 0.1, .momentum = 0.9});
+  std::vector<float> p(start.size()), b(start.size());
+  for (size_t i = 0; i < start.size(); ++i) p[i] = rounded(start[i]);
+  for (size_t step = 0; step < grads.size(); ++step) {
+    set_gradient(weight, grads[step]);
+    sgd.step();
+    for (size_t i = 0; i < start.size(); ++i) {
+      const float g = rounded(grads[step][i]);
+      const float new_b = step == 0 ? g : b[i] * 0.9f + 1.0f * g;
+      p[i] = rounded(p[i] + -0.1f * new_b);
+      b[i] = rounded(new_b);
+    }
+    CAPTURE(step);
+    CHECK(weight.to(DType::Float32).to_vector<float>() == p);
+    CHECK(sgd.param_state(0).buffers.at("momentum_buffer").to(DType::Float32).to_vector<float>() == b);
+  }
+  // The state saves in bfloat16 and loads back.
+  optim::OptimizerState saved = sgd.state_dict();
+  CHECK(saved.tensors.at(0).tensor.dtype() == DType::BFloat16);
+  CHECK_THROWS_WITH_AS(optim::SGD({ones({2}, DType::Int64)}, {.lr = 0.1}),
+                       doctest::Contains("can only optimize float32, float64 or bfloat16 tensors, got a int64"), Error);
 }
 
 TEST_CASE("bfloat16 tensors round-trip through safetensors as BF16") {
