@@ -64,6 +64,9 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
            options.batch_sentences);
   MF_CHECK(options.workers >= 0, "decode_sources: workers must be 0 (one per intra-op thread) or positive, got {}",
            options.workers);
+  MF_CHECK(!options.sampling.do_sample || (options.beam_size == 1 && options.nbest == 1),
+           "decode_sources: sampling draws one translation per sentence: it needs beam_size 1 and nbest 1, got {} "
+           "and {}", options.beam_size, options.nbest);
   const TransformerConfig& config = model.config();
   std::vector<int64_t> lengths;  // as padded: truncated to max_len - 1, then <eos>
   for (const std::vector<int64_t>& ids : sources)
@@ -80,7 +83,12 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   // any before it, fresh pages the kernel must clear (14% of a 1-thread int8 run on Zen 3).
   std::vector<text::Batch> batches = text::sorted_batches(lengths, source_tokens, options.batch_sentences);
   std::reverse(batches.begin(), batches.end());
-  auto decode_batch = [&](const text::Batch& batch) {
+  // Sampling: batch b draws from the counters [first + b * kBatchBlocks, ...) of the stream's seed.
+  constexpr uint64_t kBatchBlocks = uint64_t{1} << 32;
+  Generator& stream = options.sampling.generator ? *options.sampling.generator : default_generator();
+  const uint64_t first_block = options.sampling.do_sample ? stream.reserve(batches.size() * kBatchBlocks) : 0;
+  auto decode_batch = [&](size_t index) {
+    const text::Batch& batch = batches[index];
     const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]
     // Each sentence gets its own source's budget, not its longest batchmate's: a translation must not
     // depend on the sentences decoded beside it (nor on batch_tokens and batch_sentences).
@@ -88,11 +96,16 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
     for (int64_t i : batch) budgets.push_back(output_budget(lengths[static_cast<size_t>(i)], config.max_len));
     std::vector<std::vector<generation::Hypothesis>> decoded;
     if (options.beam_size == 1 && options.nbest == 1) {
+      Generator batch_stream(stream.seed());
+      batch_stream.set_offset(first_block + index * kBatchBlocks);
+      generation::SamplingOptions sampling = options.sampling;
+      sampling.generator = &batch_stream;
       decoded = greedy_hypotheses(greedy_decode(model, src,
                                                 {.max_new_tokens = options.max_new_tokens,
                                                  .pad_id = config.pad_id,
                                                  .banned_id = options.banned_id,
-                                                 .sentence_max_new_tokens = std::move(budgets)}));
+                                                 .sentence_max_new_tokens = std::move(budgets),
+                                                 .sampling = sampling}));
     } else {
       decoded = beam_search(model, src,
                             {.beam_size = options.beam_size,
@@ -110,7 +123,7 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   const int64_t workers = std::min({wanted, static_cast<int64_t>(batches.size()), int64_t{intra_op_threads()}});
   if (workers <= 1 || !model.device().is_cpu()) {
     NoGradGuard no_grad;
-    for (const text::Batch& batch : batches) decode_batch(batch);
+    for (size_t b = 0; b < batches.size(); ++b) decode_batch(b);
     return out;
   }
   // Each worker, a chunk of the intra-op pool (whose ops inside a chunk run serially), takes the next
@@ -124,7 +137,7 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
     NoGradGuard no_grad;
     AutocastGuard same_autocast(DeviceType::CPU, DType::BFloat16, autocast);
     try {
-      for (size_t b = next_batch++; b < batches.size(); b = next_batch++) decode_batch(batches[b]);
+      for (size_t b = next_batch++; b < batches.size(); b = next_batch++) decode_batch(b);
     } catch (...) {
       next_batch = batches.size();  // the others stop after their current batch
       throw;
@@ -153,7 +166,13 @@ std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std
   const int64_t limit = model.config().max_len - 1;
   auto kept = [&](const std::vector<int64_t>& ids) { return std::min<int64_t>(static_cast<int64_t>(ids.size()), limit); };
   std::vector<int64_t> lengths;  // source + <eos>, then <sos> + target
-  for (size_t i = 0; i < sources.size(); ++i) lengths.push_back(kept(sources[i]) + kept(targets[i]) + 2);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    // A <pad> inside a target would be masked out of the decoder's attention and of the sum.
+    const auto pad = std::find(targets[i].begin(), targets[i].end(), text::kPadId);
+    MF_CHECK(pad == targets[i].end(), "score_targets: target {} holds <pad> (id {}) at position {}", i, text::kPadId,
+             pad - targets[i].begin());
+    lengths.push_back(kept(sources[i]) + kept(targets[i]) + 2);
+  }
 
   std::vector<TargetScore> out(sources.size());
   NoGradGuard no_grad;

@@ -55,6 +55,11 @@ struct DecodingOptions {
   int64_t banned_id = -1;
   /// When beam search ends a sentence (generation::BeamStop).
   generation::BeamStop stop = generation::BeamStop::Exact;
+  /// do_sample (with beam_size 1): every token drawn from the model's distribution (generation::
+  /// GreedyOptions::sampling), as fairseq's --sampling back-translates. Each batch draws from a stream
+  /// of its own (the generator's seed, or the default generator's, at counters reserved from it for
+  /// the whole call), so the samples depend on the generator and the batching, not on the workers.
+  generation::SamplingOptions sampling{.do_sample = false};
 };
 
 /// Most tokens decoding generates for a source of `source_length` ids (<eos> included): 1.5 times that
@@ -104,7 +109,7 @@ struct ScoringOptions {
 /// targets longer than the model's max_len - 1 are cut to their first max_len - 1 ids, as decoding cuts
 /// sources; a pair's score does not depend on its batchmates beyond float rounding. Runs with autograd
 /// off, on the model's device; put the model in eval() mode first. Throws mf::Error when the lists'
-/// sizes differ or the options are out of range.
+/// sizes differ, a target holds <pad> or the options are out of range.
 std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std::vector<int64_t>>& sources,
                                        const std::vector<std::vector<int64_t>>& targets,
                                        const ScoringOptions& options = {});

@@ -35,11 +35,10 @@ Tensor int64_vector(const std::vector<int64_t>& values) {
   return from_vector(values, {static_cast<int64_t>(values.size())});
 }
 
-/// Runs one decoder step on `tokens`, checks its result ([rows, V], V the same every step and larger
-/// than every special token, no NaN among the winners) and returns each row's k best tokens
-/// (ties go to the lower id, as topk and torch.argmax do), never `banned` (-1: none).
-TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
-                   int64_t& vocab, const std::vector<int64_t>& specials, int64_t banned) {
+/// Runs one decoder step on `tokens` and checks its result: [rows, V], V the same every step and
+/// larger than every special token and `banned`.
+Tensor checked_step(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t& vocab,
+                    const std::vector<int64_t>& specials, int64_t banned) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor scores = decoder.step(int64_vector(tokens));  // [N, V]
   MF_CHECK(scores.defined() && scores.dim() == 2 && scores.size(0) == rows && is_floating(scores.dtype()),
@@ -56,6 +55,15 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
            scores.size(1), vocab);
   MF_CHECK(banned < vocab, "{}: banned token id {} is outside the decoder's vocabulary of {} tokens", op, banned,
            vocab);
+  return scores;
+}
+
+/// One decoder step (checked_step) and each row's k best tokens (ties go to the lower id, as topk and
+/// torch.argmax do), never `banned` (-1: none), no NaN among them.
+TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
+                   int64_t& vocab, const std::vector<int64_t>& specials, int64_t banned) {
+  const auto rows = static_cast<int64_t>(tokens.size());
+  Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
   bool logits = decoder.scores() == IncrementalDecoder::Scores::Logits;
   TopTokens top{.k = std::min(k, vocab)};
   // A banned token is ranked with the rest (one more per row) and then passed over, so that the others
@@ -80,6 +88,22 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
       ++kept;
     }
   }
+  for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
+  return top;
+}
+
+/// One decoder step (checked_step) and a token per row drawn by sample_next from the model's
+/// distribution without `banned`, with its log-probability under the model (before temperature,
+/// top-k or top-p).
+TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t& vocab,
+                      const std::vector<int64_t>& specials, int64_t banned, const SamplingOptions& sampling) {
+  Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
+  Tensor log_probs = decoder.scores() == IncrementalDecoder::Scores::Logits ? scores.log_softmax(1) : scores.clone();
+  if (banned >= 0) log_probs.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
+  const Tensor ids = sample_next(log_probs, sampling);  // [N]
+  TopTokens top{.k = 1,
+                .values = gather(log_probs, 1, ids.unsqueeze(1)).to(Device::cpu()).to_vector<double>(),
+                .ids = ids.to(Device::cpu()).to_vector<int64_t>()};
   for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
   return top;
 }
@@ -197,7 +221,9 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   for (int64_t step = 1; !sentence_of_row.empty(); ++step) {
     std::vector<int64_t> tokens;
     for (int64_t s : sentence_of_row) tokens.push_back(generated[s].empty() ? options.sos_id : generated[s].back());
-    TopTokens top = step_top(op, decoder, tokens, 1, vocab, specials, options.banned_id);
+    TopTokens top = options.sampling.do_sample
+                        ? step_sample(op, decoder, tokens, vocab, specials, options.banned_id, options.sampling)
+                        : step_top(op, decoder, tokens, 1, vocab, specials, options.banned_id);
     std::vector<int64_t> keep;  // rows whose sentence goes on
     for (size_t row = 0; row < sentence_of_row.size(); ++row) {
       int64_t s = sentence_of_row[row];

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "models/sampling.h"
 #include "text/special_tokens.h"
 
 #include <cstdint>
@@ -59,6 +60,10 @@ struct GreedyOptions {
   int64_t banned_id = -1;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;
+  /// do_sample: each token is drawn by sample_next (temperature, top-k, top-p) from the model's
+  /// distribution, the banned token left out, instead of taken by argmax (fairseq's --sampling, used
+  /// to back-translate); the log-probabilities summed stay the model's own. Off by default.
+  SamplingOptions sampling{.do_sample = false};
 };
 
 struct GreedyResult {

@@ -443,8 +443,96 @@ TEST_CASE("score_targets gives a translation the log-probability its search foun
         doctest::Approx(models::score_targets(*model, {{5, 7}}, {cut}).front().log_prob).epsilon(1e-12));
   CHECK(models::score_targets(*model, {}, {}).empty());
   CHECK_THROWS_WITH_AS(models::score_targets(*model, {{5}}, {}), "score_targets: 1 sources but 0 targets", Error);
+  CHECK_THROWS_WITH_AS(models::score_targets(*model, {{5}, {6}}, {{4}, {4, 0, 5}}),
+                       "score_targets: target 1 holds <pad> (id 0) at position 1", Error);
   CHECK_THROWS_WITH_AS(models::score_targets(*model, {{5}}, {{6}}, {.batch_tokens = 0}),
                        "score_targets: batch_tokens must be positive, got 0", Error);
+}
+
+TEST_CASE("decode_sources' sampling draws each token from the model's distribution, banned token left out") {
+  auto model = reference_model(DType::Float64);  // random weights: a spread-out distribution
+  model->eval();
+  const std::vector<int64_t> source = {5, 7, 3, 9};
+  // The first token's distribution by hand: log_softmax of the logits after <sos>, <unk> (3) banned.
+  const Tensor logits = model->forward(from_vector(std::vector<int64_t>{5, 7, 3, 9, 2}, {1, 5}),
+                                       from_vector(std::vector<int64_t>{1}, {1, 1}));
+  std::vector<double> probability = logits.reshape({13}).softmax(0).to_vector<double>();
+  const double unbanned = 1 - probability[3];
+  for (double& p : probability) p /= unbanned;
+  probability[3] = 0;
+
+  const int64_t draws = 4000;
+  const std::vector<std::vector<int64_t>> sources(draws, source);
+  Generator generator(17);
+  const models::DecodingOptions options{.max_new_tokens = 1, .banned_id = 3,
+                                        .sampling = {.generator = &generator}};
+  const auto sampled = models::decode_sources(*model, sources, options);
+  std::vector<double> count(13, 0);
+  for (const auto& hypotheses : sampled) count[static_cast<size_t>(hypotheses.front().tokens.front())] += 1;
+  CHECK(count[3] == 0);
+  for (size_t token = 0; token < 13; ++token) {
+    CAPTURE(token);
+    const double p = probability[token], sigma = std::sqrt(p * (1 - p) / draws);
+    CHECK(std::abs(count[token] / draws - p) <= 5 * sigma + 1e-9);
+  }
+  // Each draw's log-probability is the model's own, not renormalised for the ban.
+  double largest_error = 0;
+  for (const auto& hypotheses : sampled) {
+    const auto token = static_cast<size_t>(hypotheses.front().tokens.front());
+    largest_error = std::max(largest_error, std::abs(hypotheses.front().log_prob - std::log(probability[token] * unbanned)));
+  }
+  CHECK(largest_error < 1e-12);
+
+  // The same generator seed gives the same draws whatever the workers; another seed other draws.
+  auto draw = [&](uint64_t seed, int64_t workers) {
+    Generator stream(seed);
+    models::DecodingOptions repeat = options;
+    repeat.max_new_tokens = 6;
+    repeat.batch_sentences = 500;
+    repeat.workers = workers;
+    repeat.sampling.generator = &stream;
+    std::vector<std::vector<int64_t>> tokens;
+    for (const auto& hypotheses : models::decode_sources(*model, sources, repeat)) tokens.push_back(hypotheses[0].tokens);
+    return tokens;
+  };
+  CHECK(draw(5, 1) == draw(5, 3));
+  CHECK(draw(5, 1) != draw(6, 1));
+  CHECK_THROWS_WITH_AS(models::decode_sources(*model, {source}, {.beam_size = 2, .sampling = {}}),
+                       "decode_sources: sampling draws one translation per sentence: it needs beam_size 1 and nbest 1, "
+                       "got 2 and 1",
+                       Error);
+}
+
+TEST_CASE("sampling with top_k 1 is greedy search; a sampled translation scores as forced decoding scores it") {
+  auto model = std::make_shared<models::Transformer>(reference_config());
+  model->to(DType::Float64);
+  model->load_state_dict(testing::reference_with_prefix("param."));
+  model->eval();
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {}, {4, 6}};
+  const auto greedy = models::decode_sources(*model, sources, {.max_new_tokens = 8});
+  const auto top1 = models::decode_sources(*model, sources, {.max_new_tokens = 8, .sampling = {.top_k = 1}});
+  for (size_t i = 0; i < sources.size(); ++i) {
+    CAPTURE(i);
+    CHECK(top1[i][0].tokens == greedy[i][0].tokens);
+    CHECK(top1[i][0].log_prob == greedy[i][0].log_prob);
+  }
+  std::vector<std::vector<int64_t>> repeated;  // each source 8 times: some draws end with <eos>
+  for (int copy = 0; copy < 8; ++copy) repeated.insert(repeated.end(), sources.begin(), sources.end());
+  const auto free = models::decode_sources(*model, repeated, {.sampling = {.temperature = 1.5}});
+  int64_t scored = 0;
+  for (size_t i = 0; i < repeated.size(); ++i) {
+    CAPTURE(i);
+    // Scored: draws that ended with <eos> and hold no <pad> (this untrained model gives <pad> some
+    // probability, and forced decoding takes a <pad> in a target for padding).
+    const std::vector<int64_t>& tokens = free[i][0].tokens;
+    if (tokens.empty() || tokens.back() != text::kEosId ||
+        std::find(tokens.begin(), tokens.end(), text::kPadId) != tokens.end())
+      continue;
+    const auto forced = models::score_targets(*model, {repeated[i]}, {{tokens.begin(), tokens.end() - 1}});
+    CHECK(forced[0].log_prob == doctest::Approx(free[i][0].log_prob).epsilon(1e-10));
+    ++scored;
+  }
+  CHECK(scored >= 5);
 }
 
 TEST_CASE("decode_sources holds each sentence to its own source's output budget, whatever its batchmates") {

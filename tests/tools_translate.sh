@@ -138,6 +138,21 @@ else
   fail "a sentence's n-best list repeats a hypothesis"
 fi
 
+# ---- sampling ----------------------------------------------------------------------------------
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --sampling --sampling-topk 1 >"$dir/top1.txt"
+same_file "--sampling --sampling-topk 1 draws the greedy translations" "$dir/greedy.txt" "$dir/top1.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --sampling --temperature 3 --seed 7 >"$dir/sample_a.txt"
+if [ "$(wc -l <"$dir/sample_a.txt")" -eq 8 ]; then pass "--sampling gives a line per input line"; else
+  fail "--sampling's output lines"; fi
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --sampling --temperature 3 --seed 7 >"$dir/sample_c.txt"
+same_file "--sampling with one --seed twice draws the same translations" "$dir/sample_a.txt" "$dir/sample_c.txt"
+expect "--temperature without --sampling" 2 "--temperature, --sampling-topk and --sampling-topp need --sampling" \
+  "$translate" --checkpoint "$ckpt" --temperature 0.5
+expect "--sampling with --beam" 2 "--sampling draws one translation per line: --beam does not apply" \
+  "$translate" --checkpoint "$ckpt" --sampling --beam 4
+expect "--sampling-topp 0" 2 "--sampling-topp must be in (0, 1], not 0" \
+  "$translate" --checkpoint "$ckpt" --sampling --sampling-topp 0
+
 # ---- scoring given translations ------------------------------------------------------------------
 # Each n-best hypothesis, scored as the translation of its source, must give back the log-probability
 # the search found for it: its n-best score times the length penalty ((5 + words + <eos>) / 6)^0.6.

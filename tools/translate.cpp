@@ -37,6 +37,11 @@
 // 0 the most likely), and the tokens that sum covers, <eos> included. Empty lines are scored too (an
 // empty target is <eos> alone). --batch-tokens counts source and target tokens together there.
 //
+// --sampling draws each translation from the model's distribution instead of searching for the most
+// probable one (fairseq's --sampling, used to back-translate), token by token, shaped by --temperature,
+// --sampling-topk and --sampling-topp; --seed fixes the draws (the same seed and batching options give
+// the same translations).
+//
 // --device cuda (or cuda:N) loads the checkpoint onto that GPU and decodes there; only the chosen
 // tokens come back to the host each step.
 //
@@ -76,6 +81,9 @@ struct Options {
   int64_t batch_sentences = mf::models::DecodingOptions{}.batch_sentences;
   int64_t batch_workers = 0;
   double length_penalty = 0.6;
+  bool sampling = false;
+  double temperature = 1.0, sampling_topp = 1.0;
+  int64_t sampling_topk = 0, seed = 1;
   int threads = mf::get_num_threads();
   bool lowercase_bleu = false, timing = false;
 };
@@ -115,6 +123,13 @@ bool parse_options(int argc, char** argv, Options& o) {
            "1: one batch at a time, its ops split over the threads");
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
+  args.add_switch("sampling", &o.sampling,
+                  "draw each translation from the model's distribution instead of searching (back-translation)");
+  args.add("temperature", &o.temperature, "--sampling: logits divided by it (below 1 sharper, above 1 flatter)");
+  args.add("sampling-topk", &o.sampling_topk, "--sampling: draw from the k most probable tokens only; 0: all");
+  args.add("sampling-topp", &o.sampling_topp,
+           "--sampling: draw from the most probable tokens whose probabilities first reach p (nucleus); 1: all");
+  args.add("seed", &o.seed, "--sampling: random seed");
   args.add("score", &o.score,
            "score instead of translating: line i of this file as the translation of input line i, printing "
            "\"LOGPROB<TAB>TOKENS\" per line (its log-probability, <eos> included, and the tokens summed)");
@@ -149,6 +164,17 @@ bool parse_options(int argc, char** argv, Options& o) {
     throw UsageError(fmt::format("--batch-workers must be between 0 and --threads ({}), not {}", o.threads,
                                  o.batch_workers));
   if (o.lowercase_bleu && o.reference.empty()) throw UsageError("--lowercase-bleu needs --reference");
+  if (o.sampling && (o.beam > 1 || !o.score.empty() || !o.attention_svg.empty()))
+    throw UsageError(fmt::format("--sampling draws one translation per line: {} does not apply",
+                                 o.beam > 1 ? "--beam" : !o.score.empty() ? "--score" : "--attention-svg"));
+  if (!o.sampling && (o.temperature != 1.0 || o.sampling_topk != 0 || o.sampling_topp != 1.0))
+    throw UsageError("--temperature, --sampling-topk and --sampling-topp need --sampling");
+  if (!(o.temperature > 0) || !std::isfinite(o.temperature))
+    throw UsageError(fmt::format("--temperature must be a positive number, not {}", o.temperature));
+  if (o.sampling_topk < 0) throw UsageError(fmt::format("--sampling-topk must be 0 or more, not {}", o.sampling_topk));
+  if (!(o.sampling_topp > 0 && o.sampling_topp <= 1))
+    throw UsageError(fmt::format("--sampling-topp must be in (0, 1], not {}", o.sampling_topp));
+  if (o.seed < 0) throw UsageError(fmt::format("--seed must be 0 or more, not {}", o.seed));
   if (!o.score.empty()) {
     const char* other = o.beam > 1 ? "--beam" : o.nbest > 1 ? "--nbest" : !o.reference.empty() ? "--reference"
                         : !o.attention_svg.empty() ? "--attention-svg" : nullptr;
@@ -183,8 +209,8 @@ std::vector<std::string> read_lines(const std::string& path, const char* what) {
   return lines;
 }
 
-/// The search the flags ask for, as every translation here runs it.
-models::DecodingOptions decoding_options(const Options& o) {
+/// The search the flags ask for, as every translation here runs it; `stream` draws the samples.
+models::DecodingOptions decoding_options(const Options& o, mf::Generator* stream) {
   return {.beam_size = o.beam,
           .max_new_tokens = o.max_len,
           .length_penalty = o.length_penalty,
@@ -192,7 +218,12 @@ models::DecodingOptions decoding_options(const Options& o) {
           .batch_tokens = o.batch_tokens,
           .batch_sentences = o.batch_sentences,
           .workers = o.batch_workers,
-          .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact : mf::generation::BeamStop::BeamFinished};
+          .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact : mf::generation::BeamStop::BeamFinished,
+          .sampling = {.do_sample = o.sampling,
+                       .temperature = o.temperature,
+                       .top_k = o.sampling_topk,
+                       .top_p = o.sampling_topp,
+                       .generator = stream}};
 }
 
 /// Translates the lines with tokens (the library sorts them by length and batches them under
@@ -209,7 +240,9 @@ std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& 
     pending.push_back(i);
     sentences.push_back(lines[i]);
   }
-  std::vector<std::vector<models::Translation>> translations = translator.translate(sentences, decoding_options(o));
+  mf::Generator stream(static_cast<uint64_t>(o.seed));
+  std::vector<std::vector<models::Translation>> translations =
+      translator.translate(sentences, decoding_options(o, &stream));
   int64_t generated = 0;
   for (size_t k = 0; k < pending.size(); ++k) {
     generated += translations[k].front().tokens;
@@ -262,7 +295,7 @@ std::pair<std::string, int64_t> forced_scores(models::Translator& translator, co
 /// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
 /// tool decodes it: the best of the same search.
 std::vector<int64_t> decode_ids(models::Translator& translator, const std::string& sentence, const Options& o) {
-  models::DecodingOptions options = decoding_options(o);
+  models::DecodingOptions options = decoding_options(o, nullptr);
   options.nbest = 1;
   options.banned_id = translator.banned_token();
   return models::decode_sources(translator.model(), {translator.source().encode(sentence)}, options)
