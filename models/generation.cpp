@@ -1,6 +1,6 @@
 // Greedy and beam search over an IncrementalDecoder. The search state lives on the host: per step
 // the decoder gets [N] tokens and gives [N, V] log-probabilities or logits, of which only each row's
-// top k (k = 1 greedy, beam_size + 1 beam), as log-probabilities, is copied back.
+// top k (k = 1 greedy, beam_size + 1 beam) or drawn token, as log-probabilities, is copied back.
 #include "models/generation.h"
 
 #include "core/graph.h"

@@ -504,9 +504,7 @@ TEST_CASE("decode_sources' sampling draws each token from the model's distributi
 }
 
 TEST_CASE("sampling with top_k 1 is greedy search; a sampled translation scores as forced decoding scores it") {
-  auto model = std::make_shared<models::Transformer>(reference_config());
-  model->to(DType::Float64);
-  model->load_state_dict(testing::reference_with_prefix("param."));
+  auto model = reference_model(DType::Float64);
   model->eval();
   const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {}, {4, 6}};
   const auto greedy = models::decode_sources(*model, sources, {.max_new_tokens = 8});
