@@ -134,8 +134,6 @@ std::vector<std::vector<Translation>> Translator::translate(const std::vector<st
 
 std::vector<TargetScore> Translator::score(const std::vector<std::string>& sources,
                                           const std::vector<std::string>& targets, const ScoringOptions& options) {
-  MF_CHECK(sources.size() == targets.size(), "Translator::score: {} source sentences but {} targets", sources.size(),
-           targets.size());
   std::vector<std::vector<int64_t>> source_ids, target_ids;
   for (const std::string& sentence : sources) source_ids.push_back(source_.encode(sentence));
   for (const std::string& sentence : targets) target_ids.push_back(target_.encode(sentence));

@@ -484,6 +484,9 @@ TEST_CASE("decode_sources' sampling draws each token from the model's distributi
   CHECK(largest_error < 1e-12);
 
   // The same generator seed gives the same draws whatever the workers; another seed other draws.
+  // Three threads, so that three workers run whatever the machine's cores.
+  testing::ThreadCountGuard restore;
+  set_num_threads(3);
   auto draw = [&](uint64_t seed, int64_t workers) {
     Generator stream(seed);
     models::DecodingOptions repeat = options;
