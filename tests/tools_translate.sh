@@ -184,6 +184,58 @@ expect "--score with a file of another length" 1 "file to score '$dir/score_two.
 expect "--score with a missing file" 1 "cannot open file to score '$dir/none.txt'" \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/none.txt"
 
+# ---- input read a group of lines at a time (--buffer-lines) ---------------------------------------
+for lines in 1 3 0; do
+  "$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --beam 2 --nbest 2 --buffer-lines $lines \
+    >"$dir/group_$lines.txt"
+done
+"$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --beam 2 --nbest 2 >"$dir/group_default.txt"
+same_file "--buffer-lines 1 gives the n-best lines of the whole input at once" "$dir/group_0.txt" "$dir/group_1.txt"
+same_file "--buffer-lines 3 gives the n-best lines of the whole input at once" "$dir/group_0.txt" "$dir/group_3.txt"
+same_file "the default buffer gives the n-best lines of the whole input at once" "$dir/group_0.txt" \
+  "$dir/group_default.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" >"$dir/scores_0.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" --buffer-lines 3 >"$dir/scores_3.txt"
+same_file "--score in groups of 3 lines reads the file to score in step" "$dir/scores_0.txt" "$dir/scores_3.txt"
+# The random stream runs on from group to group: eight copies of one line drawn one line at a time at a
+# high temperature are not all the same draw (a stream restarted per group would repeat the first).
+for i in 1 2 3 4 5 6 7 8; do echo "this is a book"; done >"$dir/same8.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/same8.txt" --sampling --temperature 5 --buffer-lines 1 \
+  >"$dir/same8_drawn.txt"
+if [ "$(sort -u "$dir/same8_drawn.txt" | wc -l)" -gt 1 ]; then
+  pass "--sampling draws on from one group of lines to the next"
+else
+  fail "--sampling with --buffer-lines 1 drew one translation eight times"; cat "$dir/same8_drawn.txt"
+fi
+# A line's translation comes out while the input is still open: the first line goes into a FIFO, its
+# translation must appear before the second line is written.
+mkfifo "$dir/fifo"
+"$translate" --checkpoint "$ckpt" --buffer-lines 1 <"$dir/fifo" >"$dir/streamed.txt" 2>"$dir/streamed.err" &
+streaming=$!
+exec 3>"$dir/fifo"
+echo "ich mochte ein bier" >&3
+for _ in $(seq 300); do [ -s "$dir/streamed.txt" ] && break; sleep 0.1; done
+if [ "$(cat "$dir/streamed.txt")" = "i want a beer" ]; then
+  pass "--buffer-lines 1 writes a line's translation before the next line is read"
+else
+  fail "no translation of the first line while the input stayed open"; cat "$dir/streamed.txt" "$dir/streamed.err"
+fi
+echo "hello world" >&3
+exec 3>&-
+if wait "$streaming" && [ "$(tr '\n' '|' <"$dir/streamed.txt")" = "i want a beer|hola mundo|" ]; then
+  pass "--buffer-lines 1 translates every line until the input ends"
+else
+  fail "the streamed translation did not end with both lines"; cat "$dir/streamed.txt" "$dir/streamed.err"
+fi
+expect "--score whose file runs out within the input's first group" 1 \
+  "file to score '$dir/score_two.txt' has 2 lines but the input ('$dir/src.txt') has at least 3" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/score_two.txt" --buffer-lines 3
+expect "--score whose file has lines past the input's end" 1 \
+  "file to score '$dir/ref.txt' has 8 lines but the input ('$dir/score_two.txt') has 2" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/score_two.txt" --score "$dir/ref.txt" --buffer-lines 1
+expect "--buffer-lines below -1" 2 "--buffer-lines must be -1 (automatic), 0 (all) or positive, not -2" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --buffer-lines -2
+
 # ---- BLEU and chrF ------------------------------------------------------------------------------
 bleu_signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3-miniflow"
 chrf_signature="nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.3-miniflow"

@@ -4,11 +4,12 @@
 //   translate --checkpoint model.safetensors < input.de > output.en
 //   translate --checkpoint model.safetensors --input test.de --reference test.en --beam 4
 //
-// Input: UTF-8 text, one sentence per line (a trailing '\r' is dropped), from stdin or --input; all of
-// it is read before translating, then sorted by length and translated in batches of at most
-// --batch-tokens source tokens and --batch-sentences sentences (models::decode_sources), on the CPU
-// --threads batches side by side, each on one thread (--batch-workers). --timing prints the speed and
-// the CPU allocator's memory to stderr.
+// Input: UTF-8 text, one sentence per line (a trailing '\r' is dropped), from stdin or --input, read
+// --buffer-lines lines at a time (10,000; one from a terminal, so that each line typed is translated at
+// once); each group is sorted by length and translated in batches of at most --batch-tokens source
+// tokens and --batch-sentences sentences (models::decode_sources), on the CPU --threads batches side by
+// side, each on one thread (--batch-workers), and its output written (stdout is flushed) before the next
+// group is read. --timing prints the speed and the CPU allocator's memory to stderr.
 // Output, one line per input line, in input order:
 //   --nbest 1 (default)  the best translation, as the target side's codec writes it (detokenized text
 //                        for subwords; "i want a beer ." for a word vocabulary);
@@ -65,13 +66,22 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
 namespace models = mf::models;
 using mf::tools::UsageError;
+
+/// Input lines translated together unless --buffer-lines says otherwise: enough for length-sorted batches
+/// to fill (4,000 Multi30k lines in groups of 1,000 went as fast as in one group, within the noise between
+/// runs; one line at a time took 10 times as long), few enough that a corpus of millions of lines neither
+/// sits in memory nor waits to be read whole before its first translation comes out.
+constexpr size_t kBufferLines = 10000;
 
 struct Options {
   std::string checkpoint, input, output, reference, score, attention_svg, beam_stop = "exact", precision = "fp32";
@@ -80,6 +90,7 @@ struct Options {
   int64_t batch_tokens = mf::models::DecodingOptions{}.batch_tokens;
   int64_t batch_sentences = mf::models::DecodingOptions{}.batch_sentences;
   int64_t batch_workers = 0;
+  int64_t buffer_lines = -1;
   double length_penalty = 0.6;
   bool sampling = false;
   double temperature = 1.0, sampling_topp = 1.0;
@@ -121,6 +132,10 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("batch-workers", &o.batch_workers,
            "batches decoded side by side on the CPU, each on one of the --threads threads (0: one per thread); "
            "1: one batch at a time, its ops split over the threads");
+  args.add("buffer-lines", &o.buffer_lines,
+           fmt::format("input lines read and translated together, their output written before more is read "
+                       "(0: the whole input, sorted by length as one; -1: one at a time from a terminal, else {})",
+                       kBufferLines));
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
   args.add_switch("sampling", &o.sampling,
@@ -157,6 +172,8 @@ bool parse_options(int argc, char** argv, Options& o) {
     throw UsageError(fmt::format("--beam-stop must be finished or exact, not '{}'", o.beam_stop));
   if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
   if (o.batch_tokens < 0) throw UsageError(fmt::format("--batch-tokens must be 0 or more, not {}", o.batch_tokens));
+  if (o.buffer_lines < -1)
+    throw UsageError(fmt::format("--buffer-lines must be -1 (automatic), 0 (all) or positive, not {}", o.buffer_lines));
   if (o.batch_sentences < 0)
     throw UsageError(fmt::format("--batch-sentences must be 0 (no cap) or positive, not {}", o.batch_sentences));
   if (o.threads < 1) throw UsageError(fmt::format("--threads must be at least 1, not {}", o.threads));
@@ -189,24 +206,57 @@ bool parse_options(int argc, char** argv, Options& o) {
   return true;
 }
 
-/// The lines of `stream`, without their '\n' or a trailing '\r'.
-std::vector<std::string> read_lines(std::istream& stream) {
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(stream, line);) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
+/// A text file (or stdin) read a group of lines at a time, each line without its '\n' or a trailing '\r'.
+class LineReader {
+ public:
+  /// Reads stdin when `path` is empty; `what` names the file in errors ("input file").
+  LineReader(const std::string& path, const char* what) : path_(path), what_(what) {
+    if (path.empty()) return;
+    if (std::filesystem::is_directory(path)) mf::fail("{} '{}' is a directory", what, path);
+    file_.open(path, std::ios::binary);
+    if (!file_) mf::fail("cannot open {} '{}': {}", what, path, std::strerror(errno));
+    stream_ = &file_;
   }
-  return lines;
-}
 
-/// The lines of the file `path` (`what` names it in errors: "input file").
-std::vector<std::string> read_lines(const std::string& path, const char* what) {
-  if (std::filesystem::is_directory(path)) mf::fail("{} '{}' is a directory", what, path);
-  std::ifstream file(path, std::ios::binary);
-  if (!file) mf::fail("cannot open {} '{}': {}", what, path, std::strerror(errno));
-  std::vector<std::string> lines = read_lines(file);
-  if (file.bad()) mf::fail("cannot read {} '{}': {}", what, path, std::strerror(errno));
-  return lines;
+  /// The next `most` lines, or all that are left when `most` is 0; fewer only at the end of the file.
+  std::vector<std::string> read(size_t most) {
+    std::vector<std::string> lines;
+    while (most == 0 || lines.size() < most) {
+      std::string line;
+      if (!std::getline(*stream_, line)) {
+        if (stream_->bad()) mf::fail("cannot read {} {}: {}", what_, name(), std::strerror(errno));
+        at_end_ = true;
+        break;
+      }
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      lines.push_back(std::move(line));
+    }
+    lines_read_ += static_cast<int64_t>(lines.size());
+    return lines;
+  }
+
+  /// Whether a read has met the end of the file (a read of exactly the lines left has not yet).
+  bool at_end() const { return at_end_; }
+  int64_t lines_read() const { return lines_read_; }
+  /// "stdin" or the path in quotes, for messages.
+  std::string name() const { return path_.empty() ? "stdin" : "'" + path_ + "'"; }
+
+ private:
+  std::string path_;
+  const char* what_;
+  std::ifstream file_;
+  std::istream* stream_ = &std::cin;
+  int64_t lines_read_ = 0;
+  bool at_end_ = false;
+};
+
+/// Fails once the lines of `file` (the reference or the file to score, read in step with the input) and
+/// of the input are known to differ in number: `file` has run out, or both have ended apart.
+void check_same_length(const LineReader& file, const char* what, const std::string& path, const LineReader& input) {
+  const bool shorter = file.lines_read() < input.lines_read();
+  if (!shorter && !(input.at_end() && file.at_end() && file.lines_read() != input.lines_read())) return;
+  mf::fail("{} '{}' has {} lines but the input ({}) has {}{}", what, path, file.lines_read(), input.name(),
+           input.at_end() ? "" : "at least ", input.lines_read());
 }
 
 /// The search the flags ask for, as every translation here runs it; `stream` draws the samples.
@@ -228,10 +278,11 @@ models::DecodingOptions decoding_options(const Options& o, mf::Generator* stream
 
 /// Translates the lines with tokens (the library sorts them by length and batches them under
 /// --batch-tokens); lines without tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per
-/// requested translation. Returns the hypotheses in input order and the tokens generated for the best.
+/// requested translation; --sampling draws from `stream`. Returns the hypotheses in input order and the tokens generated for the best.
 std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& translator,
                                                             const std::vector<std::string>& lines,
-                                                            const std::vector<int64_t>& token_counts, const Options& o) {
+                                                            const std::vector<int64_t>& token_counts,
+                                                            mf::Generator& stream, const Options& o) {
   std::vector<Hypotheses> results(lines.size(), Hypotheses(static_cast<size_t>(o.nbest), {"", 0.0}));
   std::vector<size_t> pending;
   std::vector<std::string> sentences;
@@ -240,7 +291,6 @@ std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& 
     pending.push_back(i);
     sentences.push_back(lines[i]);
   }
-  mf::Generator stream(static_cast<uint64_t>(o.seed));
   std::vector<std::vector<models::Translation>> translations =
       translator.translate(sentences, decoding_options(o, &stream));
   int64_t generated = 0;
@@ -267,10 +317,8 @@ std::string format_output(const std::vector<Hypotheses>& results, int64_t nbest)
 }
 
 /// sacreBLEU's corpus BLEU and chrF lines for the best translations, as printed, against the reference lines.
-std::string score_lines(const std::vector<Hypotheses>& results, const std::vector<std::string>& references,
+std::string score_lines(const std::vector<std::string>& best, const std::vector<std::string>& references,
                         const Options& o) {
-  std::vector<std::string> best;
-  for (const Hypotheses& hypotheses : results) best.push_back(hypotheses.front().first);
   return fmt::format("{}\n{}\n", mf::text::corpus_sacrebleu(best, references, {.lowercase = o.lowercase_bleu}).str(),
                      mf::text::corpus_chrf(best, references).str());
 }
@@ -339,14 +387,67 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
   return mf::train::heatmap_svg(title, row_labels, column_labels, values);
 }
 
-/// Writes the output text to --output (atomically) or stdout.
-void write_output(const std::string& text, const Options& o) {
-  if (o.output.empty()) {
+/// Where the output goes: stdout, flushed after each group of lines so that whoever reads it gets each
+/// translation as soon as it is made, or --output, put in place atomically once the whole input is done.
+class Output {
+ public:
+  explicit Output(const Options& o) {
+    if (!o.output.empty()) file_.emplace(o.output, o.score.empty() ? "translations" : "scores");
+  }
+
+  void write(const std::string& text) {
+    if (file_) return file_->write(text);
     std::fwrite(text.data(), 1, text.size(), stdout);
     if (std::fflush(stdout) != 0) mf::fail("cannot write the output to stdout: {}", std::strerror(errno));
-  } else {
-    mf::write_file_atomic(o.output, text, o.score.empty() ? "translations" : "scores");
   }
+
+  void finish() {
+    if (file_) file_->commit();
+  }
+
+ private:
+  std::optional<mf::AtomicFile> file_;
+};
+
+/// The input lines translated together: --buffer-lines, or by default a terminal's lines one at a time
+/// (each translated once typed) and other input kBufferLines at a time.
+size_t lines_per_group(const Options& o) {
+  if (o.buffer_lines >= 0) return static_cast<size_t>(o.buffer_lines);
+  return o.input.empty() && isatty(STDIN_FILENO) ? 1 : kBufferLines;
+}
+
+/// What the whole run did, for the messages at its end.
+struct Totals {
+  int64_t sentences = 0, tokens = 0, truncated_sources = 0, truncated_targets = 0;
+  double seconds = 0;  // translating or scoring only, not reading and writing
+};
+
+/// --timing's lines on stderr: the speed, and when translating, the CPU allocator's pool while decoding
+/// (memory it took from the system is memory the kernel had to clear on first touch, a cost of its own
+/// in short runs).
+void print_timing(const Totals& totals, bool scoring, const mf::AllocatorStats& memory_before) {
+  const double tokens_per_second = static_cast<double>(totals.tokens) / totals.seconds;
+  if (scoring) {
+    fmt::print(stderr, "translate: {} pairs scored, {} target tokens in {:.3f} s: {:.0f} tokens/s\n", totals.sentences,
+               totals.tokens, totals.seconds, tokens_per_second);
+    return;
+  }
+  fmt::print(stderr, "translate: {} sentences, {} tokens in {:.3f} s: {:.0f} tokens/s, {:.1f} sentences/s\n",
+             totals.sentences, totals.tokens, totals.seconds, tokens_per_second,
+             static_cast<double>(totals.sentences) / totals.seconds);
+  const mf::AllocatorStats memory = mf::memory_stats(mf::Device::cpu());
+  fmt::print(stderr,
+             "translate: CPU tensors peaked at {:.1f} MB, {:.1f} MB held by the allocator; {} of {} blocks new "
+             "from the system\n",
+             static_cast<double>(memory.peak_allocated_bytes) / 1e6, static_cast<double>(memory.reserved_bytes()) / 1e6,
+             memory.system_allocations - memory_before.system_allocations,
+             memory.allocations - memory_before.allocations);
+}
+
+/// The number of `lines` with more units than `limit` under `codec`.
+int64_t count_longer(const std::vector<std::string>& lines, const mf::text::TextCodec& codec, int64_t limit) {
+  return std::count_if(lines.begin(), lines.end(),
+                       [&](const std::string& line) { return static_cast<int64_t>(codec.units(line).size()) > limit; });
 }
 
 int run(int argc, char** argv) {
@@ -368,77 +469,78 @@ int run(int argc, char** argv) {
   mf::empty_cache();
   mf::reset_peak_memory_stats(mf::Device::cpu());
   const mf::AllocatorStats memory_before = mf::memory_stats(mf::Device::cpu());
-  std::string input_name = o.input.empty() ? "stdin" : "'" + o.input + "'";
-  std::vector<std::string> lines = o.input.empty() ? read_lines(std::cin) : read_lines(o.input, "input file");
-  std::vector<std::string> references;
+
+  LineReader input(o.input, "input file");
+  std::optional<LineReader> references, targets;
+  std::vector<std::string> reference_lines;
   if (!o.reference.empty()) {
-    references = read_lines(o.reference, "reference file");
-    if (references.size() != lines.size())
-      mf::fail("reference file '{}' has {} lines but the input ({}) has {}", o.reference, references.size(),
-               input_name, lines.size());
+    references.emplace(o.reference, "reference file");
+    reference_lines = references->read(0);
   }
-  std::vector<std::string> targets;
-  if (!o.score.empty()) {
-    targets = read_lines(o.score, "file to score");
-    if (targets.size() != lines.size())
-      mf::fail("file to score '{}' has {} lines but the input ({}) has {}", o.score, targets.size(), input_name,
-               lines.size());
-  }
-  std::vector<int64_t> token_counts;
-  for (const std::string& line : lines)
-    token_counts.push_back(static_cast<int64_t>(translator.source().units(line).size()));
-  if (!o.attention_svg.empty()) {
-    if (o.attention_sentence > static_cast<int64_t>(lines.size()))
-      mf::fail("--attention-sentence {}: the input ({}) has only {} lines", o.attention_sentence, input_name,
-               lines.size());
-    if (token_counts[o.attention_sentence - 1] == 0)
-      mf::fail("--attention-sentence {}: that line of the input ({}) is empty", o.attention_sentence, input_name);
-  }
+  if (!o.score.empty()) targets.emplace(o.score, "file to score");
+  Output output(o);
+  mf::Generator stream(static_cast<uint64_t>(o.seed));
+  const int64_t limit = translator.model().config().max_len - 1;
+  const size_t group_lines = lines_per_group(o);
+  Totals totals;
+  std::vector<std::string> best;  // the first translation of every line, for --reference
+  std::string attention_line;     // the line --attention-svg draws
+  do {
+    const int64_t first_line = input.lines_read();
+    std::vector<std::string> lines = input.read(group_lines);
+    // What is known of the whole input is checked before this group is translated.
+    if (references) check_same_length(*references, "reference file", o.reference, input);
+    std::vector<std::string> target_lines;
+    if (targets) {
+      target_lines = targets->read(lines.size());
+      if (input.at_end() && !targets->at_end()) targets->read(0);
+      check_same_length(*targets, "file to score", o.score, input);
+    }
+    std::vector<int64_t> token_counts;
+    for (const std::string& line : lines)
+      token_counts.push_back(static_cast<int64_t>(translator.source().units(line).size()));
+    if (!o.attention_svg.empty()) {
+      const int64_t index = o.attention_sentence - 1 - first_line;
+      if (index >= 0 && index < static_cast<int64_t>(lines.size())) {
+        if (token_counts[index] == 0)
+          mf::fail("--attention-sentence {}: that line of the input ({}) is empty", o.attention_sentence, input.name());
+        attention_line = lines[index];
+      }
+      if (input.at_end() && o.attention_sentence > input.lines_read())
+        mf::fail("--attention-sentence {}: the input ({}) has only {} lines", o.attention_sentence, input.name(),
+                 input.lines_read());
+    }
+    totals.truncated_sources += std::count_if(token_counts.begin(), token_counts.end(), [&](int64_t n) { return n > limit; });
 
-  int64_t limit = translator.model().config().max_len - 1;
-  int64_t truncated = std::count_if(token_counts.begin(), token_counts.end(), [&](int64_t n) { return n > limit; });
-  if (truncated > 0)
-    fmt::print(stderr, "translate: {} sentence(s) longer than the model's {} tokens were truncated\n", truncated, limit);
-  if (!o.score.empty()) {
-    truncated = std::count_if(targets.begin(), targets.end(), [&](const std::string& line) {
-      return static_cast<int64_t>(translator.target().units(line).size()) > limit;
-    });
-    if (truncated > 0)
-      fmt::print(stderr, "translate: {} target(s) longer than the model's {} tokens were scored on their first {}\n",
-                 truncated, limit, limit);
     const auto start = std::chrono::steady_clock::now();
-    auto [text, tokens] = forced_scores(translator, lines, targets, o);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (o.timing)
-      fmt::print(stderr, "translate: {} pairs scored, {} target tokens in {:.3f} s: {:.0f} tokens/s\n", lines.size(),
-                 tokens, seconds, static_cast<double>(tokens) / seconds);
-    write_output(text, o);
-    return 0;
-  }
+    if (targets) {
+      totals.truncated_targets += count_longer(target_lines, translator.target(), limit);
+      auto [text, tokens] = forced_scores(translator, lines, target_lines, o);
+      output.write(text);
+      totals.sentences += static_cast<int64_t>(lines.size());
+      totals.tokens += tokens;
+    } else {
+      auto [results, generated] = translate_lines(translator, lines, token_counts, stream, o);
+      output.write(format_output(results, o.nbest));
+      if (references)
+        for (const Hypotheses& hypotheses : results) best.push_back(hypotheses.front().first);
+      totals.sentences += std::count_if(token_counts.begin(), token_counts.end(), [](int64_t n) { return n > 0; });
+      totals.tokens += generated;
+    }
+    totals.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (!input.at_end());
+  output.finish();
 
-  const auto start = std::chrono::steady_clock::now();
-  auto [results, generated] = translate_lines(translator, lines, token_counts, o);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (o.timing) {
-    const auto sentences = std::count_if(token_counts.begin(), token_counts.end(), [](int64_t n) { return n > 0; });
-    fmt::print(stderr, "translate: {} sentences, {} tokens in {:.3f} s: {:.0f} tokens/s, {:.1f} sentences/s\n",
-               sentences, generated, seconds, static_cast<double>(generated) / seconds,
-               static_cast<double>(sentences) / seconds);
-    // The CPU allocator's pool while decoding: memory it took from the system is memory the kernel
-    // had to clear on first touch, a cost of its own in short runs.
-    const mf::AllocatorStats memory = mf::memory_stats(mf::Device::cpu());
-    fmt::print(stderr,
-               "translate: CPU tensors peaked at {:.1f} MB, {:.1f} MB held by the allocator; {} of {} blocks new "
-               "from the system\n",
-               static_cast<double>(memory.peak_allocated_bytes) / 1e6, static_cast<double>(memory.reserved_bytes()) / 1e6,
-               memory.system_allocations - memory_before.system_allocations,
-               memory.allocations - memory_before.allocations);
-  }
-  write_output(format_output(results, o.nbest), o);
-  if (!o.reference.empty()) fmt::print(stderr, "{}", score_lines(results, references, o));
+  if (totals.truncated_sources > 0)
+    fmt::print(stderr, "translate: {} sentence(s) longer than the model's {} tokens were truncated\n",
+               totals.truncated_sources, limit);
+  if (totals.truncated_targets > 0)
+    fmt::print(stderr, "translate: {} target(s) longer than the model's {} tokens were scored on their first {}\n",
+               totals.truncated_targets, limit, limit);
+  if (o.timing) print_timing(totals, !o.score.empty(), memory_before);
+  if (references) fmt::print(stderr, "{}", score_lines(best, reference_lines, o));
   if (!o.attention_svg.empty())
-    mf::write_file_atomic(o.attention_svg, attention_svg(translator, lines[o.attention_sentence - 1], o),
-                          "attention chart");
+    mf::write_file_atomic(o.attention_svg, attention_svg(translator, attention_line, o), "attention chart");
   return 0;
 }
 
