@@ -67,6 +67,9 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   MF_CHECK(!options.sampling.do_sample || (options.beam_size == 1 && options.nbest == 1),
            "decode_sources: sampling draws one translation per sentence: it needs beam_size 1 and nbest 1, got {} "
            "and {}", options.beam_size, options.nbest);
+  MF_CHECK(options.target_prefixes.empty() || options.target_prefixes.size() == sources.size(),
+           "decode_sources: target_prefixes holds {} prefixes for {} sources", options.target_prefixes.size(),
+           sources.size());
   const TransformerConfig& config = model.config();
   std::vector<int64_t> lengths;  // as padded: truncated to max_len - 1, then <eos>
   for (const std::vector<int64_t>& ids : sources)
@@ -93,7 +96,16 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
     // Each sentence gets its own source's budget, not its longest batchmate's: a translation must not
     // depend on the sentences decoded beside it (nor on batch_tokens and batch_sentences).
     std::vector<int64_t> budgets;
-    for (int64_t i : batch) budgets.push_back(output_budget(lengths[static_cast<size_t>(i)], config.max_len));
+    std::vector<std::vector<int64_t>> prefixes;
+    for (int64_t i : batch) {
+      int64_t budget = output_budget(lengths[static_cast<size_t>(i)], config.max_len);
+      if (!options.target_prefixes.empty()) {
+        const std::vector<int64_t>& prefix = options.target_prefixes[static_cast<size_t>(i)];
+        budget = std::min(config.max_len - 1, std::max(budget, static_cast<int64_t>(prefix.size()) + 1));
+        prefixes.push_back(prefix);
+      }
+      budgets.push_back(budget);
+    }
     std::vector<std::vector<generation::Hypothesis>> decoded;
     if (options.beam_size == 1 && options.nbest == 1) {
       Generator batch_stream(stream.seed());
@@ -105,6 +117,7 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
                                                  .pad_id = config.pad_id,
                                                  .banned_id = options.banned_id,
                                                  .sentence_max_new_tokens = std::move(budgets),
+                                                 .prefixes = std::move(prefixes),
                                                  .sampling = sampling}));
     } else {
       decoded = beam_search(model, src,
@@ -114,7 +127,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
                              .nbest = options.nbest,
                              .banned_id = options.banned_id,
                              .stop = options.stop,
-                             .sentence_max_new_tokens = std::move(budgets)});
+                             .sentence_max_new_tokens = std::move(budgets),
+                             .prefixes = std::move(prefixes)});
     }
     for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
   };

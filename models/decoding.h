@@ -60,6 +60,11 @@ struct DecodingOptions {
   /// of its own (the generator's seed, or the default generator's, at counters reserved from it for
   /// the whole call), so the samples depend on the generator and the batching, not on the workers.
   generation::SamplingOptions sampling{.do_sample = false};
+  /// Per source, the ids (no <sos>) its translations must begin with, or empty for none (CTranslate2's
+  /// target_prefix): forced as generation::check_prefixes says, the hypotheses holding them. A
+  /// sentence's budget (output_budget) grows to its prefix plus one token where the prefix is longer,
+  /// within the model's max_len - 1 and max_new_tokens.
+  std::vector<std::vector<int64_t>> target_prefixes;
 };
 
 /// Most tokens decoding generates for a source of `source_length` ids (<eos> included): 1.5 times that

@@ -16,11 +16,13 @@ namespace mf::generation {
 
 namespace {
 
-/// A row's k most probable next tokens, row-major: values/ids [rows * k], best first.
+/// A row's k most probable next tokens, row-major: values/ids [rows * k], best first; and where a row's
+/// next token is forced (a prefix), that token's log-probability (forced[row]; empty when none is).
 struct TopTokens {
   int64_t k = 0;
   std::vector<double> values;
   std::vector<int64_t> ids;
+  std::vector<double> forced;
 };
 
 /// Checks what the settings of both searches share.
@@ -58,14 +60,37 @@ Tensor checked_step(const char* op, IncrementalDecoder& decoder, const std::vect
   return scores;
 }
 
+/// The log-probability of forced[row] in each row of a step's `scores` (log-probabilities, or logits when
+/// `logits`) where forced[row] >= 0, 0 in the other rows; empty when no row is forced.
+std::vector<double> forced_log_probs(const char* op, const Tensor& scores, bool logits,
+                                     const std::vector<int64_t>& forced) {
+  if (std::all_of(forced.begin(), forced.end(), [](int64_t token) { return token < 0; })) return {};
+  const int64_t vocab = scores.size(1);
+  std::vector<int64_t> ids;
+  for (int64_t token : forced) {
+    MF_CHECK(token < vocab, "{}: prefix token id {} is outside the decoder's vocabulary of {} tokens", op, token, vocab);
+    ids.push_back(std::max<int64_t>(token, 0));
+  }
+  const Tensor log_probs = logits ? scores.log_softmax(1) : scores;
+  const Tensor index = from_vector(ids, {static_cast<int64_t>(ids.size()), 1}).to(scores.device());
+  std::vector<double> values = gather(log_probs, 1, index).to(Device::cpu()).to_vector<double>();
+  for (size_t row = 0; row < forced.size(); ++row) {
+    if (forced[row] < 0) values[row] = 0;
+    MF_CHECK(!std::isnan(values[row]), "{}: decoder.step returned NaN scores", op);
+  }
+  return values;
+}
+
 /// One decoder step (checked_step) and each row's k best tokens (ties go to the lower id, as topk and
-/// torch.argmax do), never `banned` (-1: none), no NaN among them.
+/// torch.argmax do), never `banned` (-1: none), no NaN among them; and the forced tokens' log-probabilities
+/// (forced_log_probs).
 TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
-                   int64_t& vocab, const std::vector<int64_t>& specials, int64_t banned) {
+                   int64_t& vocab, const std::vector<int64_t>& specials, int64_t banned,
+                   const std::vector<int64_t>& forced) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
   bool logits = decoder.scores() == IncrementalDecoder::Scores::Logits;
-  TopTokens top{.k = std::min(k, vocab)};
+  TopTokens top{.k = std::min(k, vocab), .forced = forced_log_probs(op, scores, logits, forced)};
   // A banned token is ranked with the rest (one more per row) and then passed over, so that the others
   // keep the log-probabilities the model gives them; only where no token is left to rank is it ranked
   // last instead.
@@ -94,18 +119,28 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
 
 /// One decoder step (checked_step) and a token per row drawn by sample_next from the model's
 /// distribution without `banned`, with its log-probability under the model (before temperature,
-/// top-k or top-p).
+/// top-k or top-p); and the forced tokens' log-probabilities (forced_log_probs).
 TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t& vocab,
-                      const std::vector<int64_t>& specials, int64_t banned, const SamplingOptions& sampling) {
+                      const std::vector<int64_t>& specials, int64_t banned, const SamplingOptions& sampling,
+                      const std::vector<int64_t>& forced) {
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
   Tensor log_probs = decoder.scores() == IncrementalDecoder::Scores::Logits ? scores.log_softmax(1) : scores.clone();
+  std::vector<double> forced_values = forced_log_probs(op, log_probs, false, forced);
   if (banned >= 0) log_probs.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
   const Tensor ids = sample_next(log_probs, sampling);  // [N]
   TopTokens top{.k = 1,
                 .values = gather(log_probs, 1, ids.unsqueeze(1)).to(Device::cpu()).to_vector<double>(),
-                .ids = ids.to(Device::cpu()).to_vector<int64_t>()};
+                .ids = ids.to(Device::cpu()).to_vector<int64_t>(),
+                .forced = std::move(forced_values)};
   for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
   return top;
+}
+
+/// The token sentence `s` must take next, having generated `length` tokens: the next of its prefix, or -1.
+int64_t forced_token(const std::vector<std::vector<int64_t>>& prefixes, int64_t s, size_t length) {
+  if (prefixes.empty()) return -1;
+  const std::vector<int64_t>& prefix = prefixes[static_cast<size_t>(s)];
+  return length < prefix.size() ? prefix[length] : -1;
 }
 
 /// Applies `index` to the decoder's rows unless it keeps every row in place.
@@ -201,6 +236,22 @@ std::vector<int64_t> sentence_limits(const char* op, int64_t batch_size, int64_t
   return limits;
 }
 
+void check_prefixes(const char* op, const std::vector<std::vector<int64_t>>& prefixes, const std::vector<int64_t>& limits,
+                    int64_t eos_id) {
+  if (prefixes.empty()) return;
+  MF_CHECK(prefixes.size() == limits.size(), "{}: prefixes holds {} lists for {} sentences", op, prefixes.size(),
+           limits.size());
+  for (size_t s = 0; s < prefixes.size(); ++s) {
+    const auto length = static_cast<int64_t>(prefixes[s].size());
+    MF_CHECK(length < limits[s],
+             "{}: the prefix of sentence {} holds {} tokens, which leaves none to generate under its limit of {}", op,
+             s, length, limits[s]);
+    for (int64_t token : prefixes[s])
+      MF_CHECK(token >= 0 && token != eos_id, "{}: the prefix of sentence {} holds token {}{}", op, s, token,
+               token < 0 ? ", not a token id" : ", the end of sentence");
+  }
+}
+
 double length_penalty(int64_t length, double alpha) {
   return std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha);
 }
@@ -211,6 +262,7 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   check_common(op, batch_size, options.max_new_tokens, specials);
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
+  check_prefixes(op, options.prefixes, limits, options.eos_id);
   NoGradGuard no_grad;
 
   std::vector<std::vector<int64_t>> generated(static_cast<size_t>(batch_size));
@@ -219,17 +271,22 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   std::iota(sentence_of_row.begin(), sentence_of_row.end(), 0);
   int64_t vocab = -1;
   for (int64_t step = 1; !sentence_of_row.empty(); ++step) {
-    std::vector<int64_t> tokens;
-    for (int64_t s : sentence_of_row) tokens.push_back(generated[s].empty() ? options.sos_id : generated[s].back());
+    std::vector<int64_t> tokens, forced;
+    for (int64_t s : sentence_of_row) {
+      tokens.push_back(generated[s].empty() ? options.sos_id : generated[s].back());
+      forced.push_back(forced_token(options.prefixes, s, generated[s].size()));
+    }
     TopTokens top = options.sampling.do_sample
-                        ? step_sample(op, decoder, tokens, vocab, specials, options.banned_id, options.sampling)
-                        : step_top(op, decoder, tokens, 1, vocab, specials, options.banned_id);
+                        ? step_sample(op, decoder, tokens, vocab, specials, options.banned_id, options.sampling, forced)
+                        : step_top(op, decoder, tokens, 1, vocab, specials, options.banned_id, forced);
     std::vector<int64_t> keep;  // rows whose sentence goes on
     for (size_t row = 0; row < sentence_of_row.size(); ++row) {
       int64_t s = sentence_of_row[row];
-      generated[s].push_back(top.ids[row]);
-      log_probs[s] += top.values[row];
-      if (top.ids[row] != options.eos_id && step < limits[s]) keep.push_back(static_cast<int64_t>(row));
+      const bool is_forced = forced[row] >= 0;
+      const int64_t token = is_forced ? forced[row] : top.ids[row];
+      generated[s].push_back(token);
+      log_probs[s] += is_forced ? top.forced[row] : top.values[row];
+      if (token != options.eos_id && step < limits[s]) keep.push_back(static_cast<int64_t>(row));
     }
     if (keep.empty()) break;
     select_if_changed(decoder, keep, sentence_of_row.size());
@@ -265,6 +322,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
            options.length_penalty);
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
+  check_prefixes(op, options.prefixes, limits, options.eos_id);
   NoGradGuard no_grad;
 
   const auto beam = static_cast<size_t>(options.beam_size);
@@ -275,10 +333,13 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   std::iota(live_rows.begin(), live_rows.end(), int64_t{0});
   int64_t vocab = -1;
   for (int64_t step = 1; !live.empty(); ++step) {
-    std::vector<int64_t> tokens(live.size());
-    for (size_t i = 0; i < live.size(); ++i)
-      tokens[static_cast<size_t>(live_rows[i])] = live[i].tokens.empty() ? options.sos_id : live[i].tokens.back();
-    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_id);
+    std::vector<int64_t> tokens(live.size()), forced(live.size());
+    for (size_t i = 0; i < live.size(); ++i) {
+      const auto row = static_cast<size_t>(live_rows[i]);
+      tokens[row] = live[i].tokens.empty() ? options.sos_id : live[i].tokens.back();
+      forced[row] = forced_token(options.prefixes, live[i].sentence, live[i].tokens.size());
+    }
+    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_id, forced);
 
     std::vector<Live> next;
     std::vector<int64_t> parent_rows;  // the decoder row of each hypothesis' parent in `next`
@@ -287,6 +348,14 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       while (end < live.size() && live[end].sentence == s) ++end;
       const int64_t limit = limits[static_cast<size_t>(s)];
       const bool last_step = step == limit;
+      if (const auto row = static_cast<size_t>(live_rows[begin]); forced[row] >= 0) {
+        // Still in its prefix (check_prefixes keeps it short of the limit): one hypothesis, extended.
+        std::vector<int64_t> extended = live[begin].tokens;
+        extended.push_back(forced[row]);
+        next.push_back({.sentence = s, .tokens = std::move(extended), .log_prob = live[begin].log_prob + top.forced[row]});
+        parent_rows.push_back(live_rows[begin]);
+        continue;
+      }
       std::vector<Candidate> candidates;
       for (size_t i = begin; i < end; ++i)
         for (int64_t j = 0; j < top.k; ++j) {

@@ -60,6 +60,8 @@ struct GreedyOptions {
   int64_t banned_id = -1;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;
+  /// Per sentence, the tokens its output must begin with, or empty for none (see check_prefixes).
+  std::vector<std::vector<int64_t>> prefixes;
   /// do_sample: each token is drawn by sample_next (temperature, top-k, top-p) from the model's
   /// distribution, the banned token left out, instead of taken by argmax (fairseq's --sampling, used
   /// to back-translate); the log-probabilities summed stay the model's own. Off by default.
@@ -117,6 +119,8 @@ struct BeamOptions {
   BeamStop stop = BeamStop::Exact;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;
+  /// Per sentence, the tokens its hypotheses must begin with, or empty for none (see check_prefixes).
+  std::vector<std::vector<int64_t>> prefixes;
 };
 
 /// One finished hypothesis of beam search.
@@ -136,6 +140,16 @@ struct Hypothesis {
 /// sentence or holds a limit below 1.
 std::vector<int64_t> sentence_limits(const char* op, int64_t batch_size, int64_t max_new_tokens,
                                      const std::vector<int64_t>& sentence_max_new_tokens);
+
+/// Checks the forced prefixes both searches take (CTranslate2's target_prefix, for interactive translation
+/// and for completing a given start): none, or one list per sentence, each empty or of tokens that are
+/// not `eos_id` and shorter than the sentence's limit (`limits`, from sentence_limits), which counts them.
+/// A sentence's first tokens are its prefix, fed to the decoder one step each and never searched (beam
+/// search keeps one hypothesis until the prefix ends); the hypotheses returned hold the prefix, and
+/// their log_prob counts its tokens' log-probabilities too, so that scoring the whole output (forced
+/// decoding) gives it back. Throws mf::Error naming `op` and the sentence.
+void check_prefixes(const char* op, const std::vector<std::vector<int64_t>>& prefixes, const std::vector<int64_t>& limits,
+                    int64_t eos_id);
 
 /// GNMT's length penalty (Wu et al. 2016, eq. 14): ((5 + length) / 6)^alpha, with length the number of
 /// generated tokens, EOS included. It is 1 for length 1 whatever alpha, so one-token hypotheses keep

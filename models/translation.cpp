@@ -114,13 +114,15 @@ Tensor Translator::encode_sources(const std::vector<std::string>& sentences) con
 }
 
 std::vector<std::vector<Translation>> Translator::translate(const std::vector<std::string>& sentences,
-                                                             const DecodingOptions& options) {
+                                                             const DecodingOptions& options,
+                                                             const std::vector<std::string>& target_prefixes) {
   std::vector<std::vector<int64_t>> sources;
   for (const std::string& sentence : sentences) sources.push_back(source_.encode(sentence));
-  DecodingOptions with_ban = options;
-  with_ban.banned_id = banned_token();
+  DecodingOptions encoded = options;
+  encoded.banned_id = banned_token();
+  for (const std::string& prefix : target_prefixes) encoded.target_prefixes.push_back(target_.encode(prefix));
   std::vector<std::vector<Translation>> out;
-  for (const auto& hypotheses : decode_sources(*model_, sources, with_ban)) {
+  for (const auto& hypotheses : decode_sources(*model_, sources, encoded)) {
     out.emplace_back();
     for (const generation::Hypothesis& h : hypotheses) {
       const bool ended = !h.tokens.empty() && h.tokens.back() == text::kEosId;

@@ -64,9 +64,12 @@ class Translator {
 
   /// Translates `sentences` (decode_sources: length-sorted batches, greedy or beam search, never the
   /// banned_token()): per sentence its min(nbest, found) translations, best first, in input order. An
-  /// empty sentence is translated like any other (from <eos> alone).
+  /// empty sentence is translated like any other (from <eos> alone). `target_prefixes`, none or one
+  /// per sentence (empty: none), are texts each translation must begin with (DecodingOptions::
+  /// target_prefixes, encoded as the target side encodes text); the translations hold them.
   std::vector<std::vector<Translation>> translate(const std::vector<std::string>& sentences,
-                                                  const DecodingOptions& options);
+                                                  const DecodingOptions& options,
+                                                  const std::vector<std::string>& target_prefixes = {});
   /// How likely the model finds each target sentence as the translation of the source sentence
   /// beside it (score_targets on both sides' encodings, as translate encodes them).
   std::vector<TargetScore> score(const std::vector<std::string>& sources, const std::vector<std::string>& targets,

@@ -139,10 +139,23 @@ std::vector<int64_t> iota(int64_t n) {
 
 double gnmt(size_t length, double alpha) { return std::pow((5.0 + static_cast<double>(length)) / 6.0, alpha); }
 
-/// Naive greedy decoding of one sentence: argmax (first maximum) until EOS or max_new_tokens.
-std::pair<std::vector<int64_t>, double> naive_greedy(const Model& model, int64_t sentence, int64_t max_new_tokens) {
+/// BOS and then `forced`, with the sum of the forced tokens' log-probabilities under the model.
+std::pair<std::vector<int64_t>, double> forced_start(const Model& model, int64_t sentence,
+                                                     const std::vector<int64_t>& forced) {
   std::vector<int64_t> prefix{kBos};
   double sum = 0;
+  for (int64_t token : forced) {
+    sum += model(sentence, prefix)[static_cast<size_t>(token)];
+    prefix.push_back(token);
+  }
+  return {prefix, sum};
+}
+
+/// Naive greedy decoding of one sentence: the `forced` tokens, then argmax (first maximum) until EOS or
+/// max_new_tokens.
+std::pair<std::vector<int64_t>, double> naive_greedy(const Model& model, int64_t sentence, int64_t max_new_tokens,
+                                                     const std::vector<int64_t>& forced = {}) {
+  auto [prefix, sum] = forced_start(model, sentence, forced);
   while (static_cast<int64_t>(prefix.size()) <= max_new_tokens) {
     std::vector<double> lp = model(sentence, prefix);
     auto best = std::max_element(lp.begin(), lp.end());  // the first maximum
@@ -153,10 +166,10 @@ std::pair<std::vector<int64_t>, double> naive_greedy(const Model& model, int64_t
   return {prefix, sum};
 }
 
-/// Every complete hypothesis of one sentence (ends in EOS, or has max_new_tokens tokens), with its
-/// log-probability and GNMT score, best first.
+/// Every complete hypothesis of one sentence (ends in EOS, or has max_new_tokens tokens) that begins
+/// with `forced`, with its log-probability and GNMT score, best first.
 std::vector<Hypothesis> enumerate_all(const Model& model, int64_t sentence, int64_t vocab, int64_t max_new_tokens,
-                                      double alpha) {
+                                      double alpha, const std::vector<int64_t>& forced = {}) {
   std::vector<Hypothesis> all;
   std::function<void(std::vector<int64_t>&, double)> extend = [&](std::vector<int64_t>& prefix, double sum) {
     std::vector<double> lp = model(sentence, prefix);
@@ -172,8 +185,8 @@ std::vector<Hypothesis> enumerate_all(const Model& model, int64_t sentence, int6
       prefix.pop_back();
     }
   };
-  std::vector<int64_t> prefix{kBos};
-  extend(prefix, 0.0);
+  auto [prefix, sum] = forced_start(model, sentence, forced);
+  extend(prefix, sum);
   std::sort(all.begin(), all.end(), [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
   return all;
 }
@@ -394,6 +407,72 @@ TEST_CASE("decoding sentences together gives each sentence's result when decoded
   }
 }
 
+TEST_CASE("a forced prefix: greedy search continues it as a naive loop does, beam search as enumeration") {
+  // Sentence s must begin with prefixes[s] (none for sentence 0; sentence 3's leaves one token to
+  // generate). Both kinds of step result.
+  const int64_t batch = 4, vocab = 4, max_new = 4;
+  const std::vector<std::vector<int64_t>> prefixes = {{}, {3}, {3, 0}, {1, 3, 0}};
+  Model model = random_model(17, vocab);
+  for (auto gives : {IncrementalDecoder::Scores::LogProbs, IncrementalDecoder::Scores::Logits}) {
+    CAPTURE(static_cast<int>(gives));
+    // From logits the forced tokens' log-probabilities go through log_softmax: float rounding.
+    const double tolerance = gives == IncrementalDecoder::Scores::Logits ? 1e-6 : 0;
+    FakeDecoder greedy_decoder(model, iota(batch)), beam_decoder(model, iota(batch));
+    greedy_decoder.gives = beam_decoder.gives = gives;
+    GreedyResult greedy = greedy_decode(greedy_decoder, batch, {.max_new_tokens = max_new, .prefixes = prefixes});
+    // A beam wider than the search space: the search must return every completion of the prefix.
+    auto beams = beam_search(beam_decoder, batch,
+                             {.beam_size = 256, .max_new_tokens = max_new, .length_penalty = 0.6, .nbest = 256,
+                              .prefixes = prefixes});
+    for (int64_t s = 0; s < batch; ++s) {
+      CAPTURE(s);
+      const auto& prefix = prefixes[static_cast<size_t>(s)];
+      auto [want, want_log_prob] = naive_greedy(model, s, max_new, prefix);
+      std::vector<int64_t> row = greedy.tokens.select(0, s).to_vector<int64_t>();
+      row.resize(want.size());
+      CHECK(row == want);
+      CHECK(greedy.lengths[static_cast<size_t>(s)] == static_cast<int64_t>(want.size()) - 1);
+      CHECK(std::abs(greedy.log_probs[static_cast<size_t>(s)] - want_log_prob) <= tolerance);
+
+      const std::vector<Hypothesis> all = enumerate_all(model, s, vocab, max_new, 0.6, prefix);
+      const std::vector<Hypothesis>& found = beams[static_cast<size_t>(s)];
+      REQUIRE(found.size() == all.size());
+      for (size_t i = 0; i < all.size(); ++i) {
+        CAPTURE(i);
+        CHECK(std::equal(prefix.begin(), prefix.end(), found[i].tokens.begin()));
+        if (tolerance == 0) CHECK(found[i].tokens == all[i].tokens);
+        CHECK(std::abs(found[i].log_prob - all[i].log_prob) <= tolerance + 1e-12);
+        CHECK(std::abs(found[i].score - all[i].score) <= tolerance + 1e-12);
+      }
+    }
+    // Beam search holds one row for a sentence while its prefix lasts: step 2 has sentence 0's 3 rows
+    // (every token but EOS, forked after step 1) and one each for sentences 1-3 (their first prefix
+    // token taken, sentence 1's last).
+    CHECK(beam_decoder.rows_per_step[1] == 3 + 1 + 1 + 1);
+  }
+}
+
+TEST_CASE("a forced prefix in a beam: sentences with and without one, decoded together or alone") {
+  const int64_t batch = 4, vocab = 7, max_new = 9;
+  const std::vector<std::vector<int64_t>> prefixes = {{3, 4}, {}, {6}, {5, 5, 5}};
+  Model model = random_model(23, vocab);
+  BeamOptions options{.beam_size = 3, .max_new_tokens = max_new, .length_penalty = 0.8, .nbest = 3,
+                      .prefixes = prefixes};
+  FakeDecoder together(model, iota(batch));
+  auto beams = beam_search(together, batch, options);
+  for (int64_t s = 0; s < batch; ++s) {
+    CAPTURE(s);
+    FakeDecoder alone(model, {s});
+    BeamOptions one = options;
+    one.prefixes = {prefixes[static_cast<size_t>(s)]};
+    check_same(beams[static_cast<size_t>(s)], beam_search(alone, 1, one)[0]);
+    for (const Hypothesis& h : beams[static_cast<size_t>(s)]) {
+      const auto& prefix = prefixes[static_cast<size_t>(s)];
+      CHECK(std::equal(prefix.begin(), prefix.end(), h.tokens.begin()));
+    }
+  }
+}
+
 TEST_CASE("a sentence's own token limit gives what decoding it alone with that limit gives") {
   // Limits past max_new_tokens (9 > 7) are capped by it; the rest bind sentences the model keeps going.
   const int64_t batch = 5, vocab = 6, max_new = 7;
@@ -608,6 +687,15 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
                        "greedy_decode: sentence_max_new_tokens holds 1 limits for 2 sentences", Error);
   CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.sentence_max_new_tokens = {3, 0}}),
                        "beam_search: sentence_max_new_tokens must be at least 1, got 0 for sentence 1", Error);
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.prefixes = {{3}}}),
+                       "greedy_decode: prefixes holds 1 lists for 2 sentences", Error);
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.max_new_tokens = 3, .prefixes = {{}, {3, 4, 3}}}),
+                       "beam_search: the prefix of sentence 1 holds 3 tokens, which leaves none to generate under its "
+                       "limit of 3", Error);
+  CHECK_THROWS_WITH_AS(beam_search(decoder, 2, {.prefixes = {{3, kEos}, {}}}),
+                       "beam_search: the prefix of sentence 0 holds token 2, the end of sentence", Error);
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.prefixes = {{-1}, {}}}),
+                       "greedy_decode: the prefix of sentence 0 holds token -1, not a token id", Error);
   CHECK(decoder.rows_per_step.empty());  // options are checked before the decoder is touched
 
   SUBCASE("special token outside the vocabulary") {
@@ -633,6 +721,10 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
     CHECK_THROWS_WITH_AS(
         greedy_decode(shrinking, 2),
         "greedy_decode: decoder.step returned 4 scores per row, but 5 on the first step", Error);
+  }
+  SUBCASE("a prefix token outside the vocabulary") {
+    CHECK_THROWS_WITH_AS(greedy_decode(decoder, 2, {.prefixes = {{3, 5}, {}}}),
+                         "greedy_decode: prefix token id 5 is outside the decoder's vocabulary of 5 tokens", Error);
   }
   SUBCASE("NaN log-probabilities") {
     FakeDecoder nan_decoder([](int64_t, const std::vector<int64_t>&) { return std::vector<double>(4, NAN); }, {0});

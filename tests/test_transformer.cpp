@@ -554,6 +554,58 @@ TEST_CASE("decode_sources holds each sentence to its own source's output budget,
   }
 }
 
+TEST_CASE("decode_sources' target prefixes begin every translation, scored as forced decoding scores them") {
+  auto model = reference_model(DType::Float64);
+  model->eval();
+  // The last prefix (14 ids) is longer than its source's budget of 13: that budget grows to 15, the
+  // model's max_len - 1, which leaves it one more token.
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {4}};
+  const std::vector<std::vector<int64_t>> prefixes = {{9, 9}, {}, {4, 5, 6}, std::vector<int64_t>(14, 7)};
+  for (int64_t beam : {1, 3}) {
+    CAPTURE(beam);
+    const models::DecodingOptions options{.beam_size = beam, .nbest = beam, .target_prefixes = prefixes};
+    const auto together = models::decode_sources(*model, sources, options);
+    REQUIRE(together.size() == sources.size());
+    std::vector<std::vector<int64_t>> score_sources, targets;
+    std::vector<double> found;
+    std::vector<bool> ended;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      CAPTURE(i);
+      models::DecodingOptions alone = options;
+      alone.target_prefixes = {prefixes[i]};
+      const auto by_itself = models::decode_sources(*model, {sources[i]}, alone).front();
+      REQUIRE(together[i].size() == by_itself.size());
+      for (size_t k = 0; k < together[i].size(); ++k) {
+        const generation::Hypothesis& h = together[i][k];
+        CHECK(h.tokens == by_itself[k].tokens);
+        REQUIRE(h.tokens.size() > prefixes[i].size());
+        CHECK(std::equal(prefixes[i].begin(), prefixes[i].end(), h.tokens.begin()));
+        CHECK(h.tokens.size() <= 15);
+        // score_targets refuses <pad> in a target; this small model generates it now and then.
+        if (std::find(h.tokens.begin(), h.tokens.end(), text::kPadId) != h.tokens.end()) continue;
+        ended.push_back(h.tokens.back() == text::kEosId);
+        score_sources.push_back(sources[i]);
+        targets.emplace_back(h.tokens.begin(), h.tokens.end() - (ended.back() ? 1 : 0));
+        found.push_back(h.log_prob);
+      }
+    }
+    // The searches' sums, prefix included, against each whole translation run through the decoder at
+    // once; scoring ends every target with <eos>, whose term a translation cut short by its budget lacks.
+    REQUIRE(found.size() >= 4);
+    const std::vector<models::TargetScore> scores = models::score_targets(*model, score_sources, targets);
+    for (size_t i = 0; i < found.size(); ++i) {
+      CAPTURE(i);
+      const double eos_term = ended[i] ? 0 : scores[i].token_log_probs.back();
+      CHECK(scores[i].log_prob - eos_term == doctest::Approx(found[i]).epsilon(1e-10));
+    }
+  }
+  CHECK_THROWS_WITH_AS(models::decode_sources(*model, sources, {.target_prefixes = {{4}}}),
+                       "decode_sources: target_prefixes holds 1 prefixes for 4 sources", Error);
+  CHECK_THROWS_WITH_AS(models::decode_sources(*model, {{4}}, {.target_prefixes = {std::vector<int64_t>(15, 7)}}),
+                       "greedy_decode: the prefix of sentence 0 holds 15 tokens, which leaves none to generate under "
+                       "its limit of 15", Error);
+}
+
 TEST_CASE("decode_sources' workers compute as the calling thread would: under its autocast, rethrowing their errors") {
   auto model = std::make_shared<models::Transformer>(reference_config());
   model->to(DType::Float64);

@@ -236,6 +236,34 @@ expect "--score whose file has lines past the input's end" 1 \
 expect "--buffer-lines below -1" 2 "--buffer-lines must be -1 (automatic), 0 (all) or positive, not -2" \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --buffer-lines -2
 
+# ---- --target-prefix: each translation begins with its line of the file ---------------------------
+# Line 1's prefix is the start of its own translation (the rest must follow as without it), line 2's
+# is another sentence's start ("i want a coke" begins "i want"; "hola" is what line 3 begins with), a
+# blank prefix line leaves its sentence free, and a blank input line stays blank whatever its prefix.
+printf '%s\n' "ich mochte ein bier" "i love you" "i love you" "" >"$dir/prefix_src.txt"
+printf '%s\n' "i want" "hola" "" "te amo" >"$dir/prefixes.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/prefix_src.txt" --target-prefix "$dir/prefixes.txt" \
+  >"$dir/prefixed.txt"
+if awk 'NR == 1 && $0 == "i want a beer" { ok++ } NR == 2 && $1 == "hola" { ok++ } NR == 3 && $0 == "te amo" { ok++ }
+        NR == 4 && $0 == "" { ok++ } END { exit !(NR == 4 && ok == 4) }' "$dir/prefixed.txt"; then
+  pass "--target-prefix: translations begin with their prefixes and go on from there"
+else
+  fail "--target-prefix's translations"; cat "$dir/prefixed.txt"
+fi
+"$translate" --checkpoint "$ckpt" --input "$dir/prefix_src.txt" --target-prefix "$dir/prefixes.txt" --beam 3 \
+  --nbest 3 --buffer-lines 1 >"$dir/prefixed_nbest.txt"
+if awk -F'\t' 'NR <= 3 && $2 !~ /^i want( |$)/ { bad = 1 } NR > 3 && NR <= 6 && $2 !~ /^hola( |$)/ { bad = 1 }
+        END { exit bad || NR != 12 }' "$dir/prefixed_nbest.txt"; then
+  pass "--target-prefix with --beam 3 --nbest 3: every hypothesis begins with the prefix"
+else
+  fail "--target-prefix's n-best lists"; cat "$dir/prefixed_nbest.txt"
+fi
+expect "--target-prefix with a file of another length" 1 \
+  "target prefix file '$dir/prefixes.txt' has 4 lines but the input ('$dir/src.txt') has 8" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --target-prefix "$dir/prefixes.txt"
+expect "--target-prefix with --score" 2 "--score scores given translations: --target-prefix does not apply" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" --target-prefix "$dir/ref.txt"
+
 # ---- BLEU and chrF ------------------------------------------------------------------------------
 bleu_signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3-miniflow"
 chrf_signature="nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.3-miniflow"

@@ -38,6 +38,12 @@
 // 0 the most likely), and the tokens that sum covers, <eos> included. Empty lines are scored too (an
 // empty target is <eos> alone). --batch-tokens counts source and target tokens together there.
 //
+// --target-prefix FILE gives each translation its beginning (CTranslate2's target_prefix: interactive
+// translation, completing a given start): FILE's line i, encoded as the target side encodes text, is
+// forced as the first tokens of line i's translation, which the search (any of them) continues; the
+// output holds it, and --nbest's scores count its tokens. An empty line of FILE leaves its translation
+// free; FILE is read in step with the input and must have as many lines.
+//
 // --sampling draws each translation from the model's distribution instead of searching for the most
 // probable one (fairseq's --sampling, used to back-translate), token by token, shaped by --temperature,
 // --sampling-topk and --sampling-topp; --seed fixes the draws (the same seed and batching options give
@@ -84,7 +90,8 @@ using mf::tools::UsageError;
 constexpr size_t kBufferLines = 10000;
 
 struct Options {
-  std::string checkpoint, input, output, reference, score, attention_svg, beam_stop = "exact", precision = "fp32";
+  std::string checkpoint, input, output, reference, score, target_prefix, attention_svg, beam_stop = "exact",
+      precision = "fp32";
   mf::Device device = mf::Device::cpu();
   int64_t beam = 1, nbest = 1, max_len = 100, attention_sentence = 1;
   int64_t batch_tokens = mf::models::DecodingOptions{}.batch_tokens;
@@ -136,6 +143,8 @@ bool parse_options(int argc, char** argv, Options& o) {
            fmt::format("input lines read and translated together, their output written before more is read "
                        "(0: the whole input, sorted by length as one; -1: one at a time from a terminal, else {})",
                        kBufferLines));
+  args.add("target-prefix", &o.target_prefix,
+           "line i of this file begins the translation of input line i, which goes on from there (empty: no prefix)");
   args.add("reference", &o.reference,
            "reference translations, one per input line: print corpus BLEU and chrF to stderr");
   args.add_switch("sampling", &o.sampling,
@@ -194,7 +203,8 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.seed < 0) throw UsageError(fmt::format("--seed must be 0 or more, not {}", o.seed));
   if (!o.score.empty()) {
     const char* other = o.beam > 1 ? "--beam" : o.nbest > 1 ? "--nbest" : !o.reference.empty() ? "--reference"
-                        : !o.attention_svg.empty() ? "--attention-svg" : nullptr;
+                        : !o.attention_svg.empty() ? "--attention-svg" : !o.target_prefix.empty() ? "--target-prefix"
+                        : nullptr;
     if (other) throw UsageError(fmt::format("--score scores given translations: {} does not apply", other));
   }
   if (o.attention_sentence < 1)
@@ -238,6 +248,7 @@ class LineReader {
   /// Whether a read has met the end of the file (a read of exactly the lines left has not yet).
   bool at_end() const { return at_end_; }
   int64_t lines_read() const { return lines_read_; }
+  const char* what() const { return what_; }
   /// "stdin" or the path in quotes, for messages.
   std::string name() const { return path_.empty() ? "stdin" : "'" + path_ + "'"; }
 
@@ -250,13 +261,22 @@ class LineReader {
   bool at_end_ = false;
 };
 
-/// Fails once the lines of `file` (the reference or the file to score, read in step with the input) and
-/// of the input are known to differ in number: `file` has run out, or both have ended apart.
-void check_same_length(const LineReader& file, const char* what, const std::string& path, const LineReader& input) {
+/// Fails once the lines of `file` (one line per input line, read in step with the input or before it)
+/// and of the input are known to differ in number: `file` has run out, or both have ended apart.
+void check_same_length(const LineReader& file, const LineReader& input) {
   const bool shorter = file.lines_read() < input.lines_read();
   if (!shorter && !(input.at_end() && file.at_end() && file.lines_read() != input.lines_read())) return;
-  mf::fail("{} '{}' has {} lines but the input ({}) has {}{}", what, path, file.lines_read(), input.name(),
+  mf::fail("{} {} has {} lines but the input ({}) has {}{}", file.what(), file.name(), file.lines_read(), input.name(),
            input.at_end() ? "" : "at least ", input.lines_read());
+}
+
+/// The lines of `file` beside the input's latest `count` lines; at the input's end, the rest of `file`
+/// too, which must be nothing (check_same_length).
+std::vector<std::string> read_in_step(LineReader& file, size_t count, const LineReader& input) {
+  std::vector<std::string> lines = count > 0 ? file.read(count) : std::vector<std::string>{};
+  if (input.at_end() && !file.at_end()) file.read(0);
+  check_same_length(file, input);
+  return lines;
 }
 
 /// The search the flags ask for, as every translation here runs it; `stream` draws the samples.
@@ -277,22 +297,24 @@ models::DecodingOptions decoding_options(const Options& o, mf::Generator* stream
 }
 
 /// Translates the lines with tokens (the library sorts them by length and batches them under
-/// --batch-tokens); lines without tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per
+/// --batch-tokens), each beginning with its prefix (empty: none); lines without tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per
 /// requested translation; --sampling draws from `stream`. Returns the hypotheses in input order and the tokens generated for the best.
 std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& translator,
                                                             const std::vector<std::string>& lines,
+                                                            const std::vector<std::string>& prefixes,
                                                             const std::vector<int64_t>& token_counts,
                                                             mf::Generator& stream, const Options& o) {
   std::vector<Hypotheses> results(lines.size(), Hypotheses(static_cast<size_t>(o.nbest), {"", 0.0}));
   std::vector<size_t> pending;
-  std::vector<std::string> sentences;
+  std::vector<std::string> sentences, sentence_prefixes;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (token_counts[i] == 0) continue;
     pending.push_back(i);
     sentences.push_back(lines[i]);
+    sentence_prefixes.push_back(prefixes[i]);
   }
   std::vector<std::vector<models::Translation>> translations =
-      translator.translate(sentences, decoding_options(o, &stream));
+      translator.translate(sentences, decoding_options(o, &stream), sentence_prefixes);
   int64_t generated = 0;
   for (size_t k = 0; k < pending.size(); ++k) {
     generated += translations[k].front().tokens;
@@ -341,11 +363,13 @@ std::pair<std::string, int64_t> forced_scores(models::Translator& translator, co
 }
 
 /// The generated ids of `sentence` (no <sos>; <eos> last unless the length ran out), decoded as the
-/// tool decodes it: the best of the same search.
-std::vector<int64_t> decode_ids(models::Translator& translator, const std::string& sentence, const Options& o) {
+/// tool decodes it: the best of the same search, from the same target prefix.
+std::vector<int64_t> decode_ids(models::Translator& translator, const std::string& sentence, const std::string& prefix,
+                                const Options& o) {
   models::DecodingOptions options = decoding_options(o, nullptr);
   options.nbest = 1;
   options.banned_id = translator.banned_token();
+  options.target_prefixes = {translator.target().encode(prefix)};
   return models::decode_sources(translator.model(), {translator.source().encode(sentence)}, options)
       .front()
       .front()
@@ -355,10 +379,11 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const std::strin
 /// The cross-attention heatmap of one sentence: translate it, rerun the model on (source, <sos> +
 /// translation) with attention recording on, and average the last decoder layer's cross-attention
 /// [1, H, T, S] over heads.
-std::string attention_svg(models::Translator& translator, const std::string& sentence, const Options& o) {
+std::string attention_svg(models::Translator& translator, const std::string& sentence, const std::string& prefix,
+                          const Options& o) {
   mf::NoGradGuard no_grad;
   mf::Tensor src = translator.encode_sources({sentence});  // [1, S]: tokens + <eos>
-  std::vector<int64_t> ids = decode_ids(translator, sentence, o);
+  std::vector<int64_t> ids = decode_ids(translator, sentence, prefix, o);
   std::vector<int64_t> tgt_in{mf::text::kSosId};
   tgt_in.insert(tgt_in.end(), ids.begin(), ids.end() - 1);  // row t predicts ids[t]
   models::Transformer& model = translator.model();
@@ -471,31 +496,30 @@ int run(int argc, char** argv) {
   const mf::AllocatorStats memory_before = mf::memory_stats(mf::Device::cpu());
 
   LineReader input(o.input, "input file");
-  std::optional<LineReader> references, targets;
+  std::optional<LineReader> references, targets, prefixes;
   std::vector<std::string> reference_lines;
   if (!o.reference.empty()) {
     references.emplace(o.reference, "reference file");
     reference_lines = references->read(0);
   }
   if (!o.score.empty()) targets.emplace(o.score, "file to score");
+  if (!o.target_prefix.empty()) prefixes.emplace(o.target_prefix, "target prefix file");
   Output output(o);
   mf::Generator stream(static_cast<uint64_t>(o.seed));
   const int64_t limit = translator.model().config().max_len - 1;
   const size_t group_lines = lines_per_group(o);
   Totals totals;
   std::vector<std::string> best;  // the first translation of every line, for --reference
-  std::string attention_line;     // the line --attention-svg draws
+  std::string attention_line, attention_prefix;  // the line --attention-svg draws, and its --target-prefix
   do {
     const int64_t first_line = input.lines_read();
     std::vector<std::string> lines = input.read(group_lines);
     // What is known of the whole input is checked before this group is translated.
-    if (references) check_same_length(*references, "reference file", o.reference, input);
-    std::vector<std::string> target_lines;
-    if (targets) {
-      target_lines = targets->read(lines.size());
-      if (input.at_end() && !targets->at_end()) targets->read(0);
-      check_same_length(*targets, "file to score", o.score, input);
-    }
+    if (references) check_same_length(*references, input);
+    const std::vector<std::string> target_lines = targets ? read_in_step(*targets, lines.size(), input)
+                                                          : std::vector<std::string>{};
+    const std::vector<std::string> prefix_lines = prefixes ? read_in_step(*prefixes, lines.size(), input)
+                                                           : std::vector<std::string>(lines.size());
     std::vector<int64_t> token_counts;
     for (const std::string& line : lines)
       token_counts.push_back(static_cast<int64_t>(translator.source().units(line).size()));
@@ -505,6 +529,7 @@ int run(int argc, char** argv) {
         if (token_counts[index] == 0)
           mf::fail("--attention-sentence {}: that line of the input ({}) is empty", o.attention_sentence, input.name());
         attention_line = lines[index];
+        attention_prefix = prefix_lines[index];
       }
       if (input.at_end() && o.attention_sentence > input.lines_read())
         mf::fail("--attention-sentence {}: the input ({}) has only {} lines", o.attention_sentence, input.name(),
@@ -520,7 +545,7 @@ int run(int argc, char** argv) {
       totals.sentences += static_cast<int64_t>(lines.size());
       totals.tokens += tokens;
     } else {
-      auto [results, generated] = translate_lines(translator, lines, token_counts, stream, o);
+      auto [results, generated] = translate_lines(translator, lines, prefix_lines, token_counts, stream, o);
       output.write(format_output(results, o.nbest));
       if (references)
         for (const Hypotheses& hypotheses : results) best.push_back(hypotheses.front().first);
@@ -540,7 +565,8 @@ int run(int argc, char** argv) {
   if (o.timing) print_timing(totals, !o.score.empty(), memory_before);
   if (references) fmt::print(stderr, "{}", score_lines(best, reference_lines, o));
   if (!o.attention_svg.empty())
-    mf::write_file_atomic(o.attention_svg, attention_svg(translator, attention_line, o), "attention chart");
+    mf::write_file_atomic(o.attention_svg, attention_svg(translator, attention_line, attention_prefix, o),
+                          "attention chart");
   return 0;
 }
 
