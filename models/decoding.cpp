@@ -27,7 +27,54 @@ std::vector<std::vector<generation::Hypothesis>> greedy_hypotheses(const generat
   return out;
 }
 
+/// log((exp(x_1) + ... + exp(x_M)) / M) element by element, shifted by the largest x so that no term
+/// underflows where the largest does not.
+Tensor log_mean_exp(const std::vector<Tensor>& log_probs) {
+  if (log_probs.size() == 1) return log_probs.front();
+  const Tensor stacked = stack(log_probs, 0);         // [M, ...]
+  const Tensor top = amax(stacked, {0}, true);         // [1, ...]
+  const Tensor summed = sum(exp(stacked - top), {0});  // [...]
+  return top.squeeze(0) + log(summed) - std::log(static_cast<double>(log_probs.size()));
+}
+
+/// The shortest max_len of the members: sources and targets are cut to fit every one.
+int64_t shortest_max_len(const Ensemble& models) {
+  int64_t max_len = models.front()->config().max_len;
+  for (const Transformer* model : models) max_len = std::min(max_len, model->config().max_len);
+  return max_len;
+}
+
 }  // namespace
+
+void check_ensemble(const char* op, const Ensemble& models) {
+  MF_CHECK(!models.empty(), "{}: no model given", op);
+  const Transformer& first = *models.front();
+  for (size_t m = 1; m < models.size(); ++m) {
+    const Transformer& member = *models[m];
+    MF_CHECK(member.config().tgt_vocab == first.config().tgt_vocab,
+             "{}: ensemble member {} has a target vocabulary of {} tokens, member 0 of {}", op, m,
+             member.config().tgt_vocab, first.config().tgt_vocab);
+    MF_CHECK(member.config().pad_id == first.config().pad_id, "{}: ensemble member {} pads with id {}, member 0 with {}",
+             op, m, member.config().pad_id, first.config().pad_id);
+    MF_CHECK(member.device() == first.device(), "{}: ensemble member {} is on {}, member 0 on {}", op, m,
+             member.device().str(), first.device().str());
+  }
+}
+
+EnsembleDecoder::EnsembleDecoder(const Ensemble& models, const Tensor& src) {
+  check_ensemble("EnsembleDecoder", models);
+  for (Transformer* model : models) members_.push_back(std::make_unique<TransformerDecoder>(*model, src));
+}
+
+Tensor EnsembleDecoder::step(const Tensor& tokens) {
+  std::vector<Tensor> log_probs;
+  for (const auto& member : members_) log_probs.push_back(log_softmax(member->step(tokens), 1));
+  return log_mean_exp(log_probs);
+}
+
+void EnsembleDecoder::select_rows(const Tensor& index) {
+  for (const auto& member : members_) member->select_rows(index);
+}
 
 Tensor pad_sources(const std::vector<std::vector<int64_t>>& sources, std::span<const int64_t> rows, int64_t max_len,
                    Device device) {
@@ -57,6 +104,13 @@ int64_t output_budget(int64_t source_length, int64_t max_len) {
 std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& model,
                                                                 const std::vector<std::vector<int64_t>>& sources,
                                                                 const DecodingOptions& options) {
+  return decode_sources(Ensemble{&model}, sources, options);
+}
+
+std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& models,
+                                                                const std::vector<std::vector<int64_t>>& sources,
+                                                                const DecodingOptions& options) {
+  check_ensemble("decode_sources", models);
   MF_CHECK(options.batch_tokens >= 0,
            "decode_sources: batch_tokens must be 0 (by the weights' precision and the search) or positive, got {}",
            options.batch_tokens);
@@ -70,10 +124,11 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   MF_CHECK(options.target_prefixes.empty() || options.target_prefixes.size() == sources.size(),
            "decode_sources: target_prefixes holds {} prefixes for {} sources", options.target_prefixes.size(),
            sources.size());
-  const TransformerConfig& config = model.config();
+  Transformer& model = *models.front();
+  const int64_t max_len = shortest_max_len(models);
   std::vector<int64_t> lengths;  // as padded: truncated to max_len - 1, then <eos>
   for (const std::vector<int64_t>& ids : sources)
-    lengths.push_back(std::min<int64_t>(static_cast<int64_t>(ids.size()), config.max_len - 1) + 1);
+    lengths.push_back(std::min<int64_t>(static_cast<int64_t>(ids.size()), max_len - 1) + 1);
 
   std::vector<std::vector<generation::Hypothesis>> out(sources.size());
   const int64_t batch_tokens = options.batch_tokens > 0
@@ -92,43 +147,48 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
   const uint64_t first_block = options.sampling.do_sample ? stream.reserve(batches.size() * kBatchBlocks) : 0;
   auto decode_batch = [&](size_t index) {
     const text::Batch& batch = batches[index];
-    const Tensor src = pad_sources(sources, batch, config.max_len, model.device());  // [B, S]
+    const Tensor src = pad_sources(sources, batch, max_len, model.device());  // [B, S]
     // Each sentence gets its own source's budget, not its longest batchmate's: a translation must not
     // depend on the sentences decoded beside it (nor on batch_tokens and batch_sentences).
     std::vector<int64_t> budgets;
     std::vector<std::vector<int64_t>> prefixes;
     for (int64_t i : batch) {
-      int64_t budget = output_budget(lengths[static_cast<size_t>(i)], config.max_len);
+      int64_t budget = output_budget(lengths[static_cast<size_t>(i)], max_len);
       if (!options.target_prefixes.empty()) {
         const std::vector<int64_t>& prefix = options.target_prefixes[static_cast<size_t>(i)];
-        budget = std::min(config.max_len - 1, std::max(budget, static_cast<int64_t>(prefix.size()) + 1));
+        budget = std::min(max_len - 1, std::max(budget, static_cast<int64_t>(prefix.size()) + 1));
         prefixes.push_back(prefix);
       }
       budgets.push_back(budget);
     }
+    std::unique_ptr<generation::IncrementalDecoder> decoder;
+    if (models.size() == 1)
+      decoder = std::make_unique<TransformerDecoder>(model, src);
+    else
+      decoder = std::make_unique<EnsembleDecoder>(models, src);
     std::vector<std::vector<generation::Hypothesis>> decoded;
     if (options.beam_size == 1 && options.nbest == 1) {
       Generator batch_stream(stream.seed());
       batch_stream.set_offset(first_block + index * kBatchBlocks);
       generation::SamplingOptions sampling = options.sampling;
       sampling.generator = &batch_stream;
-      decoded = greedy_hypotheses(greedy_decode(model, src,
-                                                {.max_new_tokens = options.max_new_tokens,
-                                                 .pad_id = config.pad_id,
-                                                 .banned_id = options.banned_id,
-                                                 .sentence_max_new_tokens = std::move(budgets),
-                                                 .prefixes = std::move(prefixes),
-                                                 .sampling = sampling}));
+      decoded = greedy_hypotheses(generation::greedy_decode(*decoder, src.size(0),
+                                                            {.max_new_tokens = options.max_new_tokens,
+                                                             .pad_id = model.config().pad_id,
+                                                             .banned_id = options.banned_id,
+                                                             .sentence_max_new_tokens = std::move(budgets),
+                                                             .prefixes = std::move(prefixes),
+                                                             .sampling = sampling}));
     } else {
-      decoded = beam_search(model, src,
-                            {.beam_size = options.beam_size,
-                             .max_new_tokens = options.max_new_tokens,
-                             .length_penalty = options.length_penalty,
-                             .nbest = options.nbest,
-                             .banned_id = options.banned_id,
-                             .stop = options.stop,
-                             .sentence_max_new_tokens = std::move(budgets),
-                             .prefixes = std::move(prefixes)});
+      decoded = generation::beam_search(*decoder, src.size(0),
+                                        {.beam_size = options.beam_size,
+                                         .max_new_tokens = options.max_new_tokens,
+                                         .length_penalty = options.length_penalty,
+                                         .nbest = options.nbest,
+                                         .banned_id = options.banned_id,
+                                         .stop = options.stop,
+                                         .sentence_max_new_tokens = std::move(budgets),
+                                         .prefixes = std::move(prefixes)});
     }
     for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
   };
@@ -172,12 +232,21 @@ Tensor target_log_probs(Transformer& model, const Tensor& src, const Tensor& tgt
 std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std::vector<int64_t>>& sources,
                                        const std::vector<std::vector<int64_t>>& targets,
                                        const ScoringOptions& options) {
+  return score_targets(Ensemble{&model}, sources, targets, options);
+}
+
+std::vector<TargetScore> score_targets(const Ensemble& models, const std::vector<std::vector<int64_t>>& sources,
+                                       const std::vector<std::vector<int64_t>>& targets,
+                                       const ScoringOptions& options) {
+  check_ensemble("score_targets", models);
   MF_CHECK(sources.size() == targets.size(), "score_targets: {} sources but {} targets", sources.size(),
            targets.size());
   MF_CHECK(options.batch_tokens > 0, "score_targets: batch_tokens must be positive, got {}", options.batch_tokens);
   MF_CHECK(options.batch_sentences >= 0, "score_targets: batch_sentences must be 0 (no cap) or positive, got {}",
            options.batch_sentences);
-  const int64_t limit = model.config().max_len - 1;
+  Transformer& model = *models.front();
+  const int64_t max_len = shortest_max_len(models);
+  const int64_t limit = max_len - 1;
   auto kept = [&](const std::vector<int64_t>& ids) { return std::min<int64_t>(static_cast<int64_t>(ids.size()), limit); };
   std::vector<int64_t> lengths;  // source + <eos>, then <sos> + target
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -191,7 +260,7 @@ std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std
   std::vector<TargetScore> out(sources.size());
   NoGradGuard no_grad;
   for (const text::Batch& batch : text::sorted_batches(lengths, options.batch_tokens, options.batch_sentences)) {
-    const Tensor src = pad_sources(sources, batch, model.config().max_len, model.device());
+    const Tensor src = pad_sources(sources, batch, max_len, model.device());
     int64_t width = 0;  // the longest target + <eos>
     for (int64_t i : batch) width = std::max(width, kept(targets[static_cast<size_t>(i)]) + 1);
     std::vector<int64_t> tgt_in(batch.size() * static_cast<size_t>(width), text::kPadId), tgt_out = tgt_in;
@@ -204,11 +273,12 @@ std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std
       *std::copy(ids.begin(), ids.begin() + n, tgt_out.begin() + start) = text::kEosId;
     }
     const Shape shape{static_cast<int64_t>(batch.size()), width};
-    const std::vector<double> log_probs =
-        target_log_probs(model, src, from_vector(tgt_in, shape, model.device()),
-                         from_vector(tgt_out, shape, model.device()))
-            .to(Device::cpu())
-            .to_vector<double>();
+    const Tensor tgt_in_tensor = from_vector(tgt_in, shape, model.device());
+    const Tensor tgt_out_tensor = from_vector(tgt_out, shape, model.device());
+    std::vector<Tensor> member_log_probs;  // [B, T] each
+    for (Transformer* member : models)
+      member_log_probs.push_back(target_log_probs(*member, src, tgt_in_tensor, tgt_out_tensor));
+    const std::vector<double> log_probs = log_mean_exp(member_log_probs).to(Device::cpu()).to_vector<double>();
     for (size_t row = 0; row < batch.size(); ++row) {
       TargetScore& score = out[static_cast<size_t>(batch[row])];
       const auto first = log_probs.begin() + static_cast<std::ptrdiff_t>(row) * width;

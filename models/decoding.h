@@ -8,6 +8,7 @@
 #include "models/transformer.h"
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -78,11 +79,40 @@ int64_t output_budget(int64_t source_length, int64_t max_len);
 Tensor pad_sources(const std::vector<std::vector<int64_t>>& sources, std::span<const int64_t> rows, int64_t max_len,
                    Device device);
 
+/// Several models decoding and scoring as one, as fairseq's and Marian's ensembles do: each next
+/// token's probability is the mean of the members' (fairseq's EnsembleModel), computed from their
+/// log-probabilities in log space. The members must share the target vocabulary's size, the padding
+/// id and the device (check_ensemble); their architectures may differ. Sources are cut to the shortest
+/// member's max_len - 1.
+using Ensemble = std::vector<Transformer*>;
+
+/// Checks that `models` can decode as one (named `op` in errors): at least one, every member with the
+/// first's target vocabulary size, padding id and device.
+void check_ensemble(const char* op, const Ensemble& models);
+
+/// Incremental decoding of an ensemble: one TransformerDecoder per member, stepped and reordered
+/// together; step() returns the log of the members' mean probabilities.
+class EnsembleDecoder : public generation::IncrementalDecoder {
+ public:
+  /// Starts one row per source sentence (src [B, S] int64) in every member (check_ensemble).
+  EnsembleDecoder(const Ensemble& models, const Tensor& src);
+  /// tokens [N] -> log((p_1 + ... + p_M) / M) of the next token [N, V], p_m member m's probabilities.
+  Tensor step(const Tensor& tokens) override;
+  void select_rows(const Tensor& index) override;
+
+ private:
+  std::vector<std::unique_ptr<TransformerDecoder>> members_;
+};
+
 /// Decodes every source (token ids without <eos>; longer than the model's max_len - 1 truncated) and
 /// returns, in input order, each source's best min(nbest, found) hypotheses, best first. Greedy search
 /// gives one hypothesis whose score is its log-probability. Runs with autograd off, on the model's
 /// device; put the model in eval() mode first. Throws mf::Error for options out of range.
 std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& model,
+                                                                const std::vector<std::vector<int64_t>>& sources,
+                                                                const DecodingOptions& options);
+/// decode_sources with an ensemble's mean probabilities (one member: that model alone).
+std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& models,
                                                                 const std::vector<std::vector<int64_t>>& sources,
                                                                 const DecodingOptions& options);
 
@@ -116,6 +146,11 @@ struct ScoringOptions {
 /// off, on the model's device; put the model in eval() mode first. Throws mf::Error when the lists'
 /// sizes differ, a target holds <pad> or the options are out of range.
 std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std::vector<int64_t>>& sources,
+                                       const std::vector<std::vector<int64_t>>& targets,
+                                       const ScoringOptions& options = {});
+/// score_targets under an ensemble: each token's log-probability is the log of the members' mean
+/// probability, as the ensemble's decoding gives it (targets cut to the shortest member's max_len - 1).
+std::vector<TargetScore> score_targets(const Ensemble& models, const std::vector<std::vector<int64_t>>& sources,
                                        const std::vector<std::vector<int64_t>>& targets,
                                        const ScoringOptions& options = {});
 

@@ -122,7 +122,7 @@ std::vector<std::vector<Translation>> Translator::translate(const std::vector<st
   encoded.banned_id = banned_token();
   for (const std::string& prefix : target_prefixes) encoded.target_prefixes.push_back(target_.encode(prefix));
   std::vector<std::vector<Translation>> out;
-  for (const auto& hypotheses : decode_sources(*model_, sources, encoded)) {
+  for (const auto& hypotheses : decode_sources(models(), sources, encoded)) {
     out.emplace_back();
     for (const generation::Hypothesis& h : hypotheses) {
       const bool ended = !h.tokens.empty() && h.tokens.back() == text::kEosId;
@@ -139,7 +139,7 @@ std::vector<TargetScore> Translator::score(const std::vector<std::string>& sourc
   std::vector<std::vector<int64_t>> source_ids, target_ids;
   for (const std::string& sentence : sources) source_ids.push_back(source_.encode(sentence));
   for (const std::string& sentence : targets) target_ids.push_back(target_.encode(sentence));
-  return score_targets(*model_, source_ids, target_ids, options);
+  return score_targets(models(), source_ids, target_ids, options);
 }
 
 std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,
@@ -194,7 +194,24 @@ Translator Translator::load(const std::filesystem::path& path) {
   }
 }
 
-void Translator::quantize_int8() { nn::quantize_int8(*model_); }
+void Translator::add_ensemble_member(Translator member) {
+  MF_CHECK(member.source_ == source_ && member.target_ == target_,
+           "an ensemble member must have the same vocabularies as the first model: its {} differs",
+           member.source_ == source_ ? "target side" : "source side");
+  MF_CHECK(member.ensemble_members_.empty(), "an ensemble member must be a single model, not an ensemble itself");
+  check_ensemble("Translator::add_ensemble_member", {model_.get(), member.model_.get()});
+  ensemble_members_.push_back(std::move(member.model_));
+}
+
+Ensemble Translator::models() const {
+  Ensemble all{model_.get()};
+  for (const auto& member : ensemble_members_) all.push_back(member.get());
+  return all;
+}
+
+void Translator::quantize_int8() {
+  for (Transformer* model : models()) nn::quantize_int8(*model);
+}
 
 bool Translator::is_quantized() const { return nn::is_quantized_int8(*model_); }
 

@@ -94,8 +94,16 @@ class Translator {
   /// checkpoints, then quantize). The result holds no optimizer state.
   static Translator average(const std::vector<std::filesystem::path>& paths);
 
-  /// Quantizes the model's Linear and Embedding weights to int8 per output channel for CPU inference
-  /// (nn::quantize_int8); save() then writes an int8 checkpoint, which load() brings back quantized.
+  /// Decodes and scores with `member`'s model beside this one's from now on: an ensemble (models::
+  /// Ensemble), the models' probabilities averaged at every step, as fairseq and Marian do with several
+  /// checkpoints of independent runs. The member must have the same source and target codecs (its
+  /// config may differ) and be on the same device; it must not be an ensemble itself.
+  void add_ensemble_member(Translator member);
+  /// The models that decode together: model() first, then each ensemble member's.
+  Ensemble models() const;
+
+  /// Quantizes the Linear and Embedding weights of every model (models()) to int8 per output channel for
+  /// CPU inference (nn::quantize_int8); save() then writes an int8 checkpoint, which load() brings back quantized.
   void quantize_int8();
   /// Whether the model's weights are int8 (quantize_int8, or loaded from an int8 checkpoint).
   bool is_quantized() const;
@@ -107,6 +115,7 @@ class Translator {
 
  private:
   std::shared_ptr<Transformer> model_;
+  std::vector<std::shared_ptr<Transformer>> ensemble_members_;
   text::TextCodec source_, target_;
 };
 

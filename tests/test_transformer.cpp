@@ -606,6 +606,117 @@ TEST_CASE("decode_sources' target prefixes begin every translation, scored as fo
                        "its limit of 15", Error);
 }
 
+namespace {
+
+/// An ensemble checked without EnsembleDecoder's code: each member re-runs its whole decoder
+/// (RecomputingDecoder), and the mean of their probabilities is taken element by element in float64.
+class RecomputingEnsemble : public generation::IncrementalDecoder {
+ public:
+  RecomputingEnsemble(models::Transformer& a, models::Transformer& b, const Tensor& src) : a_(a, src), b_(b, src) {}
+  Tensor step(const Tensor& tokens) override {
+    const Tensor x = a_.step(tokens), y = b_.step(tokens);  // [N, V] log-probabilities
+    const std::vector<double> xs = x.to_vector<double>(), ys = y.to_vector<double>();
+    std::vector<double> mean;
+    for (size_t i = 0; i < xs.size(); ++i) mean.push_back(std::log((std::exp(xs[i]) + std::exp(ys[i])) / 2));
+    return from_vector(mean, x.shape());
+  }
+  void select_rows(const Tensor& index) override {
+    a_.select_rows(index);
+    b_.select_rows(index);
+  }
+
+ private:
+  RecomputingDecoder a_, b_;
+};
+
+/// The reference model with every weight moved by N(0, 0.2^2) noise: another model with its vocabulary.
+std::shared_ptr<models::Transformer> perturbed_reference_model() {
+  auto model = reference_model(DType::Float64);
+  Generator noise(11);
+  NoGradGuard no_grad;
+  for (auto [name, param] : model->named_parameters())
+    param.add_(randn(param.shape(), DType::Float64, Device::cpu(), &noise) * 0.2);
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("an ensemble decodes with the mean of its members' probabilities") {
+  auto a = reference_model(DType::Float64), b = perturbed_reference_model();
+  a->eval();
+  b->eval();
+  const models::Ensemble ensemble{a.get(), b.get()};
+  const Tensor& src = reference("input.src");
+  // <pad> is banned throughout: the perturbed model would generate it, and recomputation then masks it
+  // out of the keys while a cache holds it.
+  const int64_t pad = text::kPadId;
+  {
+    models::EnsembleDecoder cached(ensemble, src);
+    RecomputingEnsemble recomputed(*a, *b, src);
+    const generation::GreedyResult x = generation::greedy_decode(cached, 3, {.max_new_tokens = 8, .banned_id = pad});
+    const generation::GreedyResult y =
+        generation::greedy_decode(recomputed, 3, {.max_new_tokens = 8, .banned_id = pad});
+    check_close(x.tokens, y.tokens, 0, 0);
+    for (size_t i = 0; i < x.log_probs.size(); ++i)
+      CHECK(x.log_probs[i] == doctest::Approx(y.log_probs[i]).epsilon(1e-12));
+    // The ensemble's choice is neither member's alone on this input: the mean matters.
+    for (const auto& member : {a, b})
+      CHECK(x.tokens.to_vector<int64_t>() !=
+            models::greedy_decode(*member, src, {.max_new_tokens = 8, .banned_id = pad}).tokens.to_vector<int64_t>());
+  }
+  {
+    models::EnsembleDecoder cached(ensemble, src);
+    RecomputingEnsemble recomputed(*a, *b, src);
+    const generation::BeamOptions beam{.beam_size = 3, .max_new_tokens = 8, .nbest = 3, .banned_id = pad};
+    const auto x = generation::beam_search(cached, 3, beam), y = generation::beam_search(recomputed, 3, beam);
+    REQUIRE(x.size() == y.size());
+    for (size_t s = 0; s < x.size(); ++s) {
+      REQUIRE(x[s].size() == y[s].size());
+      for (size_t h = 0; h < x[s].size(); ++h) {
+        CHECK(x[s][h].tokens == y[s][h].tokens);
+        CHECK(x[s][h].score == doctest::Approx(y[s][h].score).epsilon(1e-12));
+      }
+    }
+  }
+  // decode_sources' hypotheses against the ensemble's forced scoring of them, and a model ensembled with
+  // itself against that model alone (the mean of p and p is p).
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {4, 6}};
+  const models::DecodingOptions beam{.beam_size = 3, .nbest = 3, .banned_id = pad};
+  const auto found = models::decode_sources(ensemble, sources, beam);
+  std::vector<std::vector<int64_t>> score_sources, targets;
+  std::vector<double> log_probs;
+  for (size_t i = 0; i < sources.size(); ++i)
+    for (const generation::Hypothesis& h : found[i]) {
+      if (h.tokens.back() != text::kEosId) continue;  // scoring adds the <eos> they end with
+      score_sources.push_back(sources[i]);
+      targets.emplace_back(h.tokens.begin(), h.tokens.end() - 1);
+      log_probs.push_back(h.log_prob);
+    }
+  REQUIRE(targets.size() >= 4);
+  const auto scores = models::score_targets(ensemble, score_sources, targets);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    CAPTURE(i);
+    CHECK(scores[i].log_prob == doctest::Approx(log_probs[i]).epsilon(1e-10));
+  }
+  const auto alone = models::decode_sources(*a, sources, beam);
+  const auto twice = models::decode_sources(models::Ensemble{a.get(), a.get()}, sources, beam);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    REQUIRE(alone[i].size() == twice[i].size());
+    for (size_t h = 0; h < alone[i].size(); ++h) {
+      CHECK(alone[i][h].tokens == twice[i][h].tokens);
+      CHECK(alone[i][h].log_prob == doctest::Approx(twice[i][h].log_prob).epsilon(1e-12));
+    }
+  }
+
+  models::TransformerConfig other = reference_config();
+  other.tgt_vocab = 14;
+  other.shared_embeddings = false;
+  models::Transformer wider(other);
+  CHECK_THROWS_WITH_AS(models::decode_sources(models::Ensemble{a.get(), &wider}, sources, {}),
+                       "decode_sources: ensemble member 1 has a target vocabulary of 14 tokens, member 0 of 13", Error);
+  CHECK_THROWS_WITH_AS(models::score_targets(models::Ensemble{}, {}, {}), "score_targets: no model given", Error);
+}
+
 TEST_CASE("decode_sources' workers compute as the calling thread would: under its autocast, rethrowing their errors") {
   auto model = std::make_shared<models::Transformer>(reference_config());
   model->to(DType::Float64);

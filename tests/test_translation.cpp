@@ -238,3 +238,45 @@ TEST_CASE("a subword translator: one shared vocabulary and embedding, stored in 
   CHECK_THROWS_WITH_AS(models::Translator::load(path), doctest::Contains("unknown text codec kind 'wordpiece'"), Error);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("an ensemble translator: members of other architectures decode beside it, other vocabularies are refused") {
+  models::Translator first = toy_translator();
+  models::TransformerConfig wider = first.model().config();
+  wider.d_ff = 64;
+  wider.decoder_layers = 2;
+  manual_seed(5);
+  models::Translator second(wider, first.source(), first.target());
+  const std::vector<std::string> sentences = {"ich mochte ein bier", "ein cola"};
+  const std::vector<std::string> targets = {"i want a beer", "a coke"};
+  const models::DecodingOptions options{.beam_size = 2, .nbest = 2};
+
+  // What the library's ensemble functions give for the two models is what the translator gives.
+  std::vector<std::vector<int64_t>> source_ids, target_ids;
+  for (const std::string& s : sentences) source_ids.push_back(first.source().encode(s));
+  for (const std::string& t : targets) target_ids.push_back(first.target().encode(t));
+  const models::Ensemble both{&first.model(), &second.model()};
+  const auto expected = models::decode_sources(both, source_ids, options);
+  const auto expected_scores = models::score_targets(both, source_ids, target_ids);
+
+  first.add_ensemble_member(std::move(second));
+  CHECK(first.models().size() == 2);
+  const auto translations = first.translate(sentences, options);
+  const auto scores = first.score(sentences, targets);
+  REQUIRE(translations.size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    REQUIRE(translations[i].size() == expected[i].size());
+    for (size_t k = 0; k < expected[i].size(); ++k) {
+      CHECK(translations[i][k].text == first.decode_target(expected[i][k].tokens));
+      CHECK(translations[i][k].score == expected[i][k].score);
+    }
+    CHECK(scores[i].log_prob == expected_scores[i].log_prob);
+  }
+
+  text::Vocab other_target = text::Vocab::build({{"i", 1}, {"want", 1}, {"tea", 1}});
+  models::TransformerConfig config = first.model().config();
+  config.tgt_vocab = other_target.size();
+  models::Translator other(config, first.source(), text::TextCodec(other_target, {}));
+  CHECK_THROWS_WITH_AS(first.add_ensemble_member(std::move(other)),
+                       "an ensemble member must have the same vocabularies as the first model: its target side differs",
+                       Error);
+}

@@ -264,6 +264,31 @@ expect "--target-prefix with a file of another length" 1 \
 expect "--target-prefix with --score" 2 "--score scores given translations: --target-prefix does not apply" \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" --target-prefix "$dir/ref.txt"
 
+# ---- --ensemble: models decoding as one -----------------------------------------------------------
+# A model beside itself is that model (the mean of p and p is p): the same n-best lists, with the same
+# scores up to float32 rounding in the last printed digit, and the same forced scores.
+"$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --beam 3 --nbest 2 >"$dir/single.txt"
+"$translate" --checkpoint "$ckpt" --ensemble "$ckpt,$ckpt" --input "$dir/src_blank.txt" --beam 3 --nbest 2 \
+  >"$dir/ensembled.txt"
+if paste "$dir/single.txt" "$dir/ensembled.txt" | awk -F'\t' '$2 != $4 || ($1 - $3) ^ 2 > 1.5e-4 ^ 2 { bad = 1 }
+    END { exit bad || NR != 18 }'; then
+  pass "--ensemble of the model with itself gives the model's n-best lists"
+else
+  fail "--ensemble of the model with itself"; paste "$dir/single.txt" "$dir/ensembled.txt"
+fi
+"$translate" --checkpoint "$ckpt" --ensemble "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" \
+  >"$dir/ensemble_scores.txt"
+if paste "$dir/scores_0.txt" "$dir/ensemble_scores.txt" | awk -F'\t' '$2 != $4 || ($1 - $3) ^ 2 > 1.5e-4 ^ 2 { bad = 1 }
+    END { exit bad || NR != 8 }'; then
+  pass "--ensemble of the model with itself scores as the model"
+else
+  fail "--ensemble's forced scores"; paste "$dir/scores_0.txt" "$dir/ensemble_scores.txt"
+fi
+expect "--ensemble with an empty path" 2 "--ensemble: an empty path in '$ckpt,'" \
+  "$translate" --checkpoint "$ckpt" --ensemble "$ckpt," --input "$dir/src.txt"
+expect "--ensemble with a missing checkpoint" 1 "$dir/none.safetensors" \
+  "$translate" --checkpoint "$ckpt" --ensemble "$dir/none.safetensors" --input "$dir/src.txt"
+
 # ---- BLEU and chrF ------------------------------------------------------------------------------
 bleu_signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3-miniflow"
 chrf_signature="nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.3-miniflow"

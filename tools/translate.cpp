@@ -44,6 +44,12 @@
 // output holds it, and --nbest's scores count its tokens. An empty line of FILE leaves its translation
 // free; FILE is read in step with the input and must have as many lines.
 //
+// --ensemble A,B,... decodes with the models of those checkpoints beside --checkpoint's, as one model
+// whose next-token probability is the mean of theirs (fairseq's ensembles; Marian's with equal
+// weights over probabilities): independently trained runs usually translate better together than any
+// one of them. They must share --checkpoint's vocabularies; --score scores under the ensemble too, and
+// --attention-svg draws --checkpoint's model's attention over the ensemble's translation.
+//
 // --sampling draws each translation from the model's distribution instead of searching for the most
 // probable one (fairseq's --sampling, used to back-translate), token by token, shaped by --temperature,
 // --sampling-topk and --sampling-topp; --seed fixes the draws (the same seed and batching options give
@@ -72,6 +78,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,6 +105,7 @@ struct Options {
   int64_t batch_sentences = mf::models::DecodingOptions{}.batch_sentences;
   int64_t batch_workers = 0;
   int64_t buffer_lines = -1;
+  std::vector<std::string> ensemble;  // --ensemble's checkpoints
   double length_penalty = 0.6;
   bool sampling = false;
   double temperature = 1.0, sampling_topp = 1.0;
@@ -111,6 +119,7 @@ using Hypotheses = std::vector<std::pair<std::string, double>>;
 
 /// Parses the command line; returns false after --help. Throws UsageError for bad usage.
 bool parse_options(int argc, char** argv, Options& o) {
+  std::string ensemble_paths;
   mf::tools::ArgParser args(
       "translate",
       "Translates UTF-8 text line by line (stdin or --input) with a translation checkpoint, writing one\n"
@@ -120,6 +129,9 @@ bool parse_options(int argc, char** argv, Options& o) {
       "tokenization, cased unless --lowercase-bleu) and chrF, with their signatures, to stderr.\n"
       "Exit status: 0 ok, 2 bad usage, 1 any other error.");
   args.add("checkpoint", &o.checkpoint, "translation checkpoint (.safetensors), required");
+  args.add("ensemble", &ensemble_paths,
+           "more checkpoints, comma-separated, decoding with --checkpoint's as one model (the mean of their "
+           "probabilities); each must have its vocabularies");
   args.add("input", &o.input, "file to translate, one sentence per line (default: stdin)");
   args.add("output", &o.output, "file to write, atomically (default: stdout)");
   args.add("beam", &o.beam, "beam width; 1 = greedy decoding");
@@ -172,6 +184,16 @@ bool parse_options(int argc, char** argv, Options& o) {
            "inputs, int32 sums (CPU)");
   if (!args.parse(argc, argv)) return false;
   if (o.checkpoint.empty()) throw UsageError("--checkpoint is required");
+  if (!ensemble_paths.empty()) {
+    for (size_t start = 0;;) {
+      const size_t comma = ensemble_paths.find(',', start);
+      o.ensemble.push_back(ensemble_paths.substr(start, comma == std::string::npos ? comma : comma - start));
+      if (o.ensemble.back().empty())
+        throw UsageError(fmt::format("--ensemble: an empty path in '{}'", ensemble_paths));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
   if (o.beam < 1) throw UsageError(fmt::format("--beam must be at least 1, not {}", o.beam));
   if (o.nbest < 1) throw UsageError(fmt::format("--nbest must be at least 1, not {}", o.nbest));
   if (o.nbest > o.beam)
@@ -370,7 +392,7 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const std::strin
   options.nbest = 1;
   options.banned_id = translator.banned_token();
   options.target_prefixes = {translator.target().encode(prefix)};
-  return models::decode_sources(translator.model(), {translator.source().encode(sentence)}, options)
+  return models::decode_sources(translator.models(), {translator.source().encode(sentence)}, options)
       .front()
       .front()
       .tokens;
@@ -485,10 +507,18 @@ int run(int argc, char** argv) {
   mf::set_num_threads(o.threads);
 
   models::Translator translator = models::Translator::load(o.checkpoint);
+  for (const std::string& path : o.ensemble) {
+    models::Translator member = models::Translator::load(path);
+    try {
+      translator.add_ensemble_member(std::move(member));
+    } catch (const mf::Error& e) {
+      mf::fail("--ensemble '{}' cannot decode beside '{}': {}", path, o.checkpoint, e.what());
+    }
+  }
   if (int8) translator.quantize_int8();
   if (translator.is_quantized() && !o.device.is_cpu())
     mf::fail("'{}' holds int8 weights, which run on the CPU only (not on {})", o.checkpoint, o.device.str());
-  translator.model().to(o.device);
+  for (models::Transformer* model : translator.models()) model->to(o.device);
   // What loading (and quantizing) left in the CPU allocator's pool (the file's tensors, the float32
   // weights int8 replaced) is in blocks of the weights' sizes, which decoding's requests rarely fit.
   mf::empty_cache();
@@ -506,7 +536,8 @@ int run(int argc, char** argv) {
   if (!o.target_prefix.empty()) prefixes.emplace(o.target_prefix, "target prefix file");
   Output output(o);
   mf::Generator stream(static_cast<uint64_t>(o.seed));
-  const int64_t limit = translator.model().config().max_len - 1;
+  int64_t limit = std::numeric_limits<int64_t>::max();  // the shortest model's
+  for (const models::Transformer* model : translator.models()) limit = std::min(limit, model->config().max_len - 1);
   const size_t group_lines = lines_per_group(o);
   Totals totals;
   std::vector<std::string> best;  // the first translation of every line, for --reference
