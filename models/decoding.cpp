@@ -67,9 +67,12 @@ EnsembleDecoder::EnsembleDecoder(const Ensemble& models, const Tensor& src) {
 }
 
 Tensor EnsembleDecoder::step(const Tensor& tokens) {
-  std::vector<Tensor> log_probs;
-  for (const auto& member : members_) log_probs.push_back(log_softmax(member->step(tokens), 1));
-  return log_mean_exp(log_probs);
+  Tensor total;
+  for (const auto& member : members_) {
+    Tensor probabilities = softmax(member->step(tokens), 1);
+    total = total.defined() ? total.add_(probabilities) : probabilities;
+  }
+  return total.mul_(1.0 / static_cast<double>(members_.size()));
 }
 
 void EnsembleDecoder::select_rows(const Tensor& index) {

@@ -91,13 +91,16 @@ using Ensemble = std::vector<Transformer*>;
 void check_ensemble(const char* op, const Ensemble& models);
 
 /// Incremental decoding of an ensemble: one TransformerDecoder per member, stepped and reordered
-/// together; step() returns the log of the members' mean probabilities.
+/// together; step() returns the members' mean probabilities, of which the searches take the log of
+/// only those they keep (a mean taken in log space cost the two-model ensemble a third of its time:
+/// BENCHMARKS.md).
 class EnsembleDecoder : public generation::IncrementalDecoder {
  public:
   /// Starts one row per source sentence (src [B, S] int64) in every member (check_ensemble).
   EnsembleDecoder(const Ensemble& models, const Tensor& src);
-  /// tokens [N] -> log((p_1 + ... + p_M) / M) of the next token [N, V], p_m member m's probabilities.
+  /// tokens [N] -> (p_1 + ... + p_M) / M for the next token [N, V], p_m member m's probabilities.
   Tensor step(const Tensor& tokens) override;
+  Scores scores() const override { return Scores::Probabilities; }
   void select_rows(const Tensor& index) override;
 
  private:

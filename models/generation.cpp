@@ -60,9 +60,19 @@ Tensor checked_step(const char* op, IncrementalDecoder& decoder, const std::vect
   return scores;
 }
 
-/// The log-probability of forced[row] in each row of a step's `scores` (log-probabilities, or logits when
-/// `logits`) where forced[row] >= 0, 0 in the other rows; empty when no row is forced.
-std::vector<double> forced_log_probs(const char* op, const Tensor& scores, bool logits,
+/// The log-probabilities of a step's `scores`, [N, V] (a new tensor the caller may change).
+Tensor full_log_probs(const Tensor& scores, IncrementalDecoder::Scores kind) {
+  switch (kind) {
+    case IncrementalDecoder::Scores::Logits: return scores.log_softmax(1);
+    case IncrementalDecoder::Scores::Probabilities: return log(scores);
+    case IncrementalDecoder::Scores::LogProbs: break;
+  }
+  return scores.clone();
+}
+
+/// The log-probability of forced[row] in each row of a step's `scores` (of `kind`) where forced[row] >=
+/// 0, 0 in the other rows; empty when no row is forced.
+std::vector<double> forced_log_probs(const char* op, const Tensor& scores, IncrementalDecoder::Scores kind,
                                      const std::vector<int64_t>& forced) {
   if (std::all_of(forced.begin(), forced.end(), [](int64_t token) { return token < 0; })) return {};
   const int64_t vocab = scores.size(1);
@@ -71,11 +81,13 @@ std::vector<double> forced_log_probs(const char* op, const Tensor& scores, bool 
     MF_CHECK(token < vocab, "{}: prefix token id {} is outside the decoder's vocabulary of {} tokens", op, token, vocab);
     ids.push_back(std::max<int64_t>(token, 0));
   }
-  const Tensor log_probs = logits ? scores.log_softmax(1) : scores;
+  const bool probabilities = kind == IncrementalDecoder::Scores::Probabilities;
+  const Tensor log_probs = kind == IncrementalDecoder::Scores::Logits ? scores.log_softmax(1) : scores;
   const Tensor index = from_vector(ids, {static_cast<int64_t>(ids.size()), 1}).to(scores.device());
   std::vector<double> values = gather(log_probs, 1, index).to(Device::cpu()).to_vector<double>();
   for (size_t row = 0; row < forced.size(); ++row) {
     if (forced[row] < 0) values[row] = 0;
+    else if (probabilities) values[row] = std::log(values[row]);
     MF_CHECK(!std::isnan(values[row]), "{}: decoder.step returned NaN scores", op);
   }
   return values;
@@ -89,20 +101,23 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
                    const std::vector<int64_t>& forced) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
-  bool logits = decoder.scores() == IncrementalDecoder::Scores::Logits;
-  TopTokens top{.k = std::min(k, vocab), .forced = forced_log_probs(op, scores, logits, forced)};
+  IncrementalDecoder::Scores kind = decoder.scores();
+  TopTokens top{.k = std::min(k, vocab), .forced = forced_log_probs(op, scores, kind, forced)};
   // A banned token is ranked with the rest (one more per row) and then passed over, so that the others
   // keep the log-probabilities the model gives them; only where no token is left to rank is it ranked
   // last instead.
   const bool pass_over = banned >= 0 && top.k < vocab;
   if (banned >= 0 && !pass_over) {
-    if (logits) scores = scores.log_softmax(1);
-    logits = false;
+    scores = full_log_probs(scores, kind);
+    kind = IncrementalDecoder::Scores::LogProbs;
     scores.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
   }
   const int64_t ranked = top.k + (pass_over ? 1 : 0);
-  auto [values, ids] = logits ? log_softmax_topk(scores, ranked, 1) : topk(scores, ranked, 1);  // [N, ranked] each
-  const std::vector<double> ranked_values = values.to_vector<double>();
+  auto [values, ids] = kind == IncrementalDecoder::Scores::Logits ? log_softmax_topk(scores, ranked, 1)
+                                                                  : topk(scores, ranked, 1);  // [N, ranked] each
+  std::vector<double> ranked_values = values.to_vector<double>();
+  if (kind == IncrementalDecoder::Scores::Probabilities)
+    for (double& value : ranked_values) value = std::log(value);
   const std::vector<int64_t> ranked_ids = ids.to_vector<int64_t>();
   for (size_t row = 0; row < static_cast<size_t>(rows); ++row) {
     int64_t kept = 0;
@@ -124,8 +139,8 @@ TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::ve
                       const std::vector<int64_t>& specials, int64_t banned, const SamplingOptions& sampling,
                       const std::vector<int64_t>& forced) {
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
-  Tensor log_probs = decoder.scores() == IncrementalDecoder::Scores::Logits ? scores.log_softmax(1) : scores.clone();
-  std::vector<double> forced_values = forced_log_probs(op, log_probs, false, forced);
+  Tensor log_probs = full_log_probs(scores, decoder.scores());
+  std::vector<double> forced_values = forced_log_probs(op, log_probs, IncrementalDecoder::Scores::LogProbs, forced);
   if (banned >= 0) log_probs.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
   const Tensor ids = sample_next(log_probs, sampling);  // [N]
   TopTokens top{.k = 1,

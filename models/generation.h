@@ -27,6 +27,8 @@ class IncrementalDecoder {
     LogProbs,  ///< the next token's log-probabilities
     Logits,    ///< logits, whose log_softmax along V gives those: the searches then normalise only the
                ///< tokens they rank first (log_softmax_topk), never writing [N, V] log-probabilities
+    Probabilities,  ///< the probabilities themselves (an ensemble's mean): the searches rank them and take
+                    ///< the log of those they keep only; a probability that underflowed to 0 ranks last
   };
 
   virtual ~IncrementalDecoder() = default;

@@ -97,7 +97,8 @@ class FakeDecoder : public IncrementalDecoder {
       prefixes_[row].push_back(fed[row]);
       // As logits: the log-probabilities shifted by an amount of the row's own, which log_softmax undoes.
       const double shift = gives == Scores::Logits ? 1.5 + 0.75 * static_cast<double>(row % 5) : 0.0;
-      for (double v : model_(sentences_[row], prefixes_[row])) out.push_back(static_cast<float>(v + shift));
+      for (double v : model_(sentences_[row], prefixes_[row]))
+        out.push_back(static_cast<float>(gives == Scores::Probabilities ? std::exp(v) : v + shift));
     }
     return from_vector(out, {rows(), static_cast<int64_t>(out.size()) / std::max<int64_t>(rows(), 1)});
   }
@@ -328,10 +329,11 @@ TEST_CASE("beam_search returns n-best lists in score order, each scored as the m
   }
 }
 
-// A decoder may return logits (Scores::Logits): the searches normalise them as log_softmax would. The
-// shifted log-probabilities come back within float32's rounding of the shift; the tokens exactly,
-// with and without a banned token, and with the vocabulary no larger than what beam search ranks.
-TEST_CASE("the searches take logits as they take log-probabilities") {
+// A decoder may return logits (Scores::Logits): the searches normalise them as log_softmax would; or
+// probabilities (Scores::Probabilities), whose log they take. The log-probabilities come back within
+// float32's rounding; the tokens exactly, with and without a banned token, and with the vocabulary no
+// larger than what beam search ranks.
+TEST_CASE("the searches take logits and probabilities as they take log-probabilities") {
   const int64_t batch = 4;
   for (int64_t vocab : {9, 4}) {
     for (int64_t banned : {int64_t{-1}, vocab - 1}) {
@@ -344,24 +346,27 @@ TEST_CASE("the searches take logits as they take log-probabilities") {
         return beam_search(decoder, batch,
                            {.beam_size = beam, .max_new_tokens = 5, .nbest = beam, .banned_id = banned});
       };
-      for (int64_t beam : {1, 3}) {
-        CAPTURE(beam);
-        const auto from_log_probs = decode(IncrementalDecoder::Scores::LogProbs, beam);
-        const auto from_logits = decode(IncrementalDecoder::Scores::Logits, beam);
-        for (size_t s = 0; s < from_log_probs.size(); ++s) {
-          REQUIRE(from_logits[s].size() == from_log_probs[s].size());
-          for (size_t i = 0; i < from_log_probs[s].size(); ++i) {
-            const std::vector<int64_t>& tokens = from_logits[s][i].tokens;
-            CHECK(tokens == from_log_probs[s][i].tokens);
-            CHECK(from_logits[s][i].log_prob == doctest::Approx(from_log_probs[s][i].log_prob).epsilon(1e-5));
-            if (banned >= 0) CHECK(std::count(tokens.begin(), tokens.end(), banned) == 0);
+      for (auto gives : {IncrementalDecoder::Scores::Logits, IncrementalDecoder::Scores::Probabilities}) {
+        CAPTURE(static_cast<int>(gives));
+        for (int64_t beam : {1, 3}) {
+          CAPTURE(beam);
+          const auto from_log_probs = decode(IncrementalDecoder::Scores::LogProbs, beam);
+          const auto from_other = decode(gives, beam);
+          for (size_t s = 0; s < from_log_probs.size(); ++s) {
+            REQUIRE(from_other[s].size() == from_log_probs[s].size());
+            for (size_t i = 0; i < from_log_probs[s].size(); ++i) {
+              const std::vector<int64_t>& tokens = from_other[s][i].tokens;
+              CHECK(tokens == from_log_probs[s][i].tokens);
+              CHECK(from_other[s][i].log_prob == doctest::Approx(from_log_probs[s][i].log_prob).epsilon(1e-5));
+              if (banned >= 0) CHECK(std::count(tokens.begin(), tokens.end(), banned) == 0);
+            }
           }
         }
+        FakeDecoder log_probs(model, iota(batch)), other(model, iota(batch));
+        other.gives = gives;
+        check_close(greedy_decode(other, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens,
+                    greedy_decode(log_probs, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens, 0, 0);
       }
-      FakeDecoder log_probs(model, iota(batch)), logits(model, iota(batch));
-      logits.gives = IncrementalDecoder::Scores::Logits;
-      check_close(greedy_decode(logits, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens,
-                  greedy_decode(log_probs, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens, 0, 0);
     }
   }
 }
@@ -413,10 +418,12 @@ TEST_CASE("a forced prefix: greedy search continues it as a naive loop does, bea
   const int64_t batch = 4, vocab = 4, max_new = 4;
   const std::vector<std::vector<int64_t>> prefixes = {{}, {3}, {3, 0}, {1, 3, 0}};
   Model model = random_model(17, vocab);
-  for (auto gives : {IncrementalDecoder::Scores::LogProbs, IncrementalDecoder::Scores::Logits}) {
+  for (auto gives : {IncrementalDecoder::Scores::LogProbs, IncrementalDecoder::Scores::Logits,
+                     IncrementalDecoder::Scores::Probabilities}) {
     CAPTURE(static_cast<int>(gives));
-    // From logits the forced tokens' log-probabilities go through log_softmax: float rounding.
-    const double tolerance = gives == IncrementalDecoder::Scores::Logits ? 1e-6 : 0;
+    // From logits or probabilities the forced tokens' log-probabilities go through log_softmax or log:
+    // float rounding.
+    const double tolerance = gives == IncrementalDecoder::Scores::LogProbs ? 0 : 1e-6;
     FakeDecoder greedy_decoder(model, iota(batch)), beam_decoder(model, iota(batch));
     greedy_decoder.gives = beam_decoder.gives = gives;
     GreedyResult greedy = greedy_decode(greedy_decoder, batch, {.max_new_tokens = max_new, .prefixes = prefixes});

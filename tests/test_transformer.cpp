@@ -698,6 +698,16 @@ TEST_CASE("an ensemble decodes with the mean of its members' probabilities") {
     CAPTURE(i);
     CHECK(scores[i].log_prob == doctest::Approx(log_probs[i]).epsilon(1e-10));
   }
+  // Sampling from the ensemble's distribution with top-k 1 is its greedy search.
+  const models::DecodingOptions greedy{.banned_id = pad};
+  models::DecodingOptions top1 = greedy;
+  top1.sampling = {.do_sample = true, .top_k = 1};
+  const auto greedy_found = models::decode_sources(ensemble, sources, greedy);
+  const auto sampled = models::decode_sources(ensemble, sources, top1);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    CHECK(sampled[i][0].tokens == greedy_found[i][0].tokens);
+    CHECK(sampled[i][0].log_prob == doctest::Approx(greedy_found[i][0].log_prob).epsilon(1e-12));
+  }
   const auto alone = models::decode_sources(*a, sources, beam);
   const auto twice = models::decode_sources(models::Ensemble{a.get(), a.get()}, sources, beam);
   for (size_t i = 0; i < sources.size(); ++i) {
