@@ -225,6 +225,19 @@ class RecomputingDecoder : public generation::IncrementalDecoder {
   Tensor src_, memory_, prefix_;
 };
 
+/// Two beam searches' results: the same hypotheses in the same order, scores equal to rounding.
+void check_same_beams(const std::vector<std::vector<generation::Hypothesis>>& x,
+                      const std::vector<std::vector<generation::Hypothesis>>& y) {
+  REQUIRE(x.size() == y.size());
+  for (size_t s = 0; s < x.size(); ++s) {
+    REQUIRE(x[s].size() == y[s].size());
+    for (size_t h = 0; h < x[s].size(); ++h) {
+      CHECK(x[s][h].tokens == y[s][h].tokens);
+      CHECK(x[s][h].score == doctest::Approx(y[s][h].score).epsilon(1e-12));
+    }
+  }
+}
+
 /// `tokens` widened with PAD to `width` columns (our greedy stops once every sentence has ended).
 Tensor pad_to(const Tensor& tokens, int64_t width) {
   if (tokens.size(1) == width) return tokens;
@@ -269,16 +282,7 @@ TEST_CASE("cached decoding gives the tokens and scores of full recomputation") {
   models::TransformerDecoder cached_beam(*model, src);
   RecomputingDecoder recomputed_beam(*model, src);
   generation::BeamOptions beam{.beam_size = 3, .max_new_tokens = 8, .nbest = 3};
-  auto x = generation::beam_search(cached_beam, 3, beam);
-  auto y = generation::beam_search(recomputed_beam, 3, beam);
-  REQUIRE(x.size() == y.size());
-  for (size_t s = 0; s < x.size(); ++s) {
-    REQUIRE(x[s].size() == y[s].size());
-    for (size_t h = 0; h < x[s].size(); ++h) {
-      CHECK(x[s][h].tokens == y[s][h].tokens);
-      CHECK(x[s][h].score == doctest::Approx(y[s][h].score).epsilon(1e-12));
-    }
-  }
+  check_same_beams(generation::beam_search(cached_beam, 3, beam), generation::beam_search(recomputed_beam, 3, beam));
 }
 
 TEST_CASE("any selection of rows, in runs per sentence or not, keeps full recomputation's log-probabilities") {
@@ -668,15 +672,7 @@ TEST_CASE("an ensemble decodes with the mean of its members' probabilities") {
     models::EnsembleDecoder cached(ensemble, src);
     RecomputingEnsemble recomputed(*a, *b, src);
     const generation::BeamOptions beam{.beam_size = 3, .max_new_tokens = 8, .nbest = 3, .banned_id = pad};
-    const auto x = generation::beam_search(cached, 3, beam), y = generation::beam_search(recomputed, 3, beam);
-    REQUIRE(x.size() == y.size());
-    for (size_t s = 0; s < x.size(); ++s) {
-      REQUIRE(x[s].size() == y[s].size());
-      for (size_t h = 0; h < x[s].size(); ++h) {
-        CHECK(x[s][h].tokens == y[s][h].tokens);
-        CHECK(x[s][h].score == doctest::Approx(y[s][h].score).epsilon(1e-12));
-      }
-    }
+    check_same_beams(generation::beam_search(cached, 3, beam), generation::beam_search(recomputed, 3, beam));
   }
   // decode_sources' hypotheses against the ensemble's forced scoring of them, and a model ensembled with
   // itself against that model alone (the mean of p and p is p).

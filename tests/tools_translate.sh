@@ -35,6 +35,17 @@ same_file() {
   if cmp -s "$2" "$3"; then pass "$1"; else fail "$1"; diff "$2" "$3"; fi
 }
 
+# same_scored_lines WHAT LINES EXPECTED ACTUAL: both files hold LINES lines "score<TAB>text", the same
+# texts and scores within one unit of the 4th decimal (float32 rounding moves the last printed digit).
+same_scored_lines() {
+  if paste "$3" "$4" | awk -F'\t' -v lines="$2" '$2 != $4 || ($1 - $3) ^ 2 > 1.5e-4 ^ 2 { bad = 1 }
+      END { exit bad || NR != lines }'; then
+    pass "$1"
+  else
+    fail "$1"; paste "$3" "$4"
+  fi
+}
+
 ckpt="$dir/toy.safetensors"
 if ! "$maker" "$ckpt"; then
   fail "the toy model did not train"
@@ -270,20 +281,12 @@ expect "--target-prefix with --score" 2 "--score scores given translations: --ta
 "$translate" --checkpoint "$ckpt" --input "$dir/src_blank.txt" --beam 3 --nbest 2 >"$dir/single.txt"
 "$translate" --checkpoint "$ckpt" --ensemble "$ckpt,$ckpt" --input "$dir/src_blank.txt" --beam 3 --nbest 2 \
   >"$dir/ensembled.txt"
-if paste "$dir/single.txt" "$dir/ensembled.txt" | awk -F'\t' '$2 != $4 || ($1 - $3) ^ 2 > 1.5e-4 ^ 2 { bad = 1 }
-    END { exit bad || NR != 18 }'; then
-  pass "--ensemble of the model with itself gives the model's n-best lists"
-else
-  fail "--ensemble of the model with itself"; paste "$dir/single.txt" "$dir/ensembled.txt"
-fi
+same_scored_lines "--ensemble of the model with itself gives the model's n-best lists" 18 "$dir/single.txt" \
+  "$dir/ensembled.txt"
 "$translate" --checkpoint "$ckpt" --ensemble "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" \
   >"$dir/ensemble_scores.txt"
-if paste "$dir/scores_0.txt" "$dir/ensemble_scores.txt" | awk -F'\t' '$2 != $4 || ($1 - $3) ^ 2 > 1.5e-4 ^ 2 { bad = 1 }
-    END { exit bad || NR != 8 }'; then
-  pass "--ensemble of the model with itself scores as the model"
-else
-  fail "--ensemble's forced scores"; paste "$dir/scores_0.txt" "$dir/ensemble_scores.txt"
-fi
+same_scored_lines "--ensemble of the model with itself scores as the model" 8 "$dir/scores_0.txt" \
+  "$dir/ensemble_scores.txt"
 expect "--ensemble with an empty path" 2 "--ensemble: an empty path in '$ckpt,'" \
   "$translate" --checkpoint "$ckpt" --ensemble "$ckpt," --input "$dir/src.txt"
 expect "--ensemble with a missing checkpoint" 1 "$dir/none.safetensors" \
