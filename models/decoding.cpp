@@ -37,14 +37,13 @@ Tensor log_mean_exp(const std::vector<Tensor>& log_probs) {
   return top.squeeze(0) + log(summed) - std::log(static_cast<double>(log_probs.size()));
 }
 
-/// The shortest max_len of the members: sources and targets are cut to fit every one.
+}  // namespace
+
 int64_t shortest_max_len(const Ensemble& models) {
   int64_t max_len = models.front()->config().max_len;
   for (const Transformer* model : models) max_len = std::min(max_len, model->config().max_len);
   return max_len;
 }
-
-}  // namespace
 
 void check_ensemble(const char* op, const Ensemble& models) {
   MF_CHECK(!models.empty(), "{}: no model given", op);

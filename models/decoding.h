@@ -90,6 +90,10 @@ using Ensemble = std::vector<Transformer*>;
 /// first's target vocabulary size, padding id and device.
 void check_ensemble(const char* op, const Ensemble& models);
 
+/// The shortest max_len of a non-empty ensemble's members: decoding and scoring cut sources and targets
+/// to fit every one.
+int64_t shortest_max_len(const Ensemble& models);
+
 /// Incremental decoding of an ensemble: one TransformerDecoder per member, stepped and reordered
 /// together; step() returns the members' mean probabilities, of which the searches take the log of
 /// only those they keep (a mean taken in log space cost the two-model ensemble a third of its time:

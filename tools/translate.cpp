@@ -78,7 +78,6 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -91,9 +90,9 @@ namespace models = mf::models;
 using mf::tools::UsageError;
 
 /// Input lines translated together unless --buffer-lines says otherwise: enough for length-sorted batches
-/// to fill (4,000 Multi30k lines in groups of 1,000 went as fast as in one group, within the noise between
-/// runs; one line at a time took 10 times as long), few enough that a corpus of millions of lines neither
-/// sits in memory nor waits to be read whole before its first translation comes out.
+/// to fill (groups of 1,000 already ran as fast as the whole input: BENCHMARKS.md), few enough that a
+/// corpus of millions of lines neither sits in memory nor waits to be read whole before its first
+/// translation comes out.
 constexpr size_t kBufferLines = 10000;
 
 struct Options {
@@ -319,8 +318,9 @@ models::DecodingOptions decoding_options(const Options& o, mf::Generator* stream
 }
 
 /// Translates the lines with tokens (the library sorts them by length and batches them under
-/// --batch-tokens), each beginning with its prefix (empty: none); lines without tokens (token_counts[i] == 0) get one empty hypothesis with score 0 per
-/// requested translation; --sampling draws from `stream`. Returns the hypotheses in input order and the tokens generated for the best.
+/// --batch-tokens), each beginning with its prefix (empty: none); lines without tokens (token_counts[i] ==
+/// 0) get one empty hypothesis with score 0 per requested translation; --sampling draws from `stream`.
+/// Returns the hypotheses in input order and the tokens generated for the best.
 std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& translator,
                                                             const std::vector<std::string>& lines,
                                                             const std::vector<std::string>& prefixes,
@@ -536,8 +536,7 @@ int run(int argc, char** argv) {
   if (!o.target_prefix.empty()) prefixes.emplace(o.target_prefix, "target prefix file");
   Output output(o);
   mf::Generator stream(static_cast<uint64_t>(o.seed));
-  int64_t limit = std::numeric_limits<int64_t>::max();  // the shortest model's
-  for (const models::Transformer* model : translator.models()) limit = std::min(limit, model->config().max_len - 1);
+  const int64_t limit = models::shortest_max_len(translator.models()) - 1;
   const size_t group_lines = lines_per_group(o);
   Totals totals;
   std::vector<std::string> best;  // the first translation of every line, for --reference
