@@ -52,6 +52,21 @@ struct ThreadCountGuard {
   ~ThreadCountGuard() { set_num_threads(saved); }
 };
 
+/// The words of `text` as spaces separate them (runs of spaces and tabs), as a reader splits text.
+inline std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  for (char c : text + ' ') {
+    if (c != ' ' && c != '\t') {
+      word += c;
+    } else if (!word.empty()) {
+      words.push_back(word);
+      word.clear();
+    }
+  }
+  return words;
+}
+
 /// A float64 tensor from values, for hand-worked expectations.
 inline Tensor f64(const std::vector<double>& values, const Shape& shape = {}) {
   return from_vector(values, shape);

@@ -5,6 +5,7 @@
 #include "text/subword.h"
 
 #include "core/error.h"
+#include "helpers.h"
 
 #include <doctest/doctest.h>
 #include <sentencepiece_trainer.h>
@@ -18,6 +19,7 @@
 
 using namespace mf;
 using namespace mf::text;
+using mf::testing::split_words;
 
 namespace {
 
@@ -147,4 +149,60 @@ TEST_CASE("corrupt model bytes and impossible options are refused, naming what w
                        doctest::Contains("could not learn a 100000-piece unigram model"), Error);
   CHECK_THROWS_WITH_AS(SubwordModel::train(corpus(), {.vocab_size = 4}), doctest::Contains("leaves no room"), Error);
   CHECK_THROWS_WITH_AS(SubwordModel::train({"", ""}, {}), doctest::Contains("no sentences"), Error);
+}
+
+TEST_CASE("word_indices groups each word's pieces as the decoded text's spaces separate them") {
+  // The reference is the decoded text itself: word w of decode(ids), split at spaces, must be what
+  // decoding the ids given index w alone prints, and every word must be covered.
+  const std::vector<std::string> sentences = {corpus()[0], corpus()[123], corpus()[555], "Jürgen (again) — naïvely!",
+                                              "  Zwei   Kinder  ", "Жук 🙂 ß schläft", "東京", "", "a"};
+  for (const SubwordModel& model : {small_model(SubwordAlgorithm::Unigram), small_model(SubwordAlgorithm::Bpe),
+                                    small_model(SubwordAlgorithm::Unigram, false)}) {
+    CAPTURE(model.byte_fallback());
+    for (const std::string& sentence : sentences) {
+      CAPTURE(sentence);
+      const std::vector<int64_t> ids = model.encode(sentence);
+      const std::vector<int64_t> indices = model.word_indices(ids);
+      const std::vector<std::string> words = split_words(model.decode(ids));
+      REQUIRE(indices.size() == ids.size());
+      CHECK(std::is_sorted(indices.begin(), indices.end()));
+      const int64_t last = indices.empty() ? -1 : indices.back();
+      CHECK(last + 1 == static_cast<int64_t>(words.size()));
+      for (int64_t w = 0; w < static_cast<int64_t>(words.size()); ++w) {
+        std::vector<int64_t> pieces;
+        for (size_t i = 0; i < ids.size(); ++i)
+          if (indices[i] == w) pieces.push_back(ids[i]);
+        CHECK(split_words(model.decode(pieces)) == std::vector<std::string>{words[static_cast<size_t>(w)]});
+      }
+    }
+  }
+}
+
+TEST_CASE("word_indices: specials spell no word, <unk> is a word of its own, a lone ▁ joins the next word") {
+  const SubwordModel model = small_model(SubwordAlgorithm::Unigram, false);
+  const std::vector<int64_t> man = model.encode("man");  // "▁man", or "▁" and "man"
+  std::vector<int64_t> ids = {kSosId};
+  ids.insert(ids.end(), man.begin(), man.end());
+  ids.insert(ids.end(), {kUnkId, kPadId});
+  ids.insert(ids.end(), man.begin(), man.end());
+  ids.insert(ids.end(), {kEosId, man.front()});
+  std::vector<int64_t> expected = {-1};
+  expected.insert(expected.end(), man.size(), 0);
+  expected.insert(expected.end(), {1, -1});
+  expected.insert(expected.end(), man.size(), 2);
+  expected.insert(expected.end(), {-1, -1});
+  CHECK(model.word_indices(ids) == expected);
+  CHECK(split_words(model.decode(ids)) == std::vector<std::string>{"man", "\xE2\x81\x87", "man"});
+
+  // Pieces made of "▁" alone: found in the vocabulary, they wait for the word after them, and spell no
+  // word when none comes.
+  int64_t space = -1, ab = -1;  // "▁", and a piece without it
+  for (int64_t id = kSpecialTokenCount; id < model.size(); ++id) {
+    if (model.piece(id) == "\xE2\x96\x81") space = id;
+    if (ab < 0 && !model.piece(id).starts_with("\xE2\x96\x81")) ab = id;
+  }
+  REQUIRE(space >= 0);
+  REQUIRE(ab >= 0);
+  CHECK(model.word_indices(std::vector<int64_t>{space, space, ab, space}) == std::vector<int64_t>{0, 0, 0, -1});
+  CHECK(model.word_indices(std::vector<int64_t>{ab, ab, space, ab}) == std::vector<int64_t>{0, 0, 1, 1});
 }

@@ -65,6 +65,15 @@ std::vector<std::string> TextCodec::units(std::string_view text) const {
   return std::get<SubwordModel>(codec_).pieces(text);
 }
 
+std::vector<int64_t> TextCodec::word_indices(std::span<const int64_t> ids) const {
+  if (const SubwordModel* model = subwords()) return model->word_indices(ids);
+  std::vector<int64_t> out(ids.size(), -1);
+  int64_t word = 0;
+  for (size_t i = 0; i < ids.size() && ids[i] != kEosId; ++i)
+    if (ids[i] != kPadId && ids[i] != kSosId) out[i] = word++;
+  return out;
+}
+
 const std::string& TextCodec::unit(int64_t id) const {
   if (const Words* words = std::get_if<Words>(&codec_)) return words->vocab.token(id);
   return std::get<SubwordModel>(codec_).piece(id);

@@ -30,6 +30,10 @@ class TextCodec {
   std::string decode(std::span<const int64_t> ids) const;
   /// The units the model sees for `text`: words (as tokenized) or pieces ("▁walk", "ing").
   std::vector<std::string> units(std::string_view text) const;
+  /// Per id, the 0-based index of the word of decode(ids) it belongs to, words being what spaces
+  /// separate there (a word vocabulary: each id but the specials is a word; subwords: SubwordModel::
+  /// word_indices); -1 for ids that print nothing (<pad>, <sos>, <eos> and what follows it).
+  std::vector<int64_t> word_indices(std::span<const int64_t> ids) const;
   /// The unit of `id` (a word, a piece or a special's text).
   const std::string& unit(int64_t id) const;
   /// Number of ids, the four specials included: the embedding's row count.

@@ -146,4 +146,33 @@ std::string SubwordModel::decode(std::span<const int64_t> ids) const {
   return text;
 }
 
+std::vector<int64_t> SubwordModel::word_indices(std::span<const int64_t> ids) const {
+  static constexpr std::string_view kWordBoundary = "\u2581";  // "▁", SentencePiece's space
+  std::vector<int64_t> out(ids.size(), -1);
+  std::vector<size_t> waiting;  // "▁" pieces since the last word, which belong to the next one
+  int64_t word = -1;
+  bool starts_word = true;  // the next piece with text begins a word
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string& text = piece(ids[i]);
+    if (ids[i] == kEosId) break;
+    if (ids[i] == kPadId || ids[i] == kSosId) continue;
+    const bool unknown = ids[i] == kUnkId;
+    std::string_view rest = text;
+    while (rest.starts_with(kWordBoundary)) {
+      rest.remove_prefix(kWordBoundary.size());
+      starts_word = true;
+    }
+    if (rest.empty()) {
+      waiting.push_back(i);
+      continue;
+    }
+    if (starts_word || unknown || word < 0) ++word;
+    starts_word = unknown;
+    for (size_t j : waiting) out[j] = word;
+    waiting.clear();
+    out[i] = word;
+  }
+  return out;
+}
+
 }  // namespace mf::text

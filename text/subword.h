@@ -64,6 +64,11 @@ class SubwordModel {
   /// Text of `ids` up to the first <eos>, skipping <pad> and <sos>; <unk> (only possible without byte
   /// fallback) reads " ⁇ ".
   std::string decode(std::span<const int64_t> ids) const;
+  /// Per id, the 0-based index of the word of decode(ids) it spells, words being what spaces separate
+  /// there: a piece starting with "▁" begins a word, a piece of "▁" alone belongs to the word after
+  /// it, <unk> (" ⁇ ") is a word of its own. -1 for ids that spell no word: <pad>, <sos>, <eos> and
+  /// what follows it, and "▁" pieces with no word after them.
+  std::vector<int64_t> word_indices(std::span<const int64_t> ids) const;
 
   bool operator==(const SubwordModel& other) const { return bytes_ == other.bytes_; }
 
