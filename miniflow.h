@@ -51,6 +51,7 @@
 #include "text/sacrebleu.h"
 #include "text/special_tokens.h"
 #include "text/subword.h"
+#include "models/alignment.h"
 #include "models/decoding.h"
 #include "models/generation.h"
 #include "models/sampling.h"

@@ -237,32 +237,42 @@ std::vector<TargetScore> score_targets(Transformer& model, const std::vector<std
   return score_targets(Ensemble{&model}, sources, targets, options);
 }
 
-std::vector<TargetScore> score_targets(const Ensemble& models, const std::vector<std::vector<int64_t>>& sources,
-                                       const std::vector<std::vector<int64_t>>& targets,
-                                       const ScoringOptions& options) {
-  check_ensemble("score_targets", models);
-  MF_CHECK(sources.size() == targets.size(), "score_targets: {} sources but {} targets", sources.size(),
-           targets.size());
-  MF_CHECK(options.batch_tokens > 0, "score_targets: batch_tokens must be positive, got {}", options.batch_tokens);
-  MF_CHECK(options.batch_sentences >= 0, "score_targets: batch_sentences must be 0 (no cap) or positive, got {}",
+namespace {
+
+/// How many of `ids` forced decoding keeps: at most max_len - 1, leaving room for <sos> or <eos>.
+int64_t kept_length(const std::vector<int64_t>& ids, int64_t max_len) {
+  return std::min<int64_t>(static_cast<int64_t>(ids.size()), max_len - 1);
+}
+
+/// One padded batch of (source, target) pairs for forced decoding: the pairs at `rows`, each cut to
+/// its first max_len - 1 ids.
+struct ForcedBatch {
+  std::span<const int64_t> rows;  // indices of the pairs, in the batch's row order
+  Tensor src, tgt_in, tgt_out;    // [B, S], [B, T], [B, T]: pad_sources; <sos> + target; target + <eos>
+};
+
+/// Calls `each(batch)` for the pairs in length-sorted batches under `options` (source plus target ids,
+/// <eos> and <sos> included), every pair cut to `max_len` - 1 ids on each side. `op` names the caller in
+/// errors: lists of different sizes, a <pad> inside a target, options out of range.
+template <typename Each>
+void for_each_forced_batch(const char* op, const std::vector<std::vector<int64_t>>& sources,
+                           const std::vector<std::vector<int64_t>>& targets, const ScoringOptions& options,
+                           int64_t max_len, Device device, Each each) {
+  MF_CHECK(sources.size() == targets.size(), "{}: {} sources but {} targets", op, sources.size(), targets.size());
+  MF_CHECK(options.batch_tokens > 0, "{}: batch_tokens must be positive, got {}", op, options.batch_tokens);
+  MF_CHECK(options.batch_sentences >= 0, "{}: batch_sentences must be 0 (no cap) or positive, got {}", op,
            options.batch_sentences);
-  Transformer& model = *models.front();
-  const int64_t max_len = shortest_max_len(models);
-  const int64_t limit = max_len - 1;
-  auto kept = [&](const std::vector<int64_t>& ids) { return std::min<int64_t>(static_cast<int64_t>(ids.size()), limit); };
+  auto kept = [&](const std::vector<int64_t>& ids) { return kept_length(ids, max_len); };
   std::vector<int64_t> lengths;  // source + <eos>, then <sos> + target
   for (size_t i = 0; i < sources.size(); ++i) {
     // A <pad> inside a target would be masked out of the decoder's attention and of the sum.
     const auto pad = std::find(targets[i].begin(), targets[i].end(), text::kPadId);
-    MF_CHECK(pad == targets[i].end(), "score_targets: target {} holds <pad> (id {}) at position {}", i, text::kPadId,
+    MF_CHECK(pad == targets[i].end(), "{}: target {} holds <pad> (id {}) at position {}", op, i, text::kPadId,
              pad - targets[i].begin());
     lengths.push_back(kept(sources[i]) + kept(targets[i]) + 2);
   }
-
-  std::vector<TargetScore> out(sources.size());
   NoGradGuard no_grad;
   for (const text::Batch& batch : text::sorted_batches(lengths, options.batch_tokens, options.batch_sentences)) {
-    const Tensor src = pad_sources(sources, batch, max_len, model.device());
     int64_t width = 0;  // the longest target + <eos>
     for (int64_t i : batch) width = std::max(width, kept(targets[static_cast<size_t>(i)]) + 1);
     std::vector<int64_t> tgt_in(batch.size() * static_cast<size_t>(width), text::kPadId), tgt_out = tgt_in;
@@ -275,19 +285,62 @@ std::vector<TargetScore> score_targets(const Ensemble& models, const std::vector
       *std::copy(ids.begin(), ids.begin() + n, tgt_out.begin() + start) = text::kEosId;
     }
     const Shape shape{static_cast<int64_t>(batch.size()), width};
-    const Tensor tgt_in_tensor = from_vector(tgt_in, shape, model.device());
-    const Tensor tgt_out_tensor = from_vector(tgt_out, shape, model.device());
+    each(ForcedBatch{.rows = batch,
+                     .src = pad_sources(sources, batch, max_len, device),
+                     .tgt_in = from_vector(tgt_in, shape, device),
+                     .tgt_out = from_vector(tgt_out, shape, device)});
+  }
+}
+
+}  // namespace
+
+std::vector<TargetScore> score_targets(const Ensemble& models, const std::vector<std::vector<int64_t>>& sources,
+                                       const std::vector<std::vector<int64_t>>& targets,
+                                       const ScoringOptions& options) {
+  check_ensemble("score_targets", models);
+  const int64_t max_len = shortest_max_len(models);
+  std::vector<TargetScore> out(sources.size());
+  for_each_forced_batch("score_targets", sources, targets, options, max_len, models.front()->device(),
+                        [&](const ForcedBatch& batch) {
     std::vector<Tensor> member_log_probs;  // [B, T] each
     for (Transformer* member : models)
-      member_log_probs.push_back(target_log_probs(*member, src, tgt_in_tensor, tgt_out_tensor));
+      member_log_probs.push_back(target_log_probs(*member, batch.src, batch.tgt_in, batch.tgt_out));
     const std::vector<double> log_probs = log_mean_exp(member_log_probs).to(Device::cpu()).to_vector<double>();
-    for (size_t row = 0; row < batch.size(); ++row) {
-      TargetScore& score = out[static_cast<size_t>(batch[row])];
+    const int64_t width = batch.tgt_out.size(1);
+    for (size_t row = 0; row < batch.rows.size(); ++row) {
+      const auto pair = static_cast<size_t>(batch.rows[row]);
+      TargetScore& score = out[pair];
       const auto first = log_probs.begin() + static_cast<std::ptrdiff_t>(row) * width;
-      score.token_log_probs.assign(first, first + kept(targets[static_cast<size_t>(batch[row])]) + 1);
+      score.token_log_probs.assign(first, first + kept_length(targets[pair], max_len) + 1);
       for (double p : score.token_log_probs) score.log_prob += p;
     }
-  }
+  });
+  return out;
+}
+
+std::vector<Tensor> target_cross_attention(Transformer& model, const std::vector<std::vector<int64_t>>& sources,
+                                           const std::vector<std::vector<int64_t>>& targets, int64_t layer,
+                                           const ScoringOptions& options) {
+  const int64_t layers = model.config().decoder_layers;
+  MF_CHECK(layer == -1 || (layer >= 1 && layer <= layers),
+           "target_cross_attention: layer must be 1 to the decoder's {} layers or -1 (the last), got {}", layers, layer);
+  const int64_t max_len = model.config().max_len;
+  std::vector<Tensor> out(sources.size());
+  for_each_forced_batch("target_cross_attention", sources, targets, options, max_len, model.device(),
+                        [&](const ForcedBatch& batch) {
+    // [B, T, S]: the rows past a target's <eos> and the columns past a source's <eos> read padding.
+    const Tensor attention = model.cross_attention(batch.src, batch.tgt_in, layer == -1 ? layers : layer)
+                                 .mean({1})
+                                 .to(Device::cpu())
+                                 .to(DType::Float64);
+    for (size_t row = 0; row < batch.rows.size(); ++row) {
+      const auto pair = static_cast<size_t>(batch.rows[row]);
+      out[pair] = attention.select(0, static_cast<int64_t>(row))
+                      .narrow(0, 0, kept_length(targets[pair], max_len) + 1)
+                      .narrow(1, 0, kept_length(sources[pair], max_len) + 1)
+                      .contiguous();
+    }
+  });
   return out;
 }
 

@@ -161,4 +161,14 @@ std::vector<TargetScore> score_targets(const Ensemble& models, const std::vector
                                        const std::vector<std::vector<int64_t>>& targets,
                                        const ScoringOptions& options = {});
 
+/// Where the model looked in each source as it read the target beside it: decoder layer `layer`'s
+/// cross-attention (1 to decoder_layers, -1 the last), mean over its heads, [target ids + <eos>, source
+/// ids + <eos>] float64 on the CPU per pair, in input order, row t the weights with which the model read
+/// the source as it predicted token t (each row sums to 1). Pairs are batched and cut as score_targets
+/// does; Transformer::cross_attention runs, so the layers above `layer` and the output projection do
+/// not. Throws mf::Error as score_targets does, and for a layer out of range.
+std::vector<Tensor> target_cross_attention(Transformer& model, const std::vector<std::vector<int64_t>>& sources,
+                                           const std::vector<std::vector<int64_t>>& targets, int64_t layer = -1,
+                                           const ScoringOptions& options = {});
+
 }  // namespace mf::models

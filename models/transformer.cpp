@@ -9,6 +9,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <numeric>
+#include <utility>
 
 namespace mf::models {
 
@@ -366,6 +367,27 @@ Tensor Transformer::forward(const Tensor& src, const Tensor& tgt_in) {
            "Transformer: source {} and target {} must be [B, S] and [B, T] with the same B", shape_str(src.shape()),
            shape_str(tgt_in.shape()));
   return decode(tgt_in, encode(src), src);
+}
+
+Tensor Transformer::cross_attention(const Tensor& src, const Tensor& tgt_in, int64_t layer) {
+  MF_CHECK(src.dim() == 2 && tgt_in.dim() == 2 && src.size(0) == tgt_in.size(0),
+           "Transformer::cross_attention: source {} and target {} must be [B, S] and [B, T] with the same B",
+           shape_str(src.shape()), shape_str(tgt_in.shape()));
+  MF_CHECK(layer >= 1 && layer <= config_.decoder_layers,
+           "Transformer::cross_attention: layer {} is not one of the decoder's {} layers (1-based)", layer,
+           config_.decoder_layers);
+  const Tensor memory = encode(src);
+  Tensor y = embed_target(tgt_in);
+  const Tensor self_mask = decoder_mask(tgt_in, config_.pad_id, y.dtype());
+  const Tensor cross_mask = padding_mask(src, config_.pad_id, y.dtype());
+  DecoderLayer& chosen = *decoder->layers[static_cast<size_t>(layer - 1)];
+  struct Recording {  // the chosen layer records for this pass only, whatever happens in it
+    DecoderLayer& layer;
+    bool before;
+    ~Recording() { layer.record_attention = before; }
+  } recording{chosen, std::exchange(chosen.record_attention, true)};
+  for (int64_t i = 0; i < layer; ++i) y = decoder->layers[static_cast<size_t>(i)]->forward(y, memory, self_mask, cross_mask);
+  return chosen.cross_attention;
 }
 
 Tensor Transformer::loss(const Tensor& logits, const Tensor& tgt_out, double label_smoothing) const {

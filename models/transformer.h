@@ -181,6 +181,10 @@ class Transformer : public nn::Module {
   /// Decoder states [..., C] -> logits [..., V].
   Tensor project_output(const Tensor& states);
 
+  /// Decoder layer `layer`'s (1-based) cross-attention probabilities [B, H, T, S] for source tokens
+  /// [B, S] and decoder inputs [B, T], as forward would record them; the layers above it and the output
+  /// projection do not run.
+  Tensor cross_attention(const Tensor& src, const Tensor& tgt_in, int64_t layer);
   /// Keep every layer's attention probabilities after each forward (off by default: it costs memory).
   void set_record_attention(bool on);
   /// Each attention module's probabilities from the last forward, [B, H, *, *], keyed by the module's

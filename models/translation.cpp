@@ -128,7 +128,7 @@ std::vector<std::vector<Translation>> Translator::translate(const std::vector<st
       const bool ended = !h.tokens.empty() && h.tokens.back() == text::kEosId;
       out.back().push_back({.text = decode_target(h.tokens),
                             .score = h.score,
-                            .tokens = static_cast<int64_t>(h.tokens.size()) - (ended ? 1 : 0)});
+                            .ids = std::vector<int64_t>(h.tokens.begin(), h.tokens.end() - (ended ? 1 : 0))});
     }
   }
   return out;
@@ -140,6 +140,18 @@ std::vector<TargetScore> Translator::score(const std::vector<std::string>& sourc
   for (const std::string& sentence : sources) source_ids.push_back(source_.encode(sentence));
   for (const std::string& sentence : targets) target_ids.push_back(target_.encode(sentence));
   return score_targets(models(), source_ids, target_ids, options);
+}
+
+std::vector<WordAlignment> Translator::align(const std::vector<std::string>& sources,
+                                            const std::vector<std::vector<int64_t>>& targets, int64_t layer,
+                                            const ScoringOptions& batching) {
+  std::vector<std::vector<int64_t>> source_ids;
+  for (const std::string& sentence : sources) source_ids.push_back(source_.encode(sentence));
+  const std::vector<Tensor> attention = target_cross_attention(*model_, source_ids, targets, layer, batching);
+  std::vector<WordAlignment> out;
+  for (size_t i = 0; i < sources.size(); ++i)
+    out.push_back(word_alignment(attention[i], source_.word_indices(source_ids[i]), target_.word_indices(targets[i])));
+  return out;
 }
 
 std::vector<std::string> Translator::translate_greedy(const std::vector<std::string>& sentences,

@@ -6,6 +6,7 @@
 // batches are padded with <pad> (text::kPadId), which every mask and the loss ignore.
 #pragma once
 
+#include "models/alignment.h"
 #include "models/decoding.h"
 #include "models/generation.h"
 #include "models/transformer.h"
@@ -38,8 +39,11 @@ struct Translation {
   std::string text;
   /// What beam search ranks by, the length-penalized log-probability; greedy search: the log-probability.
   double score = 0;
+  /// The ids generated, <eos> excluded (what Translator::align takes).
+  std::vector<int64_t> ids;
+
   /// Tokens generated, <eos> excluded.
-  int64_t tokens = 0;
+  int64_t tokens() const { return static_cast<int64_t>(ids.size()); }
 
   bool operator==(const Translation&) const = default;
 };
@@ -74,6 +78,13 @@ class Translator {
   /// beside it (score_targets on both sides' encodings, as translate encodes them).
   std::vector<TargetScore> score(const std::vector<std::string>& sources, const std::vector<std::string>& targets,
                                  const ScoringOptions& options = {});
+  /// Which source words each target word was translated from: `targets[i]` (ids without <eos>, say a
+  /// Translation's ids) after `sources[i]`, from decoder layer `layer`'s cross-attention (1-based, -1 the
+  /// last; target_cross_attention, batched by `batching`; under an ensemble, model()'s) gathered into
+  /// the words of the source sentence and of the target's text (word_alignment).
+  std::vector<WordAlignment> align(const std::vector<std::string>& sources,
+                                   const std::vector<std::vector<int64_t>>& targets, int64_t layer = -1,
+                                   const ScoringOptions& batching = {});
   /// Greedy translations of `sentences`, one each (translate with beam_size 1).
   std::vector<std::string> translate_greedy(const std::vector<std::string>& sentences, int64_t max_new_tokens);
 

@@ -453,6 +453,93 @@ TEST_CASE("score_targets gives a translation the log-probability its search foun
                        "score_targets: batch_tokens must be positive, got 0", Error);
 }
 
+TEST_CASE("target_cross_attention gives each pair a decoder layer's cross-attention, as the pair alone gives it") {
+  auto model = std::make_shared<models::Transformer>(reference_config());
+  model->to(DType::Float64);
+  model->load_state_dict(testing::reference_with_prefix("trained."));
+  model->eval();
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {}, {4, 6}};
+  const std::vector<std::vector<int64_t>> targets = {{4, 10, 6, 7, 8}, {3}, {9, 5, 12}, {7}, {}};
+  // The reference: each pair alone (no padding, no batchmates) through the whole Transformer::forward,
+  // whose attention matches PyTorch's (above), averaged over the heads by hand.
+  auto alone = [&](size_t pair, int64_t layer) {
+    std::vector<int64_t> src = sources[pair], tgt_in = {text::kSosId};
+    src.push_back(text::kEosId);
+    tgt_in.insert(tgt_in.end(), targets[pair].begin(), targets[pair].end());
+    NoGradGuard no_grad;
+    model->set_record_attention(true);
+    model->forward(from_vector(src, {1, static_cast<int64_t>(src.size())}),
+                   from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}));
+    model->set_record_attention(false);
+    const Tensor heads = model->decoder->layers[static_cast<size_t>(layer - 1)]->cross_attention.select(0, 0);
+    return (heads.select(0, 0) + heads.select(0, 1)) / 2.0;
+  };
+  for (int64_t layer : {1, 2, -1}) {
+    for (const models::ScoringOptions& batching :
+         {models::ScoringOptions{.batch_tokens = 1}, {.batch_tokens = 20, .batch_sentences = 3}, {}}) {
+      CAPTURE(layer);
+      CAPTURE(batching.batch_tokens);
+      const std::vector<Tensor> attention = models::target_cross_attention(*model, sources, targets, layer, batching);
+      REQUIRE(attention.size() == sources.size());
+      for (size_t i = 0; i < sources.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(attention[i].shape() == Shape{static_cast<int64_t>(targets[i].size()) + 1,
+                                              static_cast<int64_t>(sources[i].size()) + 1});
+        check_close(attention[i], alone(i, layer == -1 ? 2 : layer), 1e-12, 1e-12);
+        check_close(attention[i].sum({1}), ones({attention[i].size(0)}, DType::Float64), 1e-12, 1e-12);
+      }
+    }
+  }
+  // The layers differ, so the layer asked for is the layer read; no layer keeps recording afterwards.
+  CHECK(amax(abs(models::target_cross_attention(*model, {sources[0]}, {targets[0]}, 1).front() - alone(0, 2)))
+            .item<double>() > 1e-3);
+  for (const auto& layer : model->decoder->layers) CHECK_FALSE(layer->record_attention);
+  // Pairs past max_len - 1 ids are cut as score_targets cuts them.
+  CHECK(models::target_cross_attention(*model, {std::vector<int64_t>(40, 5)}, {std::vector<int64_t>(30, 7)})
+            .front()
+            .shape() == Shape{16, 16});
+  CHECK_THROWS_WITH_AS(models::target_cross_attention(*model, {{5}}, {{6}}, 3),
+                       "target_cross_attention: layer must be 1 to the decoder's 2 layers or -1 (the last), got 3",
+                       Error);
+  CHECK_THROWS_WITH_AS(models::target_cross_attention(*model, {{5}}, {{6}}, 0), doctest::Contains("got 0"), Error);
+  CHECK_THROWS_WITH_AS(models::target_cross_attention(*model, {{5}}, {{6, 0}}),
+                       "target_cross_attention: target 0 holds <pad> (id 0) at position 1", Error);
+}
+
+TEST_CASE("word_alignment gathers pieces into words: target rows averaged, source columns summed, <eos> left out") {
+  // Binary fractions, so the sums below are exact. Source pieces 0 and 1 are word 0, piece 2 word 1,
+  // piece 3 word 2; target piece 0 is word 0, pieces 1 and 2 word 1; the last row and column are <eos>.
+  const Tensor attention = from_vector<double>({0.125, 0.25, 0.375, 0.125, 0.125,  //
+                                                0.5, 0.125, 0.125, 0.125, 0.125,   //
+                                                0.0, 0.25, 0.5, 0.0, 0.25,         //
+                                                0.25, 0.25, 0.25, 0.125, 0.125},
+                                               {4, 5});
+  const std::vector<int64_t> source_words = {0, 0, 1, 2}, target_words = {0, 1, 1};
+  const models::WordAlignment a = models::word_alignment(attention, source_words, target_words);
+  REQUIRE(a.source_words == 3);
+  REQUIRE(a.target_words == 2);
+  // By hand: word 0's row is piece 0's, (0.125 + 0.25, 0.375, 0.125); word 1's the mean of pieces 1
+  // and 2, ((0.625 + 0.25) / 2, (0.125 + 0.5) / 2, (0.125 + 0) / 2).
+  CHECK(a.weights == std::vector<double>{0.375, 0.375, 0.125, 0.4375, 0.3125, 0.0625});
+  using Link = models::AlignmentLink;
+  CHECK(a.hard() == std::vector<Link>{{.source = 0, .target = 0}, {.source = 0, .target = 1}});  // a tie: the first
+  CHECK(a.above(0.3) == std::vector<Link>{{0, 0}, {1, 0}, {0, 1}, {1, 1}});
+  CHECK(a.above(0.4) == std::vector<Link>{{0, 1}});
+
+  // Pieces of no word (-1) are left out; so is a word the length limit cut (the attention covers its
+  // first piece only), and with no source word, hard() links nothing.
+  const models::WordAlignment cut = models::word_alignment(attention, std::vector<int64_t>{0, -1, 1, 1, 1},
+                                                                std::vector<int64_t>{0, 0, -1});
+  CHECK(cut.source_words == 1);
+  CHECK(cut.target_words == 1);
+  CHECK(cut.weights == std::vector<double>{(0.125 + 0.5) / 2});
+  const models::WordAlignment no_source = models::word_alignment(attention.narrow(1, 4, 1), std::vector<int64_t>{}, target_words);
+  CHECK(no_source.source_words == 0);
+  CHECK(no_source.hard().empty());
+  CHECK_THROWS_WITH_AS(models::word_alignment(attention, std::vector<int64_t>{0, 1}, target_words),
+                       doctest::Contains("covers more pieces than the 3 target and 2 source word indices"), Error);
+}
+
 TEST_CASE("decode_sources' sampling draws each token from the model's distribution, banned token left out") {
   auto model = reference_model(DType::Float64);  // random weights: a spread-out distribution
   model->eval();

@@ -26,6 +26,22 @@ models::Translator toy_translator() {
   return models::Translator(config, src, tgt, {});
 }
 
+/// An untrained translator with one SentencePiece vocabulary (byte fallback) for both sides, in eval mode.
+models::Translator subword_translator(uint64_t seed) {
+  std::vector<std::string> text;
+  for (const char* s : {"Ein Mann läuft.", "A man runs.", "Eine Frau schläft.", "A woman sleeps.", "Zwei Hunde.",
+                        "Two dogs."})
+    for (int i = 0; i < 20; ++i) text.emplace_back(s);
+  const text::TextCodec both(text::SubwordModel::train(text, {.vocab_size = 290}));
+  manual_seed(seed);
+  const models::TransformerConfig config{.src_vocab = both.size(), .tgt_vocab = both.size(), .d_model = 16,
+                                         .heads = 2, .encoder_layers = 1, .decoder_layers = 2, .d_ff = 32,
+                                         .dropout = 0.0, .max_len = 24, .shared_embeddings = true};
+  models::Translator translator(config, both, both);
+  translator.model().eval();
+  return translator;
+}
+
 std::filesystem::path temp_file(const char* name) { return std::filesystem::temp_directory_path() / name; }
 
 }  // namespace
@@ -192,17 +208,8 @@ TEST_CASE("checkpoints written before text codecs (word vocabularies under their
 }
 
 TEST_CASE("a subword translator: one shared vocabulary and embedding, stored in and loaded from its checkpoint") {
-  std::vector<std::string> text;
-  for (const char* s : {"Ein Mann läuft.", "A man runs.", "Eine Frau schläft.", "A woman sleeps.", "Zwei Hunde.",
-                        "Two dogs."})
-    for (int i = 0; i < 20; ++i) text.emplace_back(s);
-  const text::TextCodec both(text::SubwordModel::train(text, {.vocab_size = 290}));
-  manual_seed(5);
-  const models::TransformerConfig config{.src_vocab = both.size(), .tgt_vocab = both.size(), .d_model = 16,
-                                         .heads = 2, .encoder_layers = 1, .decoder_layers = 1, .d_ff = 32,
-                                         .dropout = 0.0, .max_len = 24, .shared_embeddings = true};
-  models::Translator translator(config, both, both);
-  translator.model().eval();
+  models::Translator translator = subword_translator(5);
+  const text::TextCodec both = translator.source();
   // Untrained, it translates into some pieces; what matters is that the loaded copy gives the same text.
   const std::vector<std::string> sentences{"Ein Mann läuft.", "Жук 🙂"};
   const std::vector<std::string> before = translator.translate_greedy(sentences, 8);
@@ -280,3 +287,49 @@ TEST_CASE("an ensemble translator: members of other architectures decode beside 
                        "an ensemble member must have the same vocabularies as the first model: its target side differs",
                        Error);
 }
+
+TEST_CASE("Translator::align: each translation's words against its source's, as spaces separate them") {
+  models::Translator translator = subword_translator(5);
+  // Untrained, it translates into arbitrary pieces, some of them "▁" alone or bytes: the words are
+  // still those of the printed text.
+  const std::vector<std::string> sentences{"Ein Mann läuft.", "Zwei   Hunde schlafen!", "Жук 🙂", "A"};
+  const auto translations = translator.translate(sentences, {.beam_size = 3, .max_new_tokens = 12, .nbest = 3});
+  std::vector<std::string> sources;
+  std::vector<std::vector<int64_t>> targets;
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < sentences.size(); ++i) {
+    for (const models::Translation& t : translations[i]) {
+      CHECK(translator.decode_target(t.ids) == t.text);
+      CHECK(t.tokens() == static_cast<int64_t>(t.ids.size()));
+      sources.push_back(sentences[i]);
+      targets.push_back(t.ids);
+      texts.push_back(t.text);
+    }
+  }
+  const std::vector<models::WordAlignment> alignments = translator.align(sources, targets);
+  REQUIRE(alignments.size() == sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    CAPTURE(sources[i]);
+    CAPTURE(texts[i]);
+    const models::WordAlignment& a = alignments[i];
+    CHECK(a.source_words == static_cast<int64_t>(testing::split_words(sources[i]).size()));
+    CHECK(a.target_words == static_cast<int64_t>(testing::split_words(texts[i]).size()));
+    for (int64_t t = 0; t < a.target_words; ++t) {
+      double row = 0;
+      for (int64_t w = 0; w < a.source_words; ++w) {
+        CHECK(a.weight(t, w) >= 0);
+        row += a.weight(t, w);
+      }
+      CHECK(row <= 1 + 1e-6);  // what went to <eos> is left out
+    }
+    CHECK(a.hard().size() == static_cast<size_t>(a.target_words));
+  }
+  // The default layer is the last; under an ensemble, the alignment is still model()'s alone.
+  const auto last = translator.align(sources, targets, 2);
+  const auto first = translator.align(sources, targets, 1, {.batch_tokens = 16});
+  CHECK(last.front().weights == alignments.front().weights);
+  CHECK(first.front().weights != alignments.front().weights);
+  translator.add_ensemble_member(subword_translator(6));
+  CHECK(translator.align(sources, targets).front().weights == alignments.front().weights);
+}
+

@@ -357,6 +357,75 @@ expect "--attention-svg on a sentence with an unknown word" 0 "" \
 if grep -qF '>wasser (unk)<' "$svg"; then pass "unknown source words are marked (unk)"; else
   fail "the unknown word is not marked"; fi
 
+# ---- word alignment (--alignment) -----------------------------------------------------------------
+# Each line is the plain translation, " ||| " and its alignment over the words of the input line (as the
+# word vocabulary tokenizes it) and of the printed translation.
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --alignment soft >"$dir/soft.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --alignment hard >"$dir/hard.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --alignment 0.3 >"$dir/above.txt"
+sed 's/ ||| .*//' "$dir/hard.txt" >"$dir/hard_text.txt"
+same_file "--alignment keeps the translations before ' ||| '" "$dir/greedy.txt" "$dir/hard_text.txt"
+# soft: one group per target word, one weight per source word, each in [0, 1], a group summing to at most
+# 1 (<eos>'s share is left out; 4 decimals each). From those weights, hard must link each target word to
+# its heaviest source word, and 0.3 every pair above 0.3, "S-T" in target order.
+if paste -d '\t' "$dir/src.txt" "$dir/soft.txt" "$dir/hard.txt" "$dir/above.txt" | awk -F'\t' '
+    function after(line) { sub(/^.* \|\|\| /, "", line); return line }
+    { sources = split($1, unused, " "); n = split($2, parts, " \\|\\|\\| "); targets = split(parts[1], unused, " ")
+      groups = split(after($2), group, " ")
+      if (groups != targets) { print NR ": " groups " groups for " targets " target words"; bad = 1 }
+      hard = ""; above = ""
+      for (t = 1; t <= groups; t++) {
+        if (split(group[t], w, ",") != sources) { print NR ": group " t " has " length(w) " weights"; bad = 1 }
+        best = 1; sum = 0
+        for (s = 1; s <= sources; s++) {
+          if (w[s] < 0 || w[s] > 1) bad = 1
+          sum += w[s]; if (w[s] > w[best]) best = s
+          if (w[s] > 0.3) above = above (above == "" ? "" : " ") (s - 1) "-" (t - 1)
+        }
+        if (sum > 1.0003) { print NR ": group " t " sums to " sum; bad = 1 }
+        hard = hard (hard == "" ? "" : " ") (best - 1) "-" (t - 1)
+      }
+      if (after($3) != hard) { print NR ": hard is \"" after($3) "\", the weights say \"" hard "\""; bad = 1 }
+      if (after($4) != above) { print NR ": 0.3 gives \"" after($4) "\", the weights say \"" above "\""; bad = 1 } }
+    END { exit bad || NR != 8 }'; then
+  pass "--alignment soft/hard/0.3: a weight per word pair, hard the heaviest per target word, 0.3 those above"
+else
+  fail "--alignment's three forms disagree"; paste "$dir/soft.txt" "$dir/hard.txt" "$dir/above.txt"
+fi
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --alignment soft --attention-layer 2 >"$dir/soft_2.txt"
+same_file "--attention-layer's default is the last decoder layer (2)" "$dir/soft.txt" "$dir/soft_2.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --alignment soft --attention-layer 1 >"$dir/soft_1.txt"
+if cmp -s "$dir/soft.txt" "$dir/soft_1.txt"; then fail "--attention-layer 1 reads the same weights as layer 2"; else
+  pass "--attention-layer 1 reads another layer"; fi
+# The references are the greedy translations, so aligning them as given (--score) must give the links
+# aligning the translations gave; with --nbest, every hypothesis carries its own.
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" --alignment hard >"$dir/score_hard.txt"
+if [ "$(sed 's/.* ||| //' "$dir/score_hard.txt")" = "$(sed 's/.* ||| //' "$dir/hard.txt")" ] &&
+   [ "$(sed 's/ ||| .*//' "$dir/score_hard.txt")" = "$(cut -f1,2 "$dir/scores_0.txt")" ]; then
+  pass "--score --alignment aligns the given translations as translating aligned them"
+else
+  fail "--score --alignment"; paste "$dir/score_hard.txt" "$dir/hard.txt"
+fi
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --nbest 3 --alignment hard >"$dir/nbest_hard.txt"
+if [ "$(sed 's/ ||| .*//' "$dir/nbest_hard.txt")" = "$(cat "$dir/nbest.txt")" ] &&
+   [ "$(grep -c ' ||| [0-9]' "$dir/nbest_hard.txt")" -eq 24 ]; then
+  pass "--nbest --alignment: each hypothesis line ends with its links"
+else
+  fail "--nbest --alignment"; cat "$dir/nbest_hard.txt"
+fi
+printf 'hello world\n\n' | "$translate" --checkpoint "$ckpt" --alignment hard >"$dir/empty_hard.txt"
+printf 'hola mundo ||| %s\n ||| \n' "$(sed -n 3p "$dir/hard.txt" | sed 's/.* ||| //')" >"$dir/empty_hard_expected.txt"
+same_file "an empty line gives ' ||| ' alone" "$dir/empty_hard_expected.txt" "$dir/empty_hard.txt"
+expect "--alignment of an unknown kind" 2 "--alignment must be hard, soft or a threshold between 0 and 1, not 'best'" \
+  "$translate" --checkpoint "$ckpt" --alignment best
+expect "--alignment 1" 2 "not '1'" "$translate" --checkpoint "$ckpt" --alignment 1
+expect "--attention-layer past the decoder's layers" 2 "--attention-layer 3: '$ckpt' has 2 decoder layers" \
+  "$translate" --checkpoint "$ckpt" --attention-layer 3
+expect "--attention-svg of --attention-layer 1" 0 "" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --attention-svg "$svg" --attention-layer 1
+if grep -qF 'cross-attention, decoder layer 1 (mean of' "$svg"; then pass "... drawn from that layer"; else
+  fail "the heatmap's title does not name layer 1"; fi
+
 # ---- bad input ---------------------------------------------------------------------------------
 expect "--help" 0 "" "$translate" --help
 expect "no --checkpoint" 2 "--checkpoint is required" "$translate"

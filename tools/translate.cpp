@@ -26,10 +26,18 @@
 //   "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3-miniflow = 34.56 67.1/42.0/28.3/19.5
 //    (BP = 0.987 ratio = 0.987 hyp_len = 9876 ref_len = 10003)" (one line)
 //   "chrF2|nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.3-miniflow = 58.42"
-// --attention-svg PATH draws the last decoder layer's cross-attention (mean over heads) for one input
-// line (--attention-sentence, 1-based), translated again on its own with the same search: rows are the
-// output tokens and <eos>, columns the source tokens (as tokenized, "(unk)" marking words outside the
-// vocabulary) and <eos>.
+// --attention-svg PATH draws a decoder layer's cross-attention (mean over heads; --attention-layer, the
+// last by default) for one input line (--attention-sentence, 1-based), translated again on its own with
+// the same search: rows are the output tokens and <eos>, columns the source tokens (as tokenized, "(unk)"
+// marking words outside the vocabulary) and <eos>.
+//
+// --alignment hard|soft|P adds each translation's word alignment after " ||| " (Marian's --alignment,
+// fairseq's --print-alignment), read from that layer's cross-attention over the words as spaces separate
+// them in the input line and in the printed translation (subwords gathered into their words; for a word
+// vocabulary, its tokens), counted from 0: "hard" links each target word to the source word it attends
+// to most, "S-T" pairs ("0-0 1-2 2-1"); P (0 < P < 1) links every pair weighing more than P; "soft"
+// prints each target word's weights over the source words, comma-separated, one group per target word.
+// An empty line gets " ||| " alone. With --score, the given translations are aligned.
 //
 // --score FILE scores instead of translating (forced decoding, as Marian's scorer and fairseq's
 // --score-reference do): FILE's line i is taken as the translation of input line i, and the output's
@@ -97,9 +105,11 @@ constexpr size_t kBufferLines = 10000;
 
 struct Options {
   std::string checkpoint, input, output, reference, score, target_prefix, attention_svg, beam_stop = "exact",
-      precision = "fp32";
+      precision = "fp32", alignment;
   mf::Device device = mf::Device::cpu();
   int64_t beam = 1, nbest = 1, max_len = 100, attention_sentence = 1;
+  int64_t attention_layer = 0;  // 0: the last
+  double alignment_threshold = 0;  // --alignment P
   int64_t batch_tokens = mf::models::DecodingOptions{}.batch_tokens;
   int64_t batch_sentences = mf::models::DecodingOptions{}.batch_sentences;
   int64_t batch_workers = 0;
@@ -113,8 +123,8 @@ struct Options {
   bool lowercase_bleu = false, timing = false;
 };
 
-/// The translations of a sentence with their scores, best first.
-using Hypotheses = std::vector<std::pair<std::string, double>>;
+/// The translations of a sentence, best first.
+using Hypotheses = std::vector<models::Translation>;
 
 /// Parses the command line; returns false after --help. Throws UsageError for bad usage.
 bool parse_options(int argc, char** argv, Options& o) {
@@ -173,6 +183,11 @@ bool parse_options(int argc, char** argv, Options& o) {
                   "lowercase before BLEU (sacrebleu's --lowercase); chrF stays cased");
   args.add("attention-svg", &o.attention_svg, "write the cross-attention heatmap of one sentence to this SVG file");
   args.add("attention-sentence", &o.attention_sentence, "the input line (1-based) --attention-svg draws");
+  args.add("alignment", &o.alignment,
+           "append each translation's word alignment after \" ||| \": hard (\"S-T\" pairs, each target word to the "
+           "source word it attends to most), P in (0, 1) (every pair weighing more), or soft (the weights)");
+  args.add("attention-layer", &o.attention_layer,
+           "the decoder layer (1-based) whose cross-attention --alignment and --attention-svg read; 0: the last");
   args.add("threads", &o.threads, "intra-op threads");
   args.add_switch("timing", &o.timing,
                   "print the sentences and tokens translated per second to stderr (model loading excluded), and the "
@@ -228,6 +243,15 @@ bool parse_options(int argc, char** argv, Options& o) {
                         : nullptr;
     if (other) throw UsageError(fmt::format("--score scores given translations: {} does not apply", other));
   }
+  if (!o.alignment.empty() && o.alignment != "hard" && o.alignment != "soft") {
+    char* end = nullptr;
+    o.alignment_threshold = std::strtod(o.alignment.c_str(), &end);
+    if (*end != '\0' || !(o.alignment_threshold > 0 && o.alignment_threshold < 1))
+      throw UsageError(fmt::format("--alignment must be hard, soft or a threshold between 0 and 1, not '{}'",
+                                   o.alignment));
+  }
+  if (o.attention_layer < 0)
+    throw UsageError(fmt::format("--attention-layer is 1-based (0: the last), not {}", o.attention_layer));
   if (o.attention_sentence < 1)
     throw UsageError(fmt::format("--attention-sentence is a 1-based line number, not {}", o.attention_sentence));
   if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "int8")
@@ -326,7 +350,7 @@ std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& 
                                                             const std::vector<std::string>& prefixes,
                                                             const std::vector<int64_t>& token_counts,
                                                             mf::Generator& stream, const Options& o) {
-  std::vector<Hypotheses> results(lines.size(), Hypotheses(static_cast<size_t>(o.nbest), {"", 0.0}));
+  std::vector<Hypotheses> results(lines.size(), Hypotheses(static_cast<size_t>(o.nbest)));
   std::vector<size_t> pending;
   std::vector<std::string> sentences, sentence_prefixes;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -339,23 +363,76 @@ std::pair<std::vector<Hypotheses>, int64_t> translate_lines(models::Translator& 
       translator.translate(sentences, decoding_options(o, &stream), sentence_prefixes);
   int64_t generated = 0;
   for (size_t k = 0; k < pending.size(); ++k) {
-    generated += translations[k].front().tokens;
-    Hypotheses& hypotheses = results[pending[k]];
-    hypotheses.clear();
-    for (models::Translation& t : translations[k]) hypotheses.emplace_back(std::move(t.text), t.score);
+    generated += translations[k].front().tokens();
+    results[pending[k]] = std::move(translations[k]);
   }
   return {std::move(results), generated};
 }
 
-/// The output text: one line per sentence, or "score<TAB>translation" lines with --nbest K > 1.
-std::string format_output(const std::vector<Hypotheses>& results, int64_t nbest) {
+/// The batches of every forced pass here (--score, --alignment, --attention-svg): --batch-tokens counts
+/// source and target tokens together.
+models::ScoringOptions scoring_options(const Options& o) {
+  return {.batch_tokens = o.batch_tokens > 0 ? o.batch_tokens : models::kSmallBatchTokens,
+          .batch_sentences = o.batch_sentences};
+}
+
+/// The decoder layer --alignment and --attention-svg read (1-based, -1 the last).
+int64_t attention_layer(const Options& o) { return o.attention_layer == 0 ? -1 : o.attention_layer; }
+
+/// --alignment's text for one translation: "S-T" links, or with soft the weights.
+std::string format_alignment(const models::WordAlignment& alignment, const Options& o) {
   std::string text;
-  for (const Hypotheses& hypotheses : results) {
-    if (nbest == 1) {
-      text += hypotheses.front().first + "\n";
-      continue;
+  if (o.alignment == "soft") {
+    for (int64_t t = 0; t < alignment.target_words; ++t) {
+      if (t > 0) text += ' ';
+      for (int64_t s = 0; s < alignment.source_words; ++s)
+        text += mf::format_message("{}{:.4f}", s > 0 ? "," : "", alignment.weight(t, s));
     }
-    for (const auto& [translation, score] : hypotheses) text += mf::format_message("{:.4f}\t{}\n", score, translation);
+    return text;
+  }
+  for (const models::AlignmentLink& link :
+       o.alignment == "hard" ? alignment.hard() : alignment.above(o.alignment_threshold))
+    text += mf::format_message("{}{}-{}", text.empty() ? "" : " ", link.source, link.target);
+  return text;
+}
+
+/// --alignment's text for every hypothesis of `results` (translations of `lines`), in their order; lines
+/// without tokens (token_counts[i] == 0) get empty texts.
+std::vector<std::vector<std::string>> align_lines(models::Translator& translator, const std::vector<std::string>& lines,
+                                                  const std::vector<Hypotheses>& results,
+                                                  const std::vector<int64_t>& token_counts, const Options& o) {
+  std::vector<std::string> sources;
+  std::vector<std::vector<int64_t>> targets;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (token_counts[i] == 0) continue;
+    for (const models::Translation& t : results[i]) {
+      sources.push_back(lines[i]);
+      targets.push_back(t.ids);
+    }
+  }
+  const std::vector<models::WordAlignment> alignments =
+      translator.align(sources, targets, attention_layer(o), scoring_options(o));
+  std::vector<std::vector<std::string>> out(lines.size());
+  size_t next = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    out[i].resize(results[i].size());
+    if (token_counts[i] == 0) continue;
+    for (std::string& text : out[i]) text = format_alignment(alignments[next++], o);
+  }
+  return out;
+}
+
+/// The output text: one line per sentence, or "score<TAB>translation" lines with --nbest K > 1; each
+/// followed by " ||| " and its alignment where `alignments` are given.
+std::string format_output(const std::vector<Hypotheses>& results, const std::vector<std::vector<std::string>>& alignments,
+                          int64_t nbest) {
+  std::string text;
+  for (size_t i = 0; i < results.size(); ++i) {
+    for (size_t k = 0; k < results[i].size(); ++k) {
+      const models::Translation& t = results[i][k];
+      text += nbest == 1 ? t.text : mf::format_message("{:.4f}\t{}", t.score, t.text);
+      text += alignments.empty() ? "\n" : " ||| " + alignments[i][k] + "\n";
+    }
   }
   return text;
 }
@@ -367,19 +444,23 @@ std::string score_lines(const std::vector<std::string>& best, const std::vector<
                      mf::text::corpus_chrf(best, references).str());
 }
 
-/// --score: the "LOGPROB<TAB>TOKENS" lines of each target line as the translation of its source line,
-/// and the tokens scored.
+/// --score: the "LOGPROB<TAB>TOKENS" lines of each target line as the translation of its source line
+/// (with --alignment, " ||| " and the pair's alignment after each), and the tokens scored.
 std::pair<std::string, int64_t> forced_scores(models::Translator& translator, const std::vector<std::string>& sources,
                                               const std::vector<std::string>& targets, const Options& o) {
-  const std::vector<models::TargetScore> scores = translator.score(
-      sources, targets,
-      {.batch_tokens = o.batch_tokens > 0 ? o.batch_tokens : models::kSmallBatchTokens,
-       .batch_sentences = o.batch_sentences});
+  const std::vector<models::TargetScore> scores = translator.score(sources, targets, scoring_options(o));
+  std::vector<models::WordAlignment> alignments;
+  if (!o.alignment.empty()) {
+    std::vector<std::vector<int64_t>> target_ids;
+    for (const std::string& target : targets) target_ids.push_back(translator.target().encode(target));
+    alignments = translator.align(sources, target_ids, attention_layer(o), scoring_options(o));
+  }
   std::string text;
   int64_t tokens = 0;
-  for (const models::TargetScore& score : scores) {
-    text += mf::format_message("{:.4f}\t{}\n", score.log_prob, score.token_log_probs.size());
-    tokens += static_cast<int64_t>(score.token_log_probs.size());
+  for (size_t i = 0; i < scores.size(); ++i) {
+    text += mf::format_message("{:.4f}\t{}", scores[i].log_prob, scores[i].token_log_probs.size());
+    text += alignments.empty() ? "\n" : " ||| " + format_alignment(alignments[i], o) + "\n";
+    tokens += static_cast<int64_t>(scores[i].token_log_probs.size());
   }
   return {std::move(text), tokens};
 }
@@ -398,25 +479,17 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const std::strin
       .tokens;
 }
 
-/// The cross-attention heatmap of one sentence: translate it, rerun the model on (source, <sos> +
-/// translation) with attention recording on, and average the last decoder layer's cross-attention
-/// [1, H, T, S] over heads.
+/// The cross-attention heatmap of one sentence: translate it, score the translation with --attention-layer's
+/// cross-attention kept (mean over heads), and draw it.
 std::string attention_svg(models::Translator& translator, const std::string& sentence, const std::string& prefix,
                           const Options& o) {
-  mf::NoGradGuard no_grad;
-  mf::Tensor src = translator.encode_sources({sentence});  // [1, S]: tokens + <eos>
   std::vector<int64_t> ids = decode_ids(translator, sentence, prefix, o);
-  std::vector<int64_t> tgt_in{mf::text::kSosId};
-  tgt_in.insert(tgt_in.end(), ids.begin(), ids.end() - 1);  // row t predicts ids[t]
+  if (!ids.empty() && ids.back() == mf::text::kEosId) ids.pop_back();
   models::Transformer& model = translator.model();
-  model.set_record_attention(true);
-  model.forward(src, mf::from_vector(tgt_in, {1, static_cast<int64_t>(tgt_in.size())}, src.device()));
-  mf::Tensor attention = model.decoder->layers.back()->cross_attention;  // [1, H, T, S]
-  model.set_record_attention(false);
-  MF_CHECK(attention.defined(), "translate: the model recorded no cross-attention in its last decoder layer");
-  mf::Tensor mean = attention.select(0, 0).mean({0}).to(mf::DType::Float64);  // [T, S]
+  const mf::Tensor mean =  // [T, S]
+      models::target_cross_attention(model, {translator.source().encode(sentence)}, {ids}, attention_layer(o)).front();
   int64_t rows = mean.size(0), columns = mean.size(1);
-  std::vector<double> flat = mean.contiguous().to_vector<double>();
+  std::vector<double> flat = mean.to_vector<double>();
 
   std::vector<std::string> column_labels;
   // The source's words or pieces, one per id (unknown words marked), truncated like the source.
@@ -426,11 +499,13 @@ std::string attention_svg(models::Translator& translator, const std::string& sen
     column_labels.push_back(unit_ids[i] == mf::text::kUnkId ? units[i] + " (unk)" : units[i]);
   column_labels.emplace_back("<eos>");
   std::vector<std::string> row_labels;
-  for (int64_t id : ids) row_labels.push_back(translator.target().unit(id));
+  for (int64_t t = 0; t < rows - 1; ++t) row_labels.push_back(translator.target().unit(ids[static_cast<size_t>(t)]));
+  row_labels.emplace_back("<eos>");
   std::vector<std::vector<double>> values;
   for (int64_t r = 0; r < rows; ++r) values.emplace_back(flat.begin() + r * columns, flat.begin() + (r + 1) * columns);
-  std::string title = fmt::format("cross-attention, decoder layer {} (mean of {} heads): {}", model.config().decoder_layers,
-                                  attention.size(1), sentence);
+  const int64_t layer = o.attention_layer == 0 ? model.config().decoder_layers : o.attention_layer;
+  std::string title =
+      fmt::format("cross-attention, decoder layer {} (mean of {} heads): {}", layer, model.config().heads, sentence);
   return mf::train::heatmap_svg(title, row_labels, column_labels, values);
 }
 
@@ -516,6 +591,9 @@ int run(int argc, char** argv) {
     }
   }
   if (int8) translator.quantize_int8();
+  if (o.attention_layer > translator.model().config().decoder_layers)
+    throw UsageError(fmt::format("--attention-layer {}: '{}' has {} decoder layers", o.attention_layer, o.checkpoint,
+                                 translator.model().config().decoder_layers));
   if (translator.is_quantized() && !o.device.is_cpu())
     mf::fail("'{}' holds int8 weights, which run on the CPU only (not on {})", o.checkpoint, o.device.str());
   for (models::Transformer* model : translator.models()) model->to(o.device);
@@ -576,9 +654,12 @@ int run(int argc, char** argv) {
       totals.tokens += tokens;
     } else {
       auto [results, generated] = translate_lines(translator, lines, prefix_lines, token_counts, stream, o);
-      output.write(format_output(results, o.nbest));
+      const std::vector<std::vector<std::string>> alignments =
+          o.alignment.empty() ? std::vector<std::vector<std::string>>{}
+                              : align_lines(translator, lines, results, token_counts, o);
+      output.write(format_output(results, alignments, o.nbest));
       if (references)
-        for (const Hypotheses& hypotheses : results) best.push_back(hypotheses.front().first);
+        for (const Hypotheses& hypotheses : results) best.push_back(hypotheses.front().text);
       totals.sentences += std::count_if(token_counts.begin(), token_counts.end(), [](int64_t n) { return n > 0; });
       totals.tokens += generated;
     }
