@@ -177,7 +177,7 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
       decoded = greedy_hypotheses(generation::greedy_decode(*decoder, src.size(0),
                                                             {.max_new_tokens = options.max_new_tokens,
                                                              .pad_id = model.config().pad_id,
-                                                             .banned_id = options.banned_id,
+                                                             .banned_ids = options.banned_ids,
                                                              .sentence_max_new_tokens = std::move(budgets),
                                                              .prefixes = std::move(prefixes),
                                                              .sampling = sampling}));
@@ -187,7 +187,7 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
                                          .max_new_tokens = options.max_new_tokens,
                                          .length_penalty = options.length_penalty,
                                          .nbest = options.nbest,
-                                         .banned_id = options.banned_id,
+                                         .banned_ids = options.banned_ids,
                                          .stop = options.stop,
                                          .sentence_max_new_tokens = std::move(budgets),
                                          .prefixes = std::move(prefixes)});

@@ -52,8 +52,8 @@ struct DecodingOptions {
   /// takes one worker per thread. Never more workers than threads or batches; CUDA decodes one batch
   /// at a time.
   int64_t workers = 1;
-  /// A token never generated, or -1 (generation::GreedyOptions::banned_id).
-  int64_t banned_id = -1;
+  /// Tokens never generated (generation::GreedyOptions::banned_ids).
+  std::vector<int64_t> banned_ids;
   /// When beam search ends a sentence (generation::BeamStop).
   generation::BeamStop stop = generation::BeamStop::Exact;
   /// do_sample (with beam_size 1): every token drawn from the model's distribution (generation::

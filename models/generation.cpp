@@ -38,9 +38,9 @@ Tensor int64_vector(const std::vector<int64_t>& values) {
 }
 
 /// Runs one decoder step on `tokens` and checks its result: [rows, V], V the same every step and
-/// larger than every special token and `banned`.
+/// larger than every special token and every `banned` one.
 Tensor checked_step(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t& vocab,
-                    const std::vector<int64_t>& specials, int64_t banned) {
+                    const std::vector<int64_t>& specials, const std::vector<int64_t>& banned) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor scores = decoder.step(int64_vector(tokens));  // [N, V]
   MF_CHECK(scores.defined() && scores.dim() == 2 && scores.size(0) == rows && is_floating(scores.dtype()),
@@ -55,8 +55,9 @@ Tensor checked_step(const char* op, IncrementalDecoder& decoder, const std::vect
   }
   MF_CHECK(scores.size(1) == vocab, "{}: decoder.step returned {} scores per row, but {} on the first step", op,
            scores.size(1), vocab);
-  MF_CHECK(banned < vocab, "{}: banned token id {} is outside the decoder's vocabulary of {} tokens", op, banned,
-           vocab);
+  for (int64_t token : banned)
+    MF_CHECK(token >= 0 && token < vocab, "{}: banned token id {} is outside the decoder's vocabulary of {} tokens", op,
+             token, vocab);
   return scores;
 }
 
@@ -94,25 +95,26 @@ std::vector<double> forced_log_probs(const char* op, const Tensor& scores, Incre
 }
 
 /// One decoder step (checked_step) and each row's k best tokens (ties go to the lower id, as topk and
-/// torch.argmax do), never `banned` (-1: none), no NaN among them; and the forced tokens' log-probabilities
+/// torch.argmax do), never one of `banned`, no NaN among them; and the forced tokens' log-probabilities
 /// (forced_log_probs).
 TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
-                   int64_t& vocab, const std::vector<int64_t>& specials, int64_t banned,
+                   int64_t& vocab, const std::vector<int64_t>& specials, const std::vector<int64_t>& banned,
                    const std::vector<int64_t>& forced) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
   IncrementalDecoder::Scores kind = decoder.scores();
   TopTokens top{.k = std::min(k, vocab), .forced = forced_log_probs(op, scores, kind, forced)};
-  // A banned token is ranked with the rest (one more per row) and then passed over, so that the others
-  // keep the log-probabilities the model gives them; only where no token is left to rank is it ranked
-  // last instead.
-  const bool pass_over = banned >= 0 && top.k < vocab;
-  if (banned >= 0 && !pass_over) {
+  // Banned tokens are ranked with the rest (as many more per row) and then passed over, so that the
+  // others keep the log-probabilities the model gives them; only where too few tokens are left to rank
+  // are they ranked last instead.
+  const auto bans = static_cast<int64_t>(banned.size());
+  const bool pass_over = bans > 0 && top.k + bans <= vocab;
+  if (bans > 0 && !pass_over) {
     scores = full_log_probs(scores, kind);
     kind = IncrementalDecoder::Scores::LogProbs;
-    scores.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
+    for (int64_t token : banned) scores.narrow(1, token, 1).fill_(-std::numeric_limits<double>::infinity());
   }
-  const int64_t ranked = top.k + (pass_over ? 1 : 0);
+  const int64_t ranked = top.k + (pass_over ? bans : 0);
   auto [values, ids] = kind == IncrementalDecoder::Scores::Logits ? log_softmax_topk(scores, ranked, 1)
                                                                   : topk(scores, ranked, 1);  // [N, ranked] each
   std::vector<double> ranked_values = values.to_vector<double>();
@@ -122,7 +124,7 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
   for (size_t row = 0; row < static_cast<size_t>(rows); ++row) {
     int64_t kept = 0;
     for (size_t at = row * static_cast<size_t>(ranked); kept < top.k; ++at) {
-      if (pass_over && ranked_ids[at] == banned) continue;
+      if (pass_over && std::find(banned.begin(), banned.end(), ranked_ids[at]) != banned.end()) continue;
       top.values.push_back(ranked_values[at]);
       top.ids.push_back(ranked_ids[at]);
       ++kept;
@@ -133,15 +135,16 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
 }
 
 /// One decoder step (checked_step) and a token per row drawn by sample_next from the model's
-/// distribution without `banned`, with its log-probability under the model (before temperature,
+/// distribution without the `banned` tokens, with its log-probability under the model (before temperature,
 /// top-k or top-p); and the forced tokens' log-probabilities (forced_log_probs).
 TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t& vocab,
-                      const std::vector<int64_t>& specials, int64_t banned, const SamplingOptions& sampling,
+                      const std::vector<int64_t>& specials, const std::vector<int64_t>& banned,
+                      const SamplingOptions& sampling,
                       const std::vector<int64_t>& forced) {
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
   Tensor log_probs = full_log_probs(scores, decoder.scores());
   std::vector<double> forced_values = forced_log_probs(op, log_probs, IncrementalDecoder::Scores::LogProbs, forced);
-  if (banned >= 0) log_probs.narrow(1, banned, 1).fill_(-std::numeric_limits<double>::infinity());
+  for (int64_t token : banned) log_probs.narrow(1, token, 1).fill_(-std::numeric_limits<double>::infinity());
   const Tensor ids = sample_next(log_probs, sampling);  // [N]
   TopTokens top{.k = 1,
                 .values = gather(log_probs, 1, ids.unsqueeze(1)).to(Device::cpu()).to_vector<double>(),
@@ -292,8 +295,8 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
       forced.push_back(forced_token(options.prefixes, s, generated[s].size()));
     }
     TopTokens top = options.sampling.do_sample
-                        ? step_sample(op, decoder, tokens, vocab, specials, options.banned_id, options.sampling, forced)
-                        : step_top(op, decoder, tokens, 1, vocab, specials, options.banned_id, forced);
+                        ? step_sample(op, decoder, tokens, vocab, specials, options.banned_ids, options.sampling, forced)
+                        : step_top(op, decoder, tokens, 1, vocab, specials, options.banned_ids, forced);
     std::vector<int64_t> keep;  // rows whose sentence goes on
     for (size_t row = 0; row < sentence_of_row.size(); ++row) {
       int64_t s = sentence_of_row[row];
@@ -354,7 +357,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       tokens[row] = live[i].tokens.empty() ? options.sos_id : live[i].tokens.back();
       forced[row] = forced_token(options.prefixes, live[i].sentence, live[i].tokens.size());
     }
-    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_id, forced);
+    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_ids, forced);
 
     std::vector<Live> next;
     std::vector<int64_t> parent_rows;  // the decoder row of each hypothesis' parent in `next`

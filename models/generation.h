@@ -57,15 +57,16 @@ struct GreedyOptions {
   int64_t sos_id = text::kSosId;
   int64_t eos_id = text::kEosId;
   int64_t pad_id = text::kPadId;
-  /// A token never generated, or -1: <unk> for a subword model that spells every input (CTranslate2's
-  /// disable_unk), so that an undertrained model cannot print it either.
-  int64_t banned_id = -1;
+  /// Tokens never generated: say <pad> and <sos>, which no output holds (fairseq bans <pad>), and <unk>
+  /// for a subword model that spells every input (CTranslate2's disable_unk), so that an undertrained
+  /// model cannot print them either.
+  std::vector<int64_t> banned_ids;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;
   /// Per sentence, the tokens its output must begin with, or empty for none (see check_prefixes).
   std::vector<std::vector<int64_t>> prefixes;
   /// do_sample: each token is drawn by sample_next (temperature, top-k, top-p) from the model's
-  /// distribution, the banned token left out, instead of taken by argmax (fairseq's --sampling, used
+  /// distribution, the banned tokens left out, instead of taken by argmax (fairseq's --sampling, used
   /// to back-translate); the log-probabilities summed stay the model's own. Off by default.
   SamplingOptions sampling{.do_sample = false};
 };
@@ -116,8 +117,8 @@ struct BeamOptions {
   /// hypothesis runs to its limit (a language model asked for a fixed number of tokens).
   int64_t sos_id = text::kSosId;
   int64_t eos_id = text::kEosId;
-  /// A token never generated, or -1 (GreedyOptions::banned_id).
-  int64_t banned_id = -1;
+  /// Tokens never generated (GreedyOptions::banned_ids).
+  std::vector<int64_t> banned_ids;
   BeamStop stop = BeamStop::Exact;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;

@@ -119,7 +119,7 @@ std::vector<std::vector<Translation>> Translator::translate(const std::vector<st
   std::vector<std::vector<int64_t>> sources;
   for (const std::string& sentence : sentences) sources.push_back(source_.encode(sentence));
   DecodingOptions encoded = options;
-  encoded.banned_id = banned_token();
+  encoded.banned_ids = banned_tokens();
   for (const std::string& prefix : target_prefixes) encoded.target_prefixes.push_back(target_.encode(prefix));
   std::vector<std::vector<Translation>> out;
   for (const auto& hypotheses : decode_sources(models(), sources, encoded)) {
@@ -140,6 +140,12 @@ std::vector<TargetScore> Translator::score(const std::vector<std::string>& sourc
   for (const std::string& sentence : sources) source_ids.push_back(source_.encode(sentence));
   for (const std::string& sentence : targets) target_ids.push_back(target_.encode(sentence));
   return score_targets(models(), source_ids, target_ids, options);
+}
+
+std::vector<int64_t> Translator::banned_tokens() const {
+  std::vector<int64_t> banned = {text::kPadId, text::kSosId};
+  if (target_.spells_everything()) banned.push_back(text::kUnkId);
+  return banned;
 }
 
 std::vector<WordAlignment> Translator::align(const std::vector<std::string>& sources,

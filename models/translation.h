@@ -60,14 +60,16 @@ class Translator {
   /// Encodes sentences into a padded source batch [B, S] (+ <eos>), truncated to the model's max_len,
   /// on the model's device.
   Tensor encode_sources(const std::vector<std::string>& sentences) const;
-  /// The token decoding must never produce (GreedyOptions::banned_id): <unk> when the target side
-  /// spells every text, else -1.
-  int64_t banned_token() const { return target_.spells_everything() ? text::kUnkId : -1; }
+  /// The tokens decoding must never produce (GreedyOptions::banned_ids): <pad> and <sos>, which no
+  /// output holds (a <pad> generated would be masked out of the decoder's own keys once the output is
+  /// read again whole, and drop out of the printed text), and <unk> when the target side spells every
+  /// text.
+  std::vector<int64_t> banned_tokens() const;
   /// Target ids back to text (up to <eos>).
   std::string decode_target(std::span<const int64_t> ids) const { return target_.decode(ids); }
 
   /// Translates `sentences` (decode_sources: length-sorted batches, greedy or beam search, never the
-  /// banned_token()): per sentence its min(nbest, found) translations, best first, in input order. An
+  /// banned_tokens()): per sentence its min(nbest, found) translations, best first, in input order. An
   /// empty sentence is translated like any other (from <eos> alone). `target_prefixes`, none or one
   /// per sentence (empty: none), are texts each translation must begin with (DecodingOptions::
   /// target_prefixes, encoded as the target side encodes text); the translations hold them.

@@ -331,20 +331,21 @@ TEST_CASE("beam_search returns n-best lists in score order, each scored as the m
 
 // A decoder may return logits (Scores::Logits): the searches normalise them as log_softmax would; or
 // probabilities (Scores::Probabilities), whose log they take. The log-probabilities come back within
-// float32's rounding; the tokens exactly, with and without a banned token, and with the vocabulary no
-// larger than what beam search ranks.
+// float32's rounding; the tokens exactly, with and without banned tokens, and with the vocabulary no
+// larger than what beam search ranks (the banned then ranked last rather than passed over).
 TEST_CASE("the searches take logits and probabilities as they take log-probabilities") {
   const int64_t batch = 4;
   for (int64_t vocab : {9, 4}) {
-    for (int64_t banned : {int64_t{-1}, vocab - 1}) {
+    for (const std::vector<int64_t>& banned :
+         {std::vector<int64_t>{}, std::vector<int64_t>{vocab - 1}, std::vector<int64_t>{kPad, vocab - 1}}) {
       CAPTURE(vocab);
-      CAPTURE(banned);
+      CAPTURE(banned.size());
       const Model model = random_model(17, vocab);
       auto decode = [&](IncrementalDecoder::Scores gives, int64_t beam) {
         FakeDecoder decoder(model, iota(batch));
         decoder.gives = gives;
         return beam_search(decoder, batch,
-                           {.beam_size = beam, .max_new_tokens = 5, .nbest = beam, .banned_id = banned});
+                           {.beam_size = beam, .max_new_tokens = 5, .nbest = beam, .banned_ids = banned});
       };
       for (auto gives : {IncrementalDecoder::Scores::Logits, IncrementalDecoder::Scores::Probabilities}) {
         CAPTURE(static_cast<int>(gives));
@@ -358,14 +359,14 @@ TEST_CASE("the searches take logits and probabilities as they take log-probabili
               const std::vector<int64_t>& tokens = from_other[s][i].tokens;
               CHECK(tokens == from_log_probs[s][i].tokens);
               CHECK(from_other[s][i].log_prob == doctest::Approx(from_log_probs[s][i].log_prob).epsilon(1e-5));
-              if (banned >= 0) CHECK(std::count(tokens.begin(), tokens.end(), banned) == 0);
+              for (int64_t token : banned) CHECK(std::count(tokens.begin(), tokens.end(), token) == 0);
             }
           }
         }
         FakeDecoder log_probs(model, iota(batch)), other(model, iota(batch));
         other.gives = gives;
-        check_close(greedy_decode(other, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens,
-                    greedy_decode(log_probs, batch, {.max_new_tokens = 5, .banned_id = banned}).tokens, 0, 0);
+        check_close(greedy_decode(other, batch, {.max_new_tokens = 5, .banned_ids = banned}).tokens,
+                    greedy_decode(log_probs, batch, {.max_new_tokens = 5, .banned_ids = banned}).tokens, 0, 0);
       }
     }
   }
@@ -740,7 +741,7 @@ TEST_CASE("bad options and misbehaving decoders raise mf::Error") {
   }
 }
 
-TEST_CASE("a banned token is never generated: greedy and beam search take the best of the others") {
+TEST_CASE("banned tokens are never generated: greedy and beam search take the best of the others") {
   // Token 3 is the model's first choice at the start; with it banned, "4 EOS" is the best sentence.
   const Model model = table_model(
       {{{}, {0.02, 0.02, 0.06, 0.6, 0.25, 0.05}}, {{4}, {0.02, 0.02, 0.8, 0.1, 0.03, 0.03}}},
@@ -749,14 +750,25 @@ TEST_CASE("a banned token is never generated: greedy and beam search take the be
   check_close(greedy_decode(free, 1, {.max_new_tokens = 4}).tokens, from_vector<int64_t>({kBos, 3, kEos}, {1, 3}), 0,
               0);
   FakeDecoder greedy(model, iota(1));
-  check_close(greedy_decode(greedy, 1, {.max_new_tokens = 4, .banned_id = 3}).tokens,
+  check_close(greedy_decode(greedy, 1, {.max_new_tokens = 4, .banned_ids = {3}}).tokens,
               from_vector<int64_t>({kBos, 4, kEos}, {1, 3}), 0, 0);
   FakeDecoder beam(model, iota(1));
-  const auto found = beam_search(beam, 1, {.beam_size = 3, .max_new_tokens = 4, .nbest = 3, .banned_id = 3});
+  const auto found = beam_search(beam, 1, {.beam_size = 3, .max_new_tokens = 4, .nbest = 3, .banned_ids = {3}});
   REQUIRE(!found[0].empty());
   CHECK(found[0][0].tokens == std::vector<int64_t>{4, kEos});
   for (const Hypothesis& h : found[0]) CHECK(std::find(h.tokens.begin(), h.tokens.end(), 3) == h.tokens.end());
+  // With 3 and 4 banned, the first step's best is <eos> (0.06) over token 5 (0.05); with <eos> banned as
+  // well, token 5.
+  FakeDecoder two(model, iota(1));
+  check_close(greedy_decode(two, 1, {.max_new_tokens = 4, .banned_ids = {4, 3}}).tokens,
+              from_vector<int64_t>({kBos, kEos}, {1, 2}), 0, 0);
+  FakeDecoder three(model, iota(1));
+  check_close(greedy_decode(three, 1, {.max_new_tokens = 1, .banned_ids = {4, 3, kEos}}).tokens,
+              from_vector<int64_t>({kBos, 5}, {1, 2}), 0, 0);
   FakeDecoder outside(model, iota(1));
-  CHECK_THROWS_WITH_AS(greedy_decode(outside, 1, {.banned_id = 6}), doctest::Contains("banned token id 6 is outside"),
-                       Error);
+  CHECK_THROWS_WITH_AS(greedy_decode(outside, 1, {.banned_ids = {3, 6}}),
+                       doctest::Contains("banned token id 6 is outside"), Error);
+  FakeDecoder negative(model, iota(1));
+  CHECK_THROWS_WITH_AS(greedy_decode(negative, 1, {.banned_ids = {-1}}),
+                       doctest::Contains("banned token id -1 is outside"), Error);
 }

@@ -555,7 +555,7 @@ TEST_CASE("decode_sources' sampling draws each token from the model's distributi
   const int64_t draws = 4000;
   const std::vector<std::vector<int64_t>> sources(draws, source);
   Generator generator(17);
-  const models::DecodingOptions options{.max_new_tokens = 1, .banned_id = 3,
+  const models::DecodingOptions options{.max_new_tokens = 1, .banned_ids = {3},
                                         .sampling = {.generator = &generator}};
   const auto sampled = models::decode_sources(*model, sources, options);
   std::vector<double> count(13, 0);
@@ -635,7 +635,7 @@ TEST_CASE("decode_sources holds each sentence to its own source's output budget,
   const std::vector<std::vector<int64_t>> sources = {{4}, {5, 7, 3, 9, 4, 6, 8, 11, 12, 3, 5, 7}};
   for (int64_t beam : {1, 2}) {
     CAPTURE(beam);
-    const models::DecodingOptions options{.beam_size = beam, .banned_id = text::kEosId};
+    const models::DecodingOptions options{.beam_size = beam, .banned_ids = {text::kEosId}};
     const auto together = models::decode_sources(*model, sources, options);
     REQUIRE(together.size() == 2);
     CHECK(together[0][0].tokens.size() == 13);
@@ -744,27 +744,27 @@ TEST_CASE("an ensemble decodes with the mean of its members' probabilities") {
   {
     models::EnsembleDecoder cached(ensemble, src);
     RecomputingEnsemble recomputed(*a, *b, src);
-    const generation::GreedyResult x = generation::greedy_decode(cached, 3, {.max_new_tokens = 8, .banned_id = pad});
+    const generation::GreedyResult x = generation::greedy_decode(cached, 3, {.max_new_tokens = 8, .banned_ids = {pad}});
     const generation::GreedyResult y =
-        generation::greedy_decode(recomputed, 3, {.max_new_tokens = 8, .banned_id = pad});
+        generation::greedy_decode(recomputed, 3, {.max_new_tokens = 8, .banned_ids = {pad}});
     check_close(x.tokens, y.tokens, 0, 0);
     for (size_t i = 0; i < x.log_probs.size(); ++i)
       CHECK(x.log_probs[i] == doctest::Approx(y.log_probs[i]).epsilon(1e-12));
     // The ensemble's choice is neither member's alone on this input: the mean matters.
     for (const auto& member : {a, b})
       CHECK(x.tokens.to_vector<int64_t>() !=
-            models::greedy_decode(*member, src, {.max_new_tokens = 8, .banned_id = pad}).tokens.to_vector<int64_t>());
+            models::greedy_decode(*member, src, {.max_new_tokens = 8, .banned_ids = {pad}}).tokens.to_vector<int64_t>());
   }
   {
     models::EnsembleDecoder cached(ensemble, src);
     RecomputingEnsemble recomputed(*a, *b, src);
-    const generation::BeamOptions beam{.beam_size = 3, .max_new_tokens = 8, .nbest = 3, .banned_id = pad};
+    const generation::BeamOptions beam{.beam_size = 3, .max_new_tokens = 8, .nbest = 3, .banned_ids = {pad}};
     check_same_beams(generation::beam_search(cached, 3, beam), generation::beam_search(recomputed, 3, beam));
   }
   // decode_sources' hypotheses against the ensemble's forced scoring of them, and a model ensembled with
   // itself against that model alone (the mean of p and p is p).
   const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {4, 6}};
-  const models::DecodingOptions beam{.beam_size = 3, .nbest = 3, .banned_id = pad};
+  const models::DecodingOptions beam{.beam_size = 3, .nbest = 3, .banned_ids = {pad}};
   const auto found = models::decode_sources(ensemble, sources, beam);
   std::vector<std::vector<int64_t>> score_sources, targets;
   std::vector<double> log_probs;
@@ -782,7 +782,7 @@ TEST_CASE("an ensemble decodes with the mean of its members' probabilities") {
     CHECK(scores[i].log_prob == doctest::Approx(log_probs[i]).epsilon(1e-10));
   }
   // Sampling from the ensemble's distribution with top-k 1 is its greedy search.
-  const models::DecodingOptions greedy{.banned_id = pad};
+  const models::DecodingOptions greedy{.banned_ids = {pad}};
   models::DecodingOptions top1 = greedy;
   top1.sampling = {.do_sample = true, .top_k = 1};
   const auto greedy_found = models::decode_sources(ensemble, sources, greedy);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 using namespace mf;
 
@@ -262,7 +263,9 @@ TEST_CASE("an ensemble translator: members of other architectures decode beside 
   for (const std::string& s : sentences) source_ids.push_back(first.source().encode(s));
   for (const std::string& t : targets) target_ids.push_back(first.target().encode(t));
   const models::Ensemble both{&first.model(), &second.model()};
-  const auto expected = models::decode_sources(both, source_ids, options);
+  models::DecodingOptions banned = options;  // the untrained models would generate <pad> and <sos>
+  banned.banned_ids = first.banned_tokens();
+  const auto expected = models::decode_sources(both, source_ids, banned);
   const auto expected_scores = models::score_targets(both, source_ids, target_ids);
 
   first.add_ensemble_member(std::move(second));
@@ -333,3 +336,39 @@ TEST_CASE("Translator::align: each translation's words against its source's, as 
   CHECK(translator.align(sources, targets).front().weights == alignments.front().weights);
 }
 
+
+TEST_CASE("a Translator never generates <pad> or <sos>, even from a model that favours them") {
+  manual_seed(3);
+  text::Vocab vocab = text::Vocab::build({{"i", 5}, {"want", 5}, {"a", 5}, {"beer", 5}});
+  models::TransformerConfig config{.src_vocab = vocab.size(), .tgt_vocab = vocab.size(), .d_model = 16, .heads = 2,
+                                   .encoder_layers = 1, .decoder_layers = 1, .d_ff = 32, .dropout = 0.0,
+                                   .max_len = 12, .shared_embeddings = false, .tie_output = false};
+  models::Translator translator(config, vocab, vocab, {});
+  translator.model().eval();
+  {
+    // The decoder's last norm gives every position the state (1, ..., 1), and the output rows of <pad>
+    // and <sos> are (5, ..., 5): they are every step's favourites, by logits of 80 against a few, and
+    // <eos> (-80) the least likely, so that words fill the translations.
+    NoGradGuard no_grad;
+    std::map<std::string, Tensor> parameters;
+    for (const nn::NamedTensor& p : translator.model().named_parameters()) parameters[p.name] = p.tensor;
+    parameters.at("decoder.layers.0.norm3.weight").fill_(0.0);
+    parameters.at("decoder.layers.0.norm3.bias").fill_(1.0);
+    parameters.at("output_proj.weight").narrow(0, text::kPadId, 2).fill_(5.0);
+    parameters.at("output_proj.weight").narrow(0, text::kEosId, 1).fill_(-5.0);  // and <eos> the least likely
+  }
+  const std::vector<std::vector<int64_t>> sources = {translator.source().encode("i want a beer")};
+  const auto unrestricted = models::decode_sources(translator.model(), sources, {.beam_size = 2, .max_new_tokens = 4});
+  REQUIRE(!unrestricted.front().front().tokens.empty());
+  CHECK(unrestricted.front().front().tokens.front() <= text::kSosId);  // what banning them prevents
+  for (int64_t beam : {1, 3}) {
+    CAPTURE(beam);
+    const auto translations =
+        translator.translate({"i want a beer"}, {.beam_size = beam, .max_new_tokens = 4, .nbest = beam});
+    for (const models::Translation& t : translations.front()) {
+      CHECK(t.tokens() > 0);
+      for (int64_t id : t.ids) CHECK(id > text::kSosId);
+    }
+  }
+  CHECK(translator.banned_tokens() == std::vector<int64_t>{text::kPadId, text::kSosId});  // words: <unk> allowed
+}

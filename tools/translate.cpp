@@ -471,7 +471,7 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const std::strin
                                 const Options& o) {
   models::DecodingOptions options = decoding_options(o, nullptr);
   options.nbest = 1;
-  options.banned_id = translator.banned_token();
+  options.banned_ids = translator.banned_tokens();
   options.target_prefixes = {translator.target().encode(prefix)};
   return models::decode_sources(translator.models(), {translator.source().encode(sentence)}, options)
       .front()

@@ -319,7 +319,7 @@ ValidationScores validation_scores(models::Translator& translator, const Paralle
   std::vector<std::string> hypotheses;
   for (const auto& best :
        models::decode_sources(translator.model(), sources,
-                              {.beam_size = beam, .workers = 0, .banned_id = translator.banned_token()}))
+                              {.beam_size = beam, .workers = 0, .banned_ids = translator.banned_tokens()}))
     hypotheses.push_back(translator.decode_target(best.front().tokens));
   text::BleuScore bleu = text::corpus_sacrebleu(hypotheses, references);
   text::ChrfScore chrf = text::corpus_chrf(hypotheses, references);
