@@ -479,8 +479,8 @@ std::vector<int64_t> decode_ids(models::Translator& translator, const std::strin
       .tokens;
 }
 
-/// The cross-attention heatmap of one sentence: translate it, score the translation with --attention-layer's
-/// cross-attention kept (mean over heads), and draw it.
+/// The cross-attention heatmap of one sentence: translate it, read --attention-layer's cross-attention
+/// over the translation (models::target_cross_attention: mean over heads), and draw it.
 std::string attention_svg(models::Translator& translator, const std::string& sentence, const std::string& prefix,
                           const Options& o) {
   std::vector<int64_t> ids = decode_ids(translator, sentence, prefix, o);
