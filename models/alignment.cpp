@@ -58,7 +58,8 @@ WordAlignment word_alignment(const Tensor& attention, std::span<const int64_t> s
     for (int64_t j = 0; j < columns; ++j) {
       const int64_t s = source_words[static_cast<size_t>(j)];
       if (s >= 0 && s < out.source_words)
-        out.weights[static_cast<size_t>(t * out.source_words + s)] += values[static_cast<size_t>(i * (columns + 1) + j)];
+        out.weights[static_cast<size_t>(t * out.source_words + s)] +=
+            values[static_cast<size_t>(i * (columns + 1) + j)];
     }
   }
   for (int64_t t = 0; t < out.target_words; ++t) {

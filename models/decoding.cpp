@@ -323,7 +323,8 @@ std::vector<Tensor> target_cross_attention(Transformer& model, const std::vector
                                            const ScoringOptions& options) {
   const int64_t layers = model.config().decoder_layers;
   MF_CHECK(layer == -1 || (layer >= 1 && layer <= layers),
-           "target_cross_attention: layer must be 1 to the decoder's {} layers or -1 (the last), got {}", layers, layer);
+           "target_cross_attention: layer must be 1 to the decoder's {} layers or -1 (the last), got {}", layers,
+           layer);
   const int64_t max_len = model.config().max_len;
   std::vector<Tensor> out(sources.size());
   for_each_forced_batch("target_cross_attention", sources, targets, options, max_len, model.device(),

@@ -386,7 +386,8 @@ Tensor Transformer::cross_attention(const Tensor& src, const Tensor& tgt_in, int
     bool before;
     ~Recording() { layer.record_attention = before; }
   } recording{chosen, std::exchange(chosen.record_attention, true)};
-  for (int64_t i = 0; i < layer; ++i) y = decoder->layers[static_cast<size_t>(i)]->forward(y, memory, self_mask, cross_mask);
+  for (int64_t i = 0; i < layer; ++i)
+    y = decoder->layers[static_cast<size_t>(i)]->forward(y, memory, self_mask, cross_mask);
   return chosen.cross_attention;
 }
 
