@@ -30,6 +30,16 @@ std::shared_ptr<models::Transformer> reference_model(DType dtype, Device device 
   return model;
 }
 
+/// The reference model after PyTorch's training steps ("trained." in the reference file), float64, in
+/// eval mode.
+std::shared_ptr<models::Transformer> trained_reference_model() {
+  auto model = std::make_shared<models::Transformer>(reference_config());
+  model->to(DType::Float64);
+  model->load_state_dict(testing::reference_with_prefix("trained."));
+  model->eval();
+  return model;
+}
+
 }  // namespace
 
 TEST_CASE("masks: padding keys, causal future, and both for the decoder") {
@@ -313,10 +323,7 @@ TEST_CASE("any selection of rows, in runs per sentence or not, keeps full recomp
 }
 
 TEST_CASE("decode_sources sorts and batches by length, then gives each sentence what decoding it alone gives") {
-  auto model = std::make_shared<models::Transformer>(reference_config());
-  model->to(DType::Float64);
-  model->load_state_dict(testing::reference_with_prefix("trained."));
-  model->eval();
+  auto model = trained_reference_model();
   // Sources of different lengths in no order (ids without <eos>), one empty and one past max_len - 1.
   const std::vector<std::vector<int64_t>> sources = {
       {5, 7, 3, 9}, {12, 3}, {6, 8, 11}, {}, {5, 7, 3, 9, 4, 6, 8, 11, 12, 3, 5, 7, 3, 9, 4, 6, 8, 11}, {4}};
@@ -401,10 +408,7 @@ TEST_CASE("forced decoding's log-probabilities are PyTorch's, and sum to its los
 }
 
 TEST_CASE("score_targets gives a translation the log-probability its search found, whatever its batchmates") {
-  auto model = std::make_shared<models::Transformer>(reference_config());
-  model->to(DType::Float64);
-  model->load_state_dict(testing::reference_with_prefix("trained."));
-  model->eval();
+  auto model = trained_reference_model();
   const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {}, {4, 6}};
   // The searches score their hypotheses step by step through the key/value cache; scoring runs each
   // target through the decoder whole: two ways to one number. Hypotheses cut short by the length limit
@@ -454,10 +458,7 @@ TEST_CASE("score_targets gives a translation the log-probability its search foun
 }
 
 TEST_CASE("target_cross_attention gives each pair a decoder layer's cross-attention, as the pair alone gives it") {
-  auto model = std::make_shared<models::Transformer>(reference_config());
-  model->to(DType::Float64);
-  model->load_state_dict(testing::reference_with_prefix("trained."));
-  model->eval();
+  auto model = trained_reference_model();
   const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9, 4}, {12, 3}, {6, 8, 11}, {}, {4, 6}};
   const std::vector<std::vector<int64_t>> targets = {{4, 10, 6, 7, 8}, {3}, {9, 5, 12}, {7}, {}};
   // The reference: each pair alone (no padding, no batchmates) through the whole Transformer::forward,
@@ -811,9 +812,7 @@ TEST_CASE("an ensemble decodes with the mean of its members' probabilities") {
 }
 
 TEST_CASE("decode_sources' workers compute as the calling thread would: under its autocast, rethrowing their errors") {
-  auto model = std::make_shared<models::Transformer>(reference_config());
-  model->to(DType::Float64);
-  model->load_state_dict(testing::reference_with_prefix("trained."));
+  auto model = trained_reference_model();
   model->to(DType::Float32);  // autocast lowers float32 products only
   model->eval();
   const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9}, {12, 3}, {6, 8, 11}, {4}, {9, 9, 4, 6, 8}};
@@ -862,10 +861,7 @@ TEST_CASE("decode_sources' workers compute as the calling thread would: under it
 }
 
 TEST_CASE("beam width 1 is greedy; beams come back best first") {
-  auto model = std::make_shared<models::Transformer>(reference_config());
-  model->to(DType::Float64);
-  model->load_state_dict(testing::reference_with_prefix("trained."));
-  model->eval();
+  auto model = trained_reference_model();
   const Tensor& src = reference("input.src");
   generation::GreedyResult greedy = models::greedy_decode(*model, src, {.max_new_tokens = 8});
   auto beams = models::beam_search(*model, src, {.beam_size = 1, .max_new_tokens = 8, .length_penalty = 0});
