@@ -82,6 +82,45 @@ void cpu_unary_float(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
   visit_floating(out[0].dtype(), [&]<typename T>() { cpu::map<T, T>(out[0], {&in[0]}, Fn{}); });
 }
 
+// Float32 exp, log and sigmoid on the CPU take ops/cpu/simd.h's polynomials (within 1 ulp of e^x and
+// ln x over every 1021st float, as libm's expf and logf; sigmoid within 2, as with expf), which run on
+// the widest vectors where libm computes one element per call. The same bits on every ISA and layout;
+// float64 calls libm.
+struct PackedExp {
+  template <typename V>
+  MF_INLINE V operator()(V x) const {
+    if constexpr (std::is_same_v<V, double>) return std::exp(x);
+    else return cpu::exp_wide<V, cpu::IntLanes<V>>(x);
+  }
+};
+struct PackedLog {
+  template <typename V>
+  MF_INLINE V operator()(V x) const { return cpu::log_of(x); }
+};
+struct PackedSigmoid {
+  template <typename V>
+  MF_INLINE V operator()(V x) const { return 1.0f / (1.0f + PackedExp{}(-x)); }
+};
+
+/// cpu_unary_float for functors that also take float packs: contiguous float32 tensors go through
+/// packs of the widest vectors, split over the thread pool; other layouts and float64 through
+/// cpu::map, one element at a time, to the same bits.
+template <typename Fn>
+void cpu_unary_packed(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  Tensor& y = out[0];
+  if (y.dtype() != DType::Float32 || !x.is_contiguous() || !y.is_contiguous())
+    return cpu_unary_float<Fn>(in, out, attrs);
+  const float* source = x.data_ptr<float>();
+  float* target = y.data_ptr<float>();
+  parallel_for(0, y.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
+    cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+      cpu::pack_map<W>(target + begin, end - begin,
+                       [&]<typename V>(int64_t c) MF_LAMBDA_INLINE { return Fn{}(cpu::load<V>(source + begin + c)); });
+    });
+  });
+}
+
 template <typename Fn>
 std::vector<Tensor> reference_binary(const std::vector<Tensor>& in, const Attrs&) {
   return {reference::map(in, in[0].dtype(), [](std::span<const double> v) { return Fn{}(v[0], v[1]); })};
@@ -622,9 +661,9 @@ void register_elementwise_ops(Registry& r) {
   SamplesFn wide = [] { return unary_samples(-4, 4); };
   unary(OpId::abs, "abs", infer_unary_same, cpu_unary<math::Abs>, abs_backward, false, signed_samples,
         reference_formula<ref_abs>);
-  unary(OpId::exp, "exp", infer_unary_float, cpu_unary_float<math::Exp>, exp_backward, true, any_sign,
+  unary(OpId::exp, "exp", infer_unary_float, cpu_unary_packed<PackedExp>, exp_backward, true, any_sign,
         reference_formula<ref_exp>);
-  unary(OpId::log, "log", infer_unary_float, cpu_unary_float<math::Log>, log_backward, false, positive,
+  unary(OpId::log, "log", infer_unary_float, cpu_unary_packed<PackedLog>, log_backward, false, positive,
         reference_formula<ref_log>);
   unary(OpId::sqrt, "sqrt", infer_unary_float, cpu_unary_float<math::Sqrt>, sqrt_backward, true, positive,
         reference_formula<ref_sqrt>);
@@ -638,7 +677,7 @@ void register_elementwise_ops(Registry& r) {
         wide, reference_formula<ref_gelu_tanh>);
   unary(OpId::tanh, "tanh", infer_unary_float, cpu_unary_float<math::Tanh>, tanh_backward, true, wide,
         reference_formula<ref_tanh>);
-  unary(OpId::sigmoid, "sigmoid", infer_unary_float, cpu_unary_float<math::Sigmoid>, sigmoid_backward, true, wide,
+  unary(OpId::sigmoid, "sigmoid", infer_unary_float, cpu_unary_packed<PackedSigmoid>, sigmoid_backward, true, wide,
         reference_formula<ref_sigmoid>);
   r.define(OpId::relu_backward, {.name = "relu_backward", .infer = infer_binary_float,
                                  .kernels = {cpu_binary_float<math::ReluBackward>},

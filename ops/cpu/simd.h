@@ -92,10 +92,41 @@ MF_INLINE T row_extreme(const T* p, int64_t n) {
   return nan ? std::numeric_limits<T>::quiet_NaN() : best;
 }
 
-/// e^x lane by lane for a float vector V (I: the int32 vector of the same width; scalars work too):
-/// Cephes' expf, with x = k ln 2 + r, |r| <= ln(2) / 2, a degree-7 polynomial for e^r and 2^k built
-/// in the exponent bits; within 2 ulp of std::exp. Above 88.38 gives inf, below -87.34 gives 0, NaN
-/// stays NaN.
+/// x converted to To: a float or int32 value as static_cast does, a vector lane by lane (the float
+/// ones rounded toward zero).
+template <typename To, typename From>
+MF_INLINE To convert(From x) {
+  if constexpr (std::is_arithmetic_v<From>)
+    return static_cast<To>(x);
+  else
+    return __builtin_convertvector(x, To);
+}
+
+/// 2^k lane by lane for k in [-126, 127] (V a float value or vector, I its int32 one), built in the
+/// exponent bits.
+template <typename V, typename I>
+MF_INLINE V power_of_two(I k) {
+  return std::bit_cast<V>((k + 127) << 23);
+}
+
+/// The core of Cephes' expf, shared by exp_poly and exp_wide: for finite c, k = round(c / ln 2) and
+/// returns e^r for r = c - k ln 2 (ln 2 in two parts, Cody-Waite; |r| <= ln(2) / 2) by a degree-7
+/// polynomial, so that e^c = e^r 2^k.
+template <typename V>
+MF_INLINE V exp_reduced(V c, V& k) {
+  k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded by adding 1.5 * 2^23
+  V r = c - k * 0.693359375f + k * 2.12194440e-4f;
+  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return p * r * r + r + 1.0f;
+}
+
+/// e^x lane by lane for a float vector V (I: the int32 vector of the same width; scalars work too),
+/// within 2 ulp of std::exp, for softmax's shifted scores (never above 0). Above 88.38 gives inf,
+/// below -87.34 gives 0 (exp_wide covers float's whole range), NaN stays NaN.
 template <typename V, typename I>
 MF_INLINE V exp_poly(V x) {
   constexpr float kHi = 88.3762626647949f, kLo = -87.3365478515625f;
@@ -103,22 +134,68 @@ MF_INLINE V exp_poly(V x) {
   // Lanes below kLo, whose result is 0 (a masked score's -1e9), run on c = 0: at kLo itself the
   // product below would be subnormal, and a subnormal result costs a microcode assist of ~100 cycles.
   c = c >= kLo ? c : V{};
-  // k = round(c / ln 2) by adding 1.5 * 2^23, then r = c - k ln 2 with ln 2 in two parts (Cody-Waite).
-  V k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  V r = c - k * 0.693359375f + k * 2.12194440e-4f;
-  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  V y;
-  if constexpr (std::is_same_v<V, float>)
-    y = p * std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
-  else
-    y = p * std::bit_cast<V>((__builtin_convertvector(k, I) + 127) << 23);
+  V k;
+  V y = exp_reduced(c, k) * power_of_two<V>(convert<I>(k));
   y = x > kHi ? V{} + std::numeric_limits<float>::infinity() : y;
   y = x < kLo ? V{} : y;
+  return x != x ? x : y;
+}
+
+/// e^x lane by lane (V, I as for exp_poly) over float's whole range, for the elementwise exp: exp_poly's
+/// results where it gives them (within 0.94 ulp of std::exp over every 1021st float), and also the
+/// largest finite results (x up to 88.72) and the subnormal ones (x down to -103.97; below, e^x rounds
+/// to 0), 2^k applied as two powers of two so that the second multiply rounds once.
+template <typename V, typename I>
+MF_INLINE V exp_wide(V x) {
+  constexpr float kHi = 88.8f, kLo = -104.0f;  // e^88.8 overflows; e^-104 is below half the least subnormal
+  V c = x < kHi ? x : V{} + kHi;
+  c = c >= kLo ? c : V{};  // as in exp_poly: no subnormal work for lanes whose result is 0
+  V k;
+  V p = exp_reduced(c, k);
+  I whole = convert<I>(k);
+  I second = whole > 0 ? I{} + 64 : I{} - 64;  // leaves whole - second within [-86, 64]
+  V y = (p * power_of_two<V>(whole - second)) * power_of_two<V>(second);
+  y = x >= kHi ? V{} + std::numeric_limits<float>::infinity() : y;
+  y = x < kLo ? V{} : y;
+  return x != x ? x : y;
+}
+
+/// The bits of a float value or vector as the int32 value or vector I.
+template <typename I, typename V>
+MF_INLINE I float_bits(V x) {
+  return std::bit_cast<I>(x);
+}
+
+/// ln x lane by lane (V, I as for exp_poly): Cephes' logf, with x = m 2^e, m in [sqrt(1/2), sqrt(2)),
+/// ln(1 + f) for f = m - 1 by a degree-9 polynomial and e ln 2 in two parts; within 0.76 ulp of
+/// std::log over every 1021st float. Subnormals are scaled by 2^25 first; 0 gives -inf, negatives NaN,
+/// inf inf, NaN NaN.
+template <typename V, typename I>
+MF_INLINE V log_poly(V x) {
+  constexpr float kSmallestNormal = 0x1p-126f;
+  V scaled = x < kSmallestNormal ? x * 0x1p25f : x;
+  I bits = float_bits<I>(scaled);
+  I exponent = (bits >> 23) - (x < kSmallestNormal ? I{} + (126 + 25) : I{} + 126);
+  V m = std::bit_cast<V>((bits & 0x007fffff) | 0x3f000000);  // in [1/2, 1)
+  auto below_root_half = m < 0.707106781186547524f;
+  exponent = below_root_half ? exponent - 1 : exponent;
+  V f = (below_root_half ? m + m : m) - 1.0f;
+  V z = f * f;
+  V p = f * 7.0376836292e-2f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  V e = convert<V>(exponent);
+  V y = p * f * z + e * -2.12194440e-4f - z * 0.5f;
+  y = (f + y) + e * 0.693359375f;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  y = x == kInf ? V{} + kInf : y;
+  y = x == 0 ? V{} - kInf : y;
+  y = x < 0 ? V{} + std::numeric_limits<float>::quiet_NaN() : y;
   return x != x ? x : y;
 }
 
@@ -194,15 +271,21 @@ MF_INLINE void pack_map(T* out, int64_t C, F f) {
   for (; c < C; ++c) out[c] = f.template operator()<T>(c);
 }
 
-/// e^x for the pack types: the polynomial for float and float packs, std::exp for double.
+/// The int32 lanes beside a float pack V (int32_t beside a float).
+template <typename V>
+using IntLanes = std::conditional_t<std::is_same_v<V, float>, int32_t, typename Simd<float, sizeof(V)>::Mask>;
+
+/// e^x and ln x for the pack types: exp_poly and log_poly for float and float packs (the same bits at
+/// every vector width), the C library for double (the precise path tests compare against).
 template <typename V>
 MF_INLINE V exp_of(V x) {
-  if constexpr (std::is_same_v<V, double>)
-    return std::exp(x);
-  else if constexpr (std::is_same_v<V, float>)
-    return exp_poly<float, int32_t>(x);
-  else
-    return exp_poly<V, typename Simd<float, sizeof(V)>::Mask>(x);
+  if constexpr (std::is_same_v<V, double>) return std::exp(x);
+  else return exp_poly<V, IntLanes<V>>(x);
+}
+template <typename V>
+MF_INLINE V log_of(V x) {
+  if constexpr (std::is_same_v<V, double>) return std::log(x);
+  else return log_poly<V, IntLanes<V>>(x);
 }
 
 /// Marks a lambda always-inline, so that with_widest_isa's ISA-specific callers compile its body.
