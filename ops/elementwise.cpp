@@ -83,9 +83,9 @@ void cpu_unary_float(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
 }
 
 // Float32 exp, log and sigmoid on the CPU take ops/cpu/simd.h's polynomials (within 1 ulp of e^x and
-// ln x over every 1021st float, as libm's expf and logf; sigmoid within 2, as with expf), which run on
-// the widest vectors where libm computes one element per call. The same bits on every ISA and layout;
-// float64 calls libm.
+// ln x over every 1021st float, as libm's expf and logf; sigmoid within 2.08, as with expf), which run
+// on the widest vectors where libm computes one element per call. The same bits on every ISA and
+// layout; float64 calls libm.
 struct PackedExp {
   template <typename V>
   MF_INLINE V operator()(V x) const {
