@@ -82,41 +82,57 @@ void cpu_unary_float(const std::vector<Tensor>& in, std::vector<Tensor>& out, co
   visit_floating(out[0].dtype(), [&]<typename T>() { cpu::map<T, T>(out[0], {&in[0]}, Fn{}); });
 }
 
-// Float32 exp, log and sigmoid on the CPU take ops/cpu/simd.h's polynomials (within 1 ulp of e^x and
-// ln x over every 1021st float, as libm's expf and logf; sigmoid within 2.08, as with expf), which run
-// on the widest vectors where libm computes one element per call. The same bits on every ISA and
-// layout; float64 calls libm.
+// Float32 exp, log, sigmoid and tanh on the CPU take ops/cpu/simd.h's polynomials (within 1 ulp of e^x
+// and ln x over every 1021st float, as libm's expf and logf; sigmoid within 2.08, as with expf; tanh
+// within 1.33 over every float, where PyTorch's SLEEF tanhf promises 1), which run on the widest vectors
+// where libm computes one element per call. The functors below take float packs and float values alike,
+// so every ISA and layout gives the same bits; float64 keeps ops/math.h's libm functors
+// (cpu_unary_packed's Precise).
 struct PackedExp {
   template <typename V>
-  MF_INLINE V operator()(V x) const {
-    if constexpr (std::is_same_v<V, double>) return std::exp(x);
-    else return cpu::exp_wide<V, cpu::IntLanes<V>>(x);
-  }
+  MF_INLINE V operator()(V x) const { return cpu::exp_wide<V, cpu::IntLanes<V>>(x); }
 };
 struct PackedLog {
   template <typename V>
-  MF_INLINE V operator()(V x) const { return cpu::log_of(x); }
+  MF_INLINE V operator()(V x) const { return cpu::log_poly<V, cpu::IntLanes<V>>(x); }
+};
+struct PackedTanh {
+  template <typename V>
+  MF_INLINE V operator()(V x) const { return cpu::tanh_poly<V, cpu::IntLanes<V>>(x); }
 };
 struct PackedSigmoid {
   template <typename V>
   MF_INLINE V operator()(V x) const { return 1.0f / (1.0f + PackedExp{}(-x)); }
 };
+/// gelu's tanh approximation as x / (1 + e^-2u), u = kScale (x + kCubic x^3) as in math::GeluTanh:
+/// the same function, since 1 + tanh u = 2 / (1 + e^-2u), without the cancellation of 1 + tanh u for
+/// negative u (float32 tanh u rounds to -1 below u = -9, where gelu_tanh is still 1.5e-8 x).
+struct PackedGeluTanh {
+  template <typename V>
+  MF_INLINE V operator()(V x) const {
+    constexpr auto kScale = static_cast<float>(math::GeluTanh::kScale);
+    constexpr auto kCubic = static_cast<float>(math::GeluTanh::kCubic);
+    V u = (x + x * x * x * kCubic) * kScale;
+    return x / (1.0f + PackedExp{}(-2.0f * u));
+  }
+};
 
-/// cpu_unary_float for functors that also take float packs: contiguous float32 tensors go through
-/// packs of the widest vectors, split over the thread pool; other layouts and float64 through
-/// cpu::map, one element at a time, to the same bits.
-template <typename Fn>
+/// A float32 functor Packed (float packs and values) and its float64 twin Precise as one kernel:
+/// contiguous float32 tensors go through packs of the widest vectors, split over the thread pool; other
+/// float32 layouts through cpu::map, one element at a time, to the same bits; float64 through Precise.
+template <typename Packed, typename Precise>
 void cpu_unary_packed(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor& x = in[0];
   Tensor& y = out[0];
-  if (y.dtype() != DType::Float32 || !x.is_contiguous() || !y.is_contiguous())
-    return cpu_unary_float<Fn>(in, out, attrs);
+  if (y.dtype() != DType::Float32) return cpu_unary_float<Precise>(in, out, attrs);  // float64, or visit's error
+  if (!x.is_contiguous() || !y.is_contiguous()) return cpu::map<float, float>(y, {&x}, Packed{});
   const float* source = x.data_ptr<float>();
   float* target = y.data_ptr<float>();
   parallel_for(0, y.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
     cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
-      cpu::pack_map<W>(target + begin, end - begin,
-                       [&]<typename V>(int64_t c) MF_LAMBDA_INLINE { return Fn{}(cpu::load<V>(source + begin + c)); });
+      cpu::pack_map<W>(target + begin, end - begin, [&]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+        return Packed{}(cpu::load<V>(source + begin + c));
+      });
     });
   });
 }
@@ -661,10 +677,10 @@ void register_elementwise_ops(Registry& r) {
   SamplesFn wide = [] { return unary_samples(-4, 4); };
   unary(OpId::abs, "abs", infer_unary_same, cpu_unary<math::Abs>, abs_backward, false, signed_samples,
         reference_formula<ref_abs>);
-  unary(OpId::exp, "exp", infer_unary_float, cpu_unary_packed<PackedExp>, exp_backward, true, any_sign,
-        reference_formula<ref_exp>);
-  unary(OpId::log, "log", infer_unary_float, cpu_unary_packed<PackedLog>, log_backward, false, positive,
-        reference_formula<ref_log>);
+  unary(OpId::exp, "exp", infer_unary_float, cpu_unary_packed<PackedExp, math::Exp>, exp_backward, true,
+        any_sign, reference_formula<ref_exp>);
+  unary(OpId::log, "log", infer_unary_float, cpu_unary_packed<PackedLog, math::Log>, log_backward, false,
+        positive, reference_formula<ref_log>);
   unary(OpId::sqrt, "sqrt", infer_unary_float, cpu_unary_float<math::Sqrt>, sqrt_backward, true, positive,
         reference_formula<ref_sqrt>);
   unary(OpId::rsqrt, "rsqrt", infer_unary_float, cpu_unary_float<math::Rsqrt>, rsqrt_backward, true, positive,
@@ -673,12 +689,12 @@ void register_elementwise_ops(Registry& r) {
         reference_formula<ref_relu>);
   unary(OpId::gelu, "gelu", infer_unary_float, cpu_unary_float<math::Gelu>, gelu_backward, false, wide,
         reference_formula<ref_gelu>);
-  unary(OpId::gelu_tanh, "gelu_tanh", infer_unary_float, cpu_unary_float<math::GeluTanh>, gelu_tanh_backward, false,
-        wide, reference_formula<ref_gelu_tanh>);
-  unary(OpId::tanh, "tanh", infer_unary_float, cpu_unary_float<math::Tanh>, tanh_backward, true, wide,
-        reference_formula<ref_tanh>);
-  unary(OpId::sigmoid, "sigmoid", infer_unary_float, cpu_unary_packed<PackedSigmoid>, sigmoid_backward, true, wide,
-        reference_formula<ref_sigmoid>);
+  unary(OpId::gelu_tanh, "gelu_tanh", infer_unary_float, cpu_unary_packed<PackedGeluTanh, math::GeluTanh>,
+        gelu_tanh_backward, false, wide, reference_formula<ref_gelu_tanh>);
+  unary(OpId::tanh, "tanh", infer_unary_float, cpu_unary_packed<PackedTanh, math::Tanh>, tanh_backward, true,
+        wide, reference_formula<ref_tanh>);
+  unary(OpId::sigmoid, "sigmoid", infer_unary_float, cpu_unary_packed<PackedSigmoid, math::Sigmoid>,
+        sigmoid_backward, true, wide, reference_formula<ref_sigmoid>);
   r.define(OpId::relu_backward, {.name = "relu_backward", .infer = infer_binary_float,
                                  .kernels = {cpu_binary_float<math::ReluBackward>},
                                  .backward = relu_backward_backward, .samples = [] { return binary_samples(-2, 2); },

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "helpers.h"
+#include "ops/math.h"
 #include "ops/registry.h"
 
 #include <algorithm>
@@ -57,6 +58,27 @@ TEST_CASE("gelu's tanh approximation matches PyTorch's approximate='tanh' and re
   CHECK_THROWS_WITH_AS(nn::GELU({.approximate = "erf"}), doctest::Contains("approximate must be 'none' or 'tanh'"), Error);
 }
 
+TEST_CASE("float32 gelu_tanh keeps its relative accuracy where 1 + tanh(u) would cancel") {
+  // x (1 + tanh u) / 2 = x / (1 + e^-2u): the second form in float64 is the reference, since the first
+  // rounds to 0 even in float64 below x = -6.5 (tanh u = -1 + 2e^2u). PyTorch 2.15's float32 kernel
+  // takes the first form: F.gelu(torch.tensor(-6.), approximate='tanh') prints -0. The rounding of u in
+  // float32 (relative 2^-23 or so, times |2u| = 87 at x = -10) bounds the relative error near 1e-5.
+  std::vector<double> inputs;
+  for (double x = -10; x <= 10; x += 0.0137) inputs.push_back(x);
+  std::vector<float> got = gelu(f64(inputs).to(DType::Float32), "tanh").to_vector<float>();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    double x = static_cast<float>(inputs[i]);
+    double u = math::GeluTanh::kScale * (x + math::GeluTanh::kCubic * x * x * x);
+    double want = x / (1 + std::exp(-2 * u));
+    CAPTURE(x);
+    CHECK(std::fabs(got[i] - want) <= 2e-5 * std::fabs(want) + 1e-45);
+  }
+  // Strided input takes the element-wise loop, to the same bits as the vectors.
+  const auto half = static_cast<int64_t>(inputs.size()) / 2;
+  Tensor x = f64(inputs).to(DType::Float32).narrow(0, 0, 2 * half).reshape({2, half});
+  check_close(gelu(x.t().contiguous().t(), "tanh"), gelu(x, "tanh"), 0, 0);
+}
+
 TEST_CASE("gelu matches hand-worked values of x * Phi(x)") {
   // Phi(1) = 0.8413447460685429, Phi(-1) = 1 - Phi(1), Phi(0) = 1/2; gelu(x) = x Phi(x).
   check_close(gelu(f64({1, -1, 0, 2})), f64({0.8413447460685429, -0.15865525393145707, 0, 1.9544997361036416}),
@@ -89,13 +111,19 @@ TEST_CASE("unary math functions on hand-worked values") {
   check_close(ints.relu(), from_vector<int64_t>({0, 0, 2}), 0, 0);
 }
 
-TEST_CASE("float32 tanh stays within rounding of the float64 result, tiny to huge inputs") {
-  std::vector<double> inputs = {0, 1e-30, -1e-6, 1e-4, 0.00012, -0.01, 0.3, -0.55, 1, -2.5, 9, 20, -100};
-  for (double x = -6; x < 6; x += 0.0371) inputs.push_back(x);
-  Tensor x = f64(inputs);
-  check_close(tanh(x.to(DType::Float32)).to(DType::Float64), tanh(x), 1.2e-7, 1e-45);
-  double inf = std::numeric_limits<double>::infinity();
-  check_close(tanh(f64({inf, -inf}).to(DType::Float32)), f64({1, -1}).to(DType::Float32), 0, 0);
+TEST_CASE("float32 tanh keeps its sign, saturates to +-1 and passes NaN through") {
+  // tanh(9.5) = 1 - 1.1e-8 rounds to float32's 1; -0 keeps its sign bit, as torch.tanh(torch.tensor(-0.))
+  // prints -0.
+  float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = from_vector<float>({inf, -inf, 9.5f, -20.0f, -0.0f, 0x1p-149f, nan});
+  std::vector<float> got = tanh(x).to_vector<float>();
+  CHECK(got[0] == 1.0f);
+  CHECK(got[1] == -1.0f);
+  CHECK(got[2] == 1.0f);
+  CHECK(got[3] == -1.0f);
+  CHECK((got[4] == 0.0f && std::signbit(got[4])));
+  CHECK(got[5] == 0x1p-149f);
+  CHECK(std::isnan(got[6]));
 }
 
 namespace {
@@ -118,21 +146,26 @@ const VectorMath kVectorMath[] = {
     {"log", [](const Tensor& t) { return log(t); }, [](double x) { return std::log(x); }, 1, true},
     {"sigmoid", [](const Tensor& t) { return sigmoid(t); },
      [](double x) { return std::exp(-x) > std::numeric_limits<float>::max() ? 0 : 1 / (1 + std::exp(-x)); }, 2.5},
+    {"tanh", [](const Tensor& t) { return tanh(t); }, [](double x) { return std::tanh(x); }, 1.5},
 };
 
 }  // namespace
 
-TEST_CASE("float32 exp, log and sigmoid stay within an ulp or two of float64's result over float's whole range") {
+TEST_CASE("float32 exp, log, sigmoid and tanh stay within an ulp or two of float64's result over float's range") {
   // Every 65537th bit pattern (positive and negative, normal and subnormal, 65,280 finite values) and
   // the edges: e^x is finite up to 88.7228 (ln of float's largest, 88.72283905) and subnormal below
   // -87.3365 (ln of its smallest normal) down to -103.97, where it rounds to 0, as PyTorch's
   // torch.exp gives 3.7835e-44 at -100; ln of a subnormal is finite, of 0 -inf, of a negative NaN.
+  // tanh changes formula at |x| = 0.625 and errs most just above it (1.33 ulp at 0.6283 over every
+  // float): every 97th pattern of [0.55, 0.75] as well.
   std::vector<float> inputs = {0.0f, -0.0f, 1.0f, 88.72283f, 88.7229f, 88.5f, -87.5f, -100.0f, -103.9f, -104.5f,
                                0x1p-149f, 0x1p-130f, -1.0f, 3e38f};
   for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 65537) {
     float x = std::bit_cast<float>(static_cast<uint32_t>(bits));
     if (std::isfinite(x)) inputs.push_back(x);
   }
+  for (uint32_t bits = std::bit_cast<uint32_t>(0.55f); bits < std::bit_cast<uint32_t>(0.75f); bits += 97)
+    inputs.push_back(std::bit_cast<float>(bits));
   for (const VectorMath& f : kVectorMath) {
     CAPTURE(f.name);
     std::vector<float> got = f.op(from_vector<float>(inputs)).to_vector<float>();
@@ -152,7 +185,7 @@ TEST_CASE("float32 exp, log and sigmoid stay within an ulp or two of float64's r
   }
 }
 
-TEST_CASE("float32 exp, log and sigmoid give the same bits whatever the layout, length and thread count") {
+TEST_CASE("float32 exp, log, sigmoid and tanh give the same bits whatever the layout, length and thread count") {
   // Contiguous float32 tensors run on vectors and their tails one element at a time, split over the
   // threads; strided views take the element-wise loop. All must give the same bits.
   ThreadCountGuard restore_threads;
