@@ -117,9 +117,41 @@ struct PackedGeluTanh {
   }
 };
 
+/// gelu_tanh_backward in the same form: with e = e^-2u, s = 1 / (1 + e) and 1 - s = 1 / (1 + 1 / e),
+/// (1 + tanh u) / 2 = s and 1 - tanh^2 u = 4 s (1 - s), so grad * g'(x) = grad * (s + 2 x s (1 - s) u'),
+/// u' = kScale (1 + 3 kCubic x^2): no 1 + tanh u or 1 - tanh^2 u to cancel. e = inf (u below -44) gives
+/// s = 0 and 1 - s = 1, e = 0 the reverse.
+struct PackedGeluTanhBackward {
+  template <typename V>
+  MF_INLINE V operator()(V grad, V x) const {
+    constexpr auto kScale = static_cast<float>(math::GeluTanh::kScale);
+    constexpr auto kCubic = static_cast<float>(math::GeluTanh::kCubic);
+    V u = (x + x * x * x * kCubic) * kScale;
+    V du = (1.0f + x * x * (3 * kCubic)) * kScale;
+    V e = PackedExp{}(-2.0f * u);
+    V s = 1.0f / (1.0f + e);
+    V rest = 1.0f / (1.0f + 1.0f / e);
+    return grad * (s + 2.0f * x * (s * rest) * du);
+  }
+};
+
+/// y = f<V>(i) over a contiguous float32 output, i the element's offset, in packs of the widest vectors,
+/// split over the thread pool.
+template <typename F>
+void packed_float_map(Tensor& y, F f) {
+  float* target = y.data_ptr<float>();
+  parallel_for(0, y.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
+    cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+      cpu::pack_map<W>(target + begin, end - begin, [&]<typename V>(int64_t c) MF_LAMBDA_INLINE {
+        return f.template operator()<V>(begin + c);
+      });
+    });
+  });
+}
+
 /// A float32 functor Packed (float packs and values) and its float64 twin Precise as one kernel:
-/// contiguous float32 tensors go through packs of the widest vectors, split over the thread pool; other
-/// float32 layouts through cpu::map, one element at a time, to the same bits; float64 through Precise.
+/// contiguous float32 tensors go through packed_float_map; other float32 layouts through cpu::map, one
+/// element at a time, to the same bits; float64 through Precise.
 template <typename Packed, typename Precise>
 void cpu_unary_packed(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
   const Tensor& x = in[0];
@@ -127,13 +159,22 @@ void cpu_unary_packed(const std::vector<Tensor>& in, std::vector<Tensor>& out, c
   if (y.dtype() != DType::Float32) return cpu_unary_float<Precise>(in, out, attrs);  // float64, or visit's error
   if (!x.is_contiguous() || !y.is_contiguous()) return cpu::map<float, float>(y, {&x}, Packed{});
   const float* source = x.data_ptr<float>();
-  float* target = y.data_ptr<float>();
-  parallel_for(0, y.numel(), cpu::kParallelGrain, [&](int64_t begin, int64_t end) {
-    cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
-      cpu::pack_map<W>(target + begin, end - begin, [&]<typename V>(int64_t c) MF_LAMBDA_INLINE {
-        return Packed{}(cpu::load<V>(source + begin + c));
-      });
-    });
+  packed_float_map(y, [&]<typename V>(int64_t i) MF_LAMBDA_INLINE { return Packed{}(cpu::load<V>(source + i)); });
+}
+
+/// cpu_unary_packed for two operands: packs where both are contiguous and of the output's shape (no
+/// broadcasting), cpu::map elsewhere.
+template <typename Packed, typename Precise>
+void cpu_binary_packed(const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+  const Tensor &a = in[0], &b = in[1];
+  Tensor& y = out[0];
+  if (y.dtype() != DType::Float32) return cpu_binary_float<Precise>(in, out, attrs);
+  if (!a.is_contiguous() || !b.is_contiguous() || !y.is_contiguous() || a.sizes() != y.sizes() ||
+      b.sizes() != y.sizes())
+    return cpu::map<float, float, float>(y, {&a, &b}, Packed{});
+  const float *first = a.data_ptr<float>(), *second = b.data_ptr<float>();
+  packed_float_map(y, [&]<typename V>(int64_t i) MF_LAMBDA_INLINE {
+    return Packed{}(cpu::load<V>(first + i), cpu::load<V>(second + i));
   });
 }
 
@@ -704,7 +745,7 @@ void register_elementwise_ops(Registry& r) {
                                  .backward = gelu_backward_backward, .samples = [] { return binary_samples(-3, 3); },
                                  .reference = reference_gelu_backward});
   r.define(OpId::gelu_tanh_backward, {.name = "gelu_tanh_backward", .infer = infer_binary_float,
-                                      .kernels = {cpu_binary_float<math::GeluTanhBackward>},
+                                      .kernels = {cpu_binary_packed<PackedGeluTanhBackward, math::GeluTanhBackward>},
                                       .backward = gelu_tanh_backward_backward,
                                       .samples = [] { return binary_samples(-3, 3); },
                                       .reference = reference_gelu_tanh_backward});

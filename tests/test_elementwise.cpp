@@ -58,25 +58,40 @@ TEST_CASE("gelu's tanh approximation matches PyTorch's approximate='tanh' and re
   CHECK_THROWS_WITH_AS(nn::GELU({.approximate = "erf"}), doctest::Contains("approximate must be 'none' or 'tanh'"), Error);
 }
 
-TEST_CASE("float32 gelu_tanh keeps its relative accuracy where 1 + tanh(u) would cancel") {
-  // x (1 + tanh u) / 2 = x / (1 + e^-2u): the second form in float64 is the reference, since the first
-  // rounds to 0 even in float64 below x = -6.5 (tanh u = -1 + 2e^2u). PyTorch 2.15's float32 kernel
-  // takes the first form: F.gelu(torch.tensor(-6.), approximate='tanh') prints -0. The rounding of u in
-  // float32 (relative 2^-23 or so, times |2u| = 87 at x = -10) bounds the relative error near 1e-5.
+TEST_CASE("float32 gelu_tanh and its gradient keep their relative accuracy where 1 + tanh(u) would cancel") {
+  // x (1 + tanh u) / 2 = x s with s = 1 / (1 + e^-2u): the second form in float64 is the reference, since
+  // the first rounds to 0 even in float64 below x = -6.5 (tanh u = -1 + 2e^2u). PyTorch 2.15's float32
+  // kernel takes the first form: F.gelu(torch.tensor(-6.), approximate='tanh') prints -0. Its derivative
+  // is s + 2 x s (1 - s) u' (1 - tanh^2 u = 4 s (1 - s)), 1 - s = 1 / (1 + e^2u). The rounding of u in
+  // float32 (relative 2^-23 or so, times |2u| = 87 at x = -10) bounds the relative error near 1e-5; the
+  // gradient's two terms also cancel near its zero at x = -0.75, hence the bound on the second term's
+  // size there.
   std::vector<double> inputs;
   for (double x = -10; x <= 10; x += 0.0137) inputs.push_back(x);
-  std::vector<float> got = gelu(f64(inputs).to(DType::Float32), "tanh").to_vector<float>();
+  Tensor x32 = f64(inputs).to(DType::Float32).set_requires_grad();
+  Tensor y = gelu(x32, "tanh");
+  y.backward(ones_like(y));  // a contiguous gradient: the vector path (sum's would be a broadcast view)
+  std::vector<float> got = y.to_vector<float>(), slope = x32.grad().to_vector<float>();
   for (size_t i = 0; i < inputs.size(); ++i) {
     double x = static_cast<float>(inputs[i]);
     double u = math::GeluTanh::kScale * (x + math::GeluTanh::kCubic * x * x * x);
-    double want = x / (1 + std::exp(-2 * u));
+    double du = math::GeluTanh::kScale * (1 + 3 * math::GeluTanh::kCubic * x * x);
+    double s = 1 / (1 + std::exp(-2 * u)), rest = 1 / (1 + std::exp(2 * u));
+    double second_term = 2 * x * s * rest * du, want_slope = s + second_term;
     CAPTURE(x);
-    CHECK(std::fabs(got[i] - want) <= 2e-5 * std::fabs(want) + 1e-45);
+    CHECK(std::fabs(got[i] - x * s) <= 2e-5 * std::fabs(x * s) + 1e-45);
+    CHECK(std::fabs(slope[i] - want_slope) <= 2e-5 * std::fabs(want_slope) + 1e-6 * std::fabs(second_term) + 1e-45);
   }
-  // Strided input takes the element-wise loop, to the same bits as the vectors.
+  // Strided input takes the element-wise loops, to the same bits as the vectors.
   const auto half = static_cast<int64_t>(inputs.size()) / 2;
   Tensor x = f64(inputs).to(DType::Float32).narrow(0, 0, 2 * half).reshape({2, half});
   check_close(gelu(x.t().contiguous().t(), "tanh"), gelu(x, "tanh"), 0, 0);
+  auto slope_of = [](const Tensor& input) {
+    Tensor leaf = input.detach().set_requires_grad();
+    gelu(leaf, "tanh").backward(ones_like(input));
+    return leaf.grad();
+  };
+  check_close(slope_of(x.t().contiguous().t()), slope_of(x), 0, 0);
 }
 
 TEST_CASE("gelu matches hand-worked values of x * Phi(x)") {
