@@ -104,33 +104,34 @@ struct PackedSigmoid {
   template <typename V>
   MF_INLINE V operator()(V x) const { return 1.0f / (1.0f + PackedExp{}(-x)); }
 };
-/// gelu's tanh approximation as x / (1 + e^-2u), u = kScale (x + kCubic x^3) as in math::GeluTanh:
-/// the same function, since 1 + tanh u = 2 / (1 + e^-2u), without the cancellation of 1 + tanh u for
-/// negative u (float32 tanh u rounds to -1 below u = -9, where gelu_tanh is still 1.5e-8 x).
+/// gelu's tanh approximation on float packs: u = kScale (x + kCubic x^3), as math::GeluTanh::inner
+/// computes it for scalars, and e^-2u, from which the forward and backward functors below take
+/// s = (1 + tanh u) / 2 = 1 / (1 + e^-2u) without forming 1 + tanh u, which cancels for negative u
+/// (float32 tanh u rounds to -1 below u = -9, where gelu_tanh is still 1.5e-8 x).
+constexpr auto kGeluScale = static_cast<float>(math::GeluTanh::kScale);
+constexpr auto kGeluCubic = static_cast<float>(math::GeluTanh::kCubic);
+template <typename V>
+MF_INLINE V gelu_tanh_exp(V x) {
+  V u = (x + x * x * x * kGeluCubic) * kGeluScale;
+  return PackedExp{}(-2.0f * u);
+}
+
+/// gelu_tanh as x s.
 struct PackedGeluTanh {
   template <typename V>
-  MF_INLINE V operator()(V x) const {
-    constexpr auto kScale = static_cast<float>(math::GeluTanh::kScale);
-    constexpr auto kCubic = static_cast<float>(math::GeluTanh::kCubic);
-    V u = (x + x * x * x * kCubic) * kScale;
-    return x / (1.0f + PackedExp{}(-2.0f * u));
-  }
+  MF_INLINE V operator()(V x) const { return x / (1.0f + gelu_tanh_exp(x)); }
 };
 
-/// gelu_tanh_backward in the same form: with e = e^-2u, s = 1 / (1 + e) and 1 - s = 1 / (1 + 1 / e),
-/// (1 + tanh u) / 2 = s and 1 - tanh^2 u = 4 s (1 - s), so grad * g'(x) = grad * (s + 2 x s (1 - s) u'),
-/// u' = kScale (1 + 3 kCubic x^2): no 1 + tanh u or 1 - tanh^2 u to cancel. e = inf (u below -44) gives
-/// s = 0 and 1 - s = 1, e = 0 the reverse.
+/// gelu_tanh_backward: with e = e^-2u and 1 - s = 1 / (1 + 1 / e), 1 - tanh^2 u = 4 s (1 - s), so
+/// grad * g'(x) = grad * (s + 2 x s (1 - s) u'), u' = kScale (1 + 3 kCubic x^2): no 1 - tanh^2 u to
+/// cancel either. e = inf (u below -44) gives s = 0 and 1 - s = 1, e = 0 the reverse.
 struct PackedGeluTanhBackward {
   template <typename V>
   MF_INLINE V operator()(V grad, V x) const {
-    constexpr auto kScale = static_cast<float>(math::GeluTanh::kScale);
-    constexpr auto kCubic = static_cast<float>(math::GeluTanh::kCubic);
-    V u = (x + x * x * x * kCubic) * kScale;
-    V du = (1.0f + x * x * (3 * kCubic)) * kScale;
-    V e = PackedExp{}(-2.0f * u);
+    V e = gelu_tanh_exp(x);
     V s = 1.0f / (1.0f + e);
     V rest = 1.0f / (1.0f + 1.0f / e);
+    V du = (1.0f + x * x * (3 * kGeluCubic)) * kGeluScale;
     return grad * (s + 2.0f * x * (s * rest) * du);
   }
 };
