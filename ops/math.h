@@ -75,12 +75,17 @@ struct Sigmoid {
   template <typename T> MF_HOST_DEVICE T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); }
 };
 
-/// Exact GELU: x * Phi(x), Phi the standard normal CDF = (1 + erf(x / sqrt 2)) / 2.
+/// The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, as erfc keeps it: (1 + erf(x / sqrt 2)) / 2
+/// is the same in exact arithmetic but cancels to 0 in the left tail (below x = -8.3 in double).
+template <typename T>
+MF_HOST_DEVICE T normal_cdf(T x) {
+  return T(0.5) * std::erfc(x * T(-0.70710678118654752440));
+}
+
+/// Exact GELU: x * Phi(x).
 struct Gelu {
   template <typename T>
-  MF_HOST_DEVICE T operator()(T x) const {
-    return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
-  }
+  MF_HOST_DEVICE T operator()(T x) const { return x * normal_cdf(x); }
 };
 
 /// GELU's tanh approximation (PyTorch's approximate='tanh'): x (1 + tanh(u)) / 2 with
@@ -118,9 +123,8 @@ struct ReluBackward {
 struct GeluBackward {
   template <typename T>
   MF_HOST_DEVICE T operator()(T grad, T x) const {
-    T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
     T pdf = T(0.39894228040143267794) * std::exp(T(-0.5) * x * x);
-    return grad * (cdf + x * pdf);
+    return grad * (normal_cdf(x) + x * pdf);
   }
 };
 

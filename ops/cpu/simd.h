@@ -109,13 +109,14 @@ MF_INLINE V power_of_two(I k) {
   return std::bit_cast<V>((k + 127) << 23);
 }
 
-/// The core of Cephes' expf, shared by exp_poly and exp_wide: for finite c, k = round(c / ln 2) and
-/// returns e^r for r = c - k ln 2 (ln 2 in two parts, Cody-Waite; |r| <= ln(2) / 2) by a degree-7
-/// polynomial, so that e^c = e^r 2^k.
+/// The core of Cephes' expf, shared by exp_poly and exp_wide: for finite c = hi + lo, k = round(c / ln 2)
+/// and returns e^r for r = hi - k ln 2 + lo (ln 2 in two parts, Cody-Waite; |r| <= ln(2) / 2) by a
+/// degree-7 polynomial, so that e^c = e^r 2^k. hi - k ln 2's first part is exact, so an exponent given
+/// in two parts keeps the bits of lo that hi + lo would round away.
 template <typename V>
-MF_INLINE V exp_reduced(V c, V& k) {
-  k = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded by adding 1.5 * 2^23
-  V r = c - k * 0.693359375f + k * 2.12194440e-4f;
+MF_INLINE V exp_reduced(V hi, V lo, V& k) {
+  k = ((hi + lo) * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded by adding 1.5 * 2^23
+  V r = (hi - k * 0.693359375f + lo) + k * 2.12194440e-4f;
   V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
@@ -135,8 +136,28 @@ MF_INLINE V exp_poly(V x) {
   // product below would be subnormal, and a subnormal result costs a microcode assist of ~100 cycles.
   c = c >= kLo ? c : V{};
   V k;
-  V y = exp_reduced(c, k) * power_of_two<V>(convert<I>(k));
+  V y = exp_reduced(c, -V{}, k) * power_of_two<V>(convert<I>(k));  // c + -0 is c, bit for bit
   y = x > kHi ? V{} + std::numeric_limits<float>::infinity() : y;
+  y = x < kLo ? V{} : y;
+  return x != x ? x : y;
+}
+
+/// e^(hi + lo) lane by lane (V, I as for exp_poly) over float's whole range, for an exponent that one
+/// float would hold less precisely: |lo| at most a few units (a rounding error, or a small term whose
+/// sum with a large hi would round); exp_reduced then never rounds hi + lo. exp_wide(x) is the case
+/// lo = -0.
+template <typename V, typename I>
+MF_INLINE V exp_wide(V hi, V lo) {
+  constexpr float kHi = 88.8f, kLo = -104.0f;  // e^88.8 overflows; e^-104 is below half the least subnormal
+  V x = hi + lo;
+  auto in_range = (x < kHi) & (x >= kLo);
+  // Out of range, the lanes run on 0 (as in exp_poly: no subnormal work for lanes whose result is 0).
+  V k;
+  V p = exp_reduced(in_range ? hi : V{}, in_range ? lo : -V{}, k);
+  I whole = convert<I>(k);
+  I second = whole > 0 ? I{} + 64 : I{} - 64;  // leaves whole - second within [-86, 64]
+  V y = (p * power_of_two<V>(whole - second)) * power_of_two<V>(second);
+  y = x >= kHi ? V{} + std::numeric_limits<float>::infinity() : y;
   y = x < kLo ? V{} : y;
   return x != x ? x : y;
 }
@@ -147,16 +168,7 @@ MF_INLINE V exp_poly(V x) {
 /// to 0), 2^k applied as two powers of two so that the second multiply rounds once.
 template <typename V, typename I>
 MF_INLINE V exp_wide(V x) {
-  constexpr float kHi = 88.8f, kLo = -104.0f;  // e^88.8 overflows; e^-104 is below half the least subnormal
-  V c = x < kHi ? x : V{} + kHi;
-  c = c >= kLo ? c : V{};  // as in exp_poly: no subnormal work for lanes whose result is 0
-  V k;
-  V p = exp_reduced(c, k);
-  I whole = convert<I>(k);
-  I second = whole > 0 ? I{} + 64 : I{} - 64;  // leaves whole - second within [-86, 64]
-  V y = (p * power_of_two<V>(whole - second)) * power_of_two<V>(second);
-  y = x >= kHi ? V{} + std::numeric_limits<float>::infinity() : y;
-  y = x < kLo ? V{} : y;
+  V y = exp_wide<V, I>(x, -V{});  // x + -0 is x, bit for bit
   return x != x ? x : y;
 }
 
