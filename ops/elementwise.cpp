@@ -162,15 +162,12 @@ struct NormalTail {
     half_square_hi = square * 0.5f;
     half_square_lo = error * 0.5f;
     V t = 1.0f / (1.0f + a * 0.353553390593273762f);
-    V p = t * 0.17087277f - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
+    // P by Estrin's scheme: pairs, then pairs of pairs, a quarter of Horner's chain of dependent steps.
+    V t2 = t * t, t4 = t2 * t2;
+    V p01 = t * 1.00002368f - 1.26551223f, p23 = t * 0.09678418f + 0.37409196f;
+    V p45 = t * 0.27886807f - 0.18628806f, p67 = t * 1.48851587f - 1.13520398f;
+    V p89 = t * 0.17087277f - 0.82215223f;
+    V p = ((p01 + p23 * t2) + (p45 + p67 * t2) * t4) + p89 * (t4 * t4);
     half_t = 0.5f * t;
     tail_exp = cpu::exp_wide<V, I>(-half_square_hi, p - half_square_lo);
   }
@@ -191,12 +188,12 @@ struct PackedGelu {
   MF_INLINE V operator()(V x) const { return NormalTail<V>(x).times_cdf(x, x); }
 };
 
-/// gelu_backward: grad * (Phi(x) + x phi(x)).
+/// gelu_backward: grad * (Phi(x) + x phi(x)), as grad Phi(x) + (grad x) phi(x).
 struct PackedGeluBackward {
   template <typename V>
   MF_INLINE V operator()(V grad, V x) const {
     NormalTail<V> normal(x);
-    return grad * (normal.times_cdf(1.0f + V{}, x) + normal.times_pdf(x));
+    return normal.times_cdf(grad, x) + normal.times_pdf(grad * x);
   }
 };
 
