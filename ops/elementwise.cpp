@@ -141,9 +141,9 @@ struct PackedGeluTanhBackward {
 /// a / (2 sqrt 2)) and P of degree 9 (a Chebyshev fit within 1.05e-7 of erfc, relative to it, for every
 /// a: measured against float64's erfc), so that Phi(x) = Q(-x) keeps its relative accuracy far into the
 /// left tail, where 1 + erf(x / sqrt 2) cancels (PyTorch 2.15's float32 kernel, which takes that form,
-/// gives -0 from x = -5.7 on). a^2 / 2 is held exactly, in two parts (Dekker's product: no FMA, so every ISA gives the
-/// same bits): rounded to one float (by up to 3.8e-6 where it nears 100) it would move the result by as
-/// much, relatively: 60 ulp.
+/// gives -0 from x = -5.7 on). a^2 / 2 is held exactly, in two parts (Dekker's product: no FMA, so
+/// every ISA gives the same bits): rounded to one float (by up to 3.8e-6 where it nears 100) it would
+/// move the result by as much, relatively: 60 ulp.
 template <typename V>
 struct NormalTail {
   using I = cpu::IntLanes<V>;
@@ -176,7 +176,7 @@ struct NormalTail {
   MF_INLINE V times_cdf(V y, V x) const {
     return x < 0.0f ? (y * half_t) * tail_exp : y * (1.0f - half_t * tail_exp);
   }
-  /// y phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi) (the exponential, subnormal below x = -13.2, last).
+  /// y phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi) (the exponential, subnormal below x = -13.15, last).
   MF_INLINE V times_pdf(V y) const {
     return (y * 0.398942280401432678f) * cpu::exp_wide<V, I>(-half_square_hi, -half_square_lo);
   }

@@ -100,7 +100,7 @@ TEST_CASE("float32 gelu_tanh and its gradient keep their relative accuracy where
 TEST_CASE("float32 gelu's gradient keeps its relative accuracy in the left tail") {
   // Phi(x) + x phi(x), Phi from erfc in float64 (see kVectorMath's gelu, whose values the table test
   // checks); its two terms cancel near its zero at x = -0.75, hence the bound on the second term's size
-  // there, and a few units of the least subnormal below x = -13.2, where the gradient is subnormal.
+  // there, and a few units of the least subnormal where the gradient is subnormal (below x = -13.34).
   // Measured: at most half of this bound over every 193rd float below 20 in magnitude.
   std::vector<double> inputs;
   for (double x = -14.5; x <= 10; x += 0.0137) inputs.push_back(x);
@@ -201,8 +201,8 @@ TEST_CASE("float32 exp, log, sigmoid, tanh and gelu stay within a few ulp of flo
   // -87.3365 (ln of its smallest normal) down to -103.97, where it rounds to 0, as PyTorch's
   // torch.exp gives 3.7835e-44 at -100; ln of a subnormal is finite, of 0 -inf, of a negative NaN.
   // tanh changes formula at |x| = 0.625 and errs most just above it (1.33 ulp at 0.6283 over every
-  // float): every 97th pattern of [0.55, 0.75] as well. gelu's results turn subnormal below -13.2 and
-  // round to -0 below -14.1: every 97th pattern of [-14.5, -12.5].
+  // float): every 97th pattern of [0.55, 0.75] as well. gelu's results turn subnormal below -13.15 and
+  // round to -0 below -14.36: every 97th pattern of [-14.5, -12.5].
   std::vector<float> inputs = {0.0f, -0.0f, 1.0f, 88.72283f, 88.7229f, 88.5f, -87.5f, -100.0f, -103.9f, -104.5f,
                                0x1p-149f, 0x1p-130f, -1.0f, 3e38f};
   for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 65537) {
