@@ -152,8 +152,7 @@ struct NormalTail {
   V half_square_hi, half_square_lo;  // a^2 / 2 = hi + lo
 
   MF_INLINE explicit NormalTail(V x) {
-    const I kSignBit = I{} + static_cast<int32_t>(0x80000000u);
-    V a = std::bit_cast<V>(cpu::float_bits<I>(x) & ~kSignBit);
+    V a = x < 0.0f ? -x : x;
     a = a < 16.0f ? a : V{} + 16.0f;  // Q(16) underflows; the cap keeps Dekker's split finite
     V scaled = a * 4097.0f;           // a = a_hi + a_lo, 12 bits each (Veltkamp's split)
     V a_hi = scaled - (scaled - a), a_lo = a - a_hi;
