@@ -178,6 +178,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
                                                             {.max_new_tokens = options.max_new_tokens,
                                                              .pad_id = model.config().pad_id,
                                                              .banned_ids = options.banned_ids,
+                                                             .min_new_tokens = options.min_new_tokens,
+                                                             .no_repeat_ngram_size = options.no_repeat_ngram_size,
                                                              .sentence_max_new_tokens = std::move(budgets),
                                                              .prefixes = std::move(prefixes),
                                                              .sampling = sampling}));
@@ -188,6 +190,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
                                          .length_penalty = options.length_penalty,
                                          .nbest = options.nbest,
                                          .banned_ids = options.banned_ids,
+                                         .min_new_tokens = options.min_new_tokens,
+                                         .no_repeat_ngram_size = options.no_repeat_ngram_size,
                                          .stop = options.stop,
                                          .sentence_max_new_tokens = std::move(budgets),
                                          .prefixes = std::move(prefixes)});

@@ -54,6 +54,10 @@ struct DecodingOptions {
   int64_t workers = 1;
   /// Tokens never generated (generation::GreedyOptions::banned_ids).
   std::vector<int64_t> banned_ids;
+  /// <eos> banned until a translation holds this many tokens (generation::GreedyOptions::min_new_tokens).
+  int64_t min_new_tokens = 0;
+  /// No n tokens in a row twice in a translation (generation::GreedyOptions::no_repeat_ngram_size); 0: off.
+  int64_t no_repeat_ngram_size = 0;
   /// When beam search ends a sentence (generation::BeamStop).
   generation::BeamStop stop = generation::BeamStop::Exact;
   /// do_sample (with beam_size 1): every token drawn from the model's distribution (generation::

@@ -94,25 +94,69 @@ std::vector<double> forced_log_probs(const char* op, const Tensor& scores, Incre
   return values;
 }
 
+/// Whether `token` is banned in `row`: one of `banned` (every row's) or of row_bans[row] (empty: none).
+bool is_banned(int64_t token, size_t row, const std::vector<int64_t>& banned,
+               const std::vector<std::vector<int64_t>>& row_bans) {
+  auto holds = [token](const std::vector<int64_t>& list) {
+    return std::find(list.begin(), list.end(), token) != list.end();
+  };
+  return holds(banned) || (!row_bans.empty() && holds(row_bans[row]));
+}
+
+/// Sets the banned tokens' log-probabilities in `log_probs` [N, V] to -infinity: `banned` in every row,
+/// row_bans[row] (empty: none) in its row.
+void rule_out(Tensor& log_probs, const std::vector<int64_t>& banned,
+              const std::vector<std::vector<int64_t>>& row_bans) {
+  constexpr double kNever = -std::numeric_limits<double>::infinity();
+  for (int64_t token : banned) log_probs.narrow(1, token, 1).fill_(kNever);
+  for (size_t row = 0; row < row_bans.size(); ++row) {
+    Tensor row_log_probs = log_probs.select(0, static_cast<int64_t>(row));
+    for (int64_t token : row_bans[row]) row_log_probs.narrow(0, token, 1).fill_(kNever);
+  }
+}
+
+/// Checks that every row has a token left to take: `banned` and its row_bans (empty: none) leave at least
+/// one of the `vocab`.
+void check_tokens_left(const char* op, int64_t vocab, const std::vector<int64_t>& banned,
+                       const std::vector<std::vector<int64_t>>& row_bans) {
+  auto rules_out_all = [vocab, &banned](const std::vector<int64_t>& more) {
+    if (static_cast<int64_t>(banned.size() + more.size()) < vocab) return false;
+    std::vector<int64_t> distinct = banned;
+    distinct.insert(distinct.end(), more.begin(), more.end());
+    std::sort(distinct.begin(), distinct.end());
+    return std::unique(distinct.begin(), distinct.end()) - distinct.begin() >= vocab;
+  };
+  MF_CHECK(!rules_out_all({}), "{}: banned_ids rule out every one of the {} tokens", op, vocab);
+  for (const std::vector<int64_t>& bans : row_bans)
+    MF_CHECK(!rules_out_all(bans),
+             "{}: a hypothesis has no token left to take: banned_ids, min_new_tokens and no_repeat_ngram_size rule "
+             "out every one of the {} tokens",
+             op, vocab);
+}
+
 /// One decoder step (checked_step) and each row's k best tokens (ties go to the lower id, as topk and
-/// torch.argmax do), never one of `banned`, no NaN among them; and the forced tokens' log-probabilities
-/// (forced_log_probs).
+/// torch.argmax do), never one of `banned` nor of the row's row_bans (empty: none), no NaN among them;
+/// and the forced tokens' log-probabilities (forced_log_probs). Throws mf::Error where a row has no
+/// token left (check_tokens_left); a row with fewer than k left fills its list with id -1 at -infinity.
 TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
                    int64_t& vocab, const std::vector<int64_t>& specials, const std::vector<int64_t>& banned,
-                   const std::vector<int64_t>& forced) {
+                   const std::vector<std::vector<int64_t>>& row_bans, const std::vector<int64_t>& forced) {
   const auto rows = static_cast<int64_t>(tokens.size());
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
   IncrementalDecoder::Scores kind = decoder.scores();
   TopTokens top{.k = std::min(k, vocab), .forced = forced_log_probs(op, scores, kind, forced)};
-  // Banned tokens are ranked with the rest (as many more per row) and then passed over, so that the
-  // others keep the log-probabilities the model gives them; only where too few tokens are left to rank
-  // are they ranked last instead.
-  const auto bans = static_cast<int64_t>(banned.size());
+  // Banned tokens are ranked with the rest (as many more per row as the row with the most bans has)
+  // and then passed over, so that the others keep the log-probabilities the model gives them; only
+  // where too few tokens are left to rank are they ranked last instead.
+  size_t most_row_bans = 0;
+  for (const std::vector<int64_t>& bans : row_bans) most_row_bans = std::max(most_row_bans, bans.size());
+  const auto bans = static_cast<int64_t>(banned.size() + most_row_bans);
   const bool pass_over = bans > 0 && top.k + bans <= vocab;
   if (bans > 0 && !pass_over) {
+    check_tokens_left(op, vocab, banned, row_bans);
     scores = full_log_probs(scores, kind);
     kind = IncrementalDecoder::Scores::LogProbs;
-    for (int64_t token : banned) scores.narrow(1, token, 1).fill_(-std::numeric_limits<double>::infinity());
+    rule_out(scores, banned, row_bans);
   }
   const int64_t ranked = top.k + (pass_over ? bans : 0);
   auto [values, ids] = kind == IncrementalDecoder::Scores::Logits ? log_softmax_topk(scores, ranked, 1)
@@ -124,9 +168,10 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
   for (size_t row = 0; row < static_cast<size_t>(rows); ++row) {
     int64_t kept = 0;
     for (size_t at = row * static_cast<size_t>(ranked); kept < top.k; ++at) {
-      if (pass_over && std::find(banned.begin(), banned.end(), ranked_ids[at]) != banned.end()) continue;
-      top.values.push_back(ranked_values[at]);
-      top.ids.push_back(ranked_ids[at]);
+      const bool ruled_out = bans > 0 && is_banned(ranked_ids[at], row, banned, row_bans);
+      if (pass_over && ruled_out) continue;
+      top.values.push_back(ruled_out ? -std::numeric_limits<double>::infinity() : ranked_values[at]);
+      top.ids.push_back(ruled_out ? -1 : ranked_ids[at]);
       ++kept;
     }
   }
@@ -135,16 +180,18 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
 }
 
 /// One decoder step (checked_step) and a token per row drawn by sample_next from the model's
-/// distribution without the `banned` tokens, with its log-probability under the model (before temperature,
-/// top-k or top-p); and the forced tokens' log-probabilities (forced_log_probs).
+/// distribution without the `banned` tokens and the row's row_bans (empty: none), with its
+/// log-probability under the model (before temperature, top-k or top-p); and the forced tokens'
+/// log-probabilities (forced_log_probs).
 TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t& vocab,
                       const std::vector<int64_t>& specials, const std::vector<int64_t>& banned,
-                      const SamplingOptions& sampling,
+                      const std::vector<std::vector<int64_t>>& row_bans, const SamplingOptions& sampling,
                       const std::vector<int64_t>& forced) {
   Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
   Tensor log_probs = full_log_probs(scores, decoder.scores());
   std::vector<double> forced_values = forced_log_probs(op, log_probs, IncrementalDecoder::Scores::LogProbs, forced);
-  for (int64_t token : banned) log_probs.narrow(1, token, 1).fill_(-std::numeric_limits<double>::infinity());
+  check_tokens_left(op, vocab, banned, row_bans);
+  rule_out(log_probs, banned, row_bans);
   const Tensor ids = sample_next(log_probs, sampling);  // [N]
   TopTokens top{.k = 1,
                 .values = gather(log_probs, 1, ids.unsqueeze(1)).to(Device::cpu()).to_vector<double>(),
@@ -152,6 +199,31 @@ TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::ve
                 .forced = std::move(forced_values)};
   for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
   return top;
+}
+
+/// The tokens a hypothesis holding `tokens` (its prefix included) may not take next, beside every
+/// row's banned_ids: `eos_id` while it holds fewer than min_new_tokens, and with no_repeat_ngram_size
+/// n > 0 each token that would complete an n-gram it already holds (fairseq's NGramRepeatBlock).
+std::vector<int64_t> ruled_out_next(const std::vector<int64_t>& tokens, int64_t eos_id, int64_t min_new_tokens,
+                                    int64_t no_repeat_ngram_size) {
+  std::vector<int64_t> out;
+  if (eos_id >= 0 && static_cast<int64_t>(tokens.size()) < min_new_tokens) out.push_back(eos_id);
+  const auto n = static_cast<size_t>(no_repeat_ngram_size);
+  if (n == 0 || tokens.size() < n) return out;
+  const auto tail = tokens.end() - static_cast<std::ptrdiff_t>(n - 1);  // the last n - 1 tokens
+  for (auto start = tokens.begin(); start + static_cast<std::ptrdiff_t>(n) <= tokens.end(); ++start) {
+    const int64_t completes = start[static_cast<std::ptrdiff_t>(n - 1)];
+    if (std::equal(tail, tokens.end(), start) && std::find(out.begin(), out.end(), completes) == out.end())
+      out.push_back(completes);
+  }
+  return out;
+}
+
+/// Checks the output rules both searches take (min_new_tokens, no_repeat_ngram_size).
+void check_rules(const char* op, int64_t min_new_tokens, int64_t no_repeat_ngram_size) {
+  MF_CHECK(min_new_tokens >= 0, "{}: min_new_tokens must be at least 0, got {}", op, min_new_tokens);
+  MF_CHECK(no_repeat_ngram_size >= 0, "{}: no_repeat_ngram_size must be at least 0 (0: off), got {}", op,
+           no_repeat_ngram_size);
 }
 
 /// The token sentence `s` must take next, having generated `length` tokens: the next of its prefix, or -1.
@@ -281,6 +353,8 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   check_prefixes(op, options.prefixes, limits, options.eos_id);
+  check_rules(op, options.min_new_tokens, options.no_repeat_ngram_size);
+  const bool rules = options.min_new_tokens > 0 || options.no_repeat_ngram_size > 0;
   NoGradGuard no_grad;
 
   std::vector<std::vector<int64_t>> generated(static_cast<size_t>(batch_size));
@@ -290,18 +364,25 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   int64_t vocab = -1;
   for (int64_t step = 1; !sentence_of_row.empty(); ++step) {
     std::vector<int64_t> tokens, forced;
+    std::vector<std::vector<int64_t>> row_bans;
     for (int64_t s : sentence_of_row) {
       tokens.push_back(generated[s].empty() ? options.sos_id : generated[s].back());
       forced.push_back(forced_token(options.prefixes, s, generated[s].size()));
+      if (rules)
+        row_bans.push_back(
+            ruled_out_next(generated[s], options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size));
     }
-    TopTokens top = options.sampling.do_sample
-                        ? step_sample(op, decoder, tokens, vocab, specials, options.banned_ids, options.sampling, forced)
-                        : step_top(op, decoder, tokens, 1, vocab, specials, options.banned_ids, forced);
+    TopTokens top = options.sampling.do_sample ? step_sample(op, decoder, tokens, vocab, specials, options.banned_ids,
+                                                             row_bans, options.sampling, forced)
+                                               : step_top(op, decoder, tokens, 1, vocab, specials, options.banned_ids,
+                                                          row_bans, forced);
     std::vector<int64_t> keep;  // rows whose sentence goes on
     for (size_t row = 0; row < sentence_of_row.size(); ++row) {
       int64_t s = sentence_of_row[row];
       const bool is_forced = forced[row] >= 0;
       const int64_t token = is_forced ? forced[row] : top.ids[row];
+      MF_CHECK(token >= 0, "{}: sentence {} has no token left to take: the model gives every token it may take "
+               "probability 0", op, s);
       generated[s].push_back(token);
       log_probs[s] += is_forced ? top.forced[row] : top.values[row];
       if (token != options.eos_id && step < limits[s]) keep.push_back(static_cast<int64_t>(row));
@@ -341,6 +422,8 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   check_prefixes(op, options.prefixes, limits, options.eos_id);
+  check_rules(op, options.min_new_tokens, options.no_repeat_ngram_size);
+  const bool rules = options.min_new_tokens > 0 || options.no_repeat_ngram_size > 0;
   NoGradGuard no_grad;
 
   const auto beam = static_cast<size_t>(options.beam_size);
@@ -352,12 +435,17 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   int64_t vocab = -1;
   for (int64_t step = 1; !live.empty(); ++step) {
     std::vector<int64_t> tokens(live.size()), forced(live.size());
+    std::vector<std::vector<int64_t>> row_bans(rules ? live.size() : 0);
     for (size_t i = 0; i < live.size(); ++i) {
       const auto row = static_cast<size_t>(live_rows[i]);
       tokens[row] = live[i].tokens.empty() ? options.sos_id : live[i].tokens.back();
       forced[row] = forced_token(options.prefixes, live[i].sentence, live[i].tokens.size());
+      if (rules)
+        row_bans[row] =
+            ruled_out_next(live[i].tokens, options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size);
     }
-    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_ids, forced);
+    TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_ids, row_bans,
+                             forced);
 
     std::vector<Live> next;
     std::vector<int64_t> parent_rows;  // the decoder row of each hypothesis' parent in `next`
@@ -378,6 +466,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       for (size_t i = begin; i < end; ++i)
         for (int64_t j = 0; j < top.k; ++j) {
           size_t at = static_cast<size_t>(live_rows[i] * top.k + j);
+          if (top.ids[at] < 0) continue;  // a banned token, where the row had fewer than k left
           candidates.push_back({live[i].log_prob + top.values[at], static_cast<int64_t>(i), top.ids[at]});
         }
       // Stable: equal sums keep the earlier hypothesis, then the lower token id (topk's order).

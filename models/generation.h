@@ -61,6 +61,15 @@ struct GreedyOptions {
   /// for a subword model that spells every input (CTranslate2's disable_unk), so that an undertrained
   /// model cannot print them either.
   std::vector<int64_t> banned_ids;
+  /// EOS is banned until a sentence holds this many tokens (its prefix included): fairseq's --min-len,
+  /// CTranslate2's min_decoding_length, Hugging Face's min_new_tokens. 0: no minimum. A sentence whose
+  /// limit comes first ends there without EOS.
+  int64_t min_new_tokens = 0;
+  /// n > 0: no output holds the same n tokens in a row twice (fairseq's, CTranslate2's and Hugging
+  /// Face's no_repeat_ngram_size): a token that would complete an n-gram the sentence already holds is
+  /// banned at that step. 0: off. As with banned_ids, the other tokens keep the model's log-probabilities;
+  /// a row left with no token to take gets one at -infinity.
+  int64_t no_repeat_ngram_size = 0;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;
   /// Per sentence, the tokens its output must begin with, or empty for none (see check_prefixes).
@@ -87,8 +96,9 @@ struct GreedyResult {
 /// are dropped from the decoder with select_rows (only when a row finishes, so no copy otherwise), so
 /// later steps cost only the live rows, and decoding stops as soon as every sentence is finished. Runs
 /// with autograd off. On return the decoder's cache is in no particular state. Throws mf::Error for
-/// batch_size or max_new_tokens below 1, a negative special token or one outside the vocabulary, and
-/// a decoder whose step returns the wrong shape or NaN.
+/// batch_size or max_new_tokens below 1, a negative min_new_tokens or no_repeat_ngram_size, a negative
+/// special token or one outside the vocabulary, a sentence left with no token to take (banned_ids and
+/// the rules ruling out all), and a decoder whose step returns the wrong shape or NaN.
 GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, const GreedyOptions& options = {});
 
 /// When beam search ends a sentence, besides running out of live hypotheses or of max_new_tokens.
@@ -119,6 +129,10 @@ struct BeamOptions {
   int64_t eos_id = text::kEosId;
   /// Tokens never generated (GreedyOptions::banned_ids).
   std::vector<int64_t> banned_ids;
+  /// EOS banned until a hypothesis holds this many tokens (GreedyOptions::min_new_tokens).
+  int64_t min_new_tokens = 0;
+  /// No n-gram twice in a hypothesis (GreedyOptions::no_repeat_ngram_size); 0: off.
+  int64_t no_repeat_ngram_size = 0;
   BeamStop stop = BeamStop::Exact;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;
@@ -187,8 +201,9 @@ double length_penalty(int64_t length, double alpha);
 /// keep the order they were found in). With length_penalty 0 and beam_size 1 the result is exactly
 /// greedy_decode's (tokens and log-probabilities). Runs with autograd off; on return the decoder's
 /// cache is in no particular state. Throws mf::Error for beam_size, nbest, batch_size or
-/// max_new_tokens out of range, a non-finite length_penalty, a negative special token or one outside
-/// the vocabulary, and a decoder whose step returns the wrong shape or NaN.
+/// max_new_tokens out of range, a non-finite length_penalty, a negative min_new_tokens or
+/// no_repeat_ngram_size, a negative special token or one outside the vocabulary, a hypothesis left
+/// with no token to take, and a decoder whose step returns the wrong shape or NaN.
 std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, int64_t batch_size,
                                                  const BeamOptions& options = {});
 

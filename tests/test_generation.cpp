@@ -152,29 +152,57 @@ std::pair<std::vector<int64_t>, double> forced_start(const Model& model, int64_t
   return {prefix, sum};
 }
 
-/// Naive greedy decoding of one sentence: the `forced` tokens, then argmax (first maximum) until EOS or
-/// max_new_tokens.
+/// Whether `token` may follow the tokens generated so far (BOS left out).
+using Allowed = std::function<bool(const std::vector<int64_t>& generated, int64_t token)>;
+
+bool any_token(const std::vector<int64_t>&, int64_t) { return true; }
+
+/// The searches' min_new_tokens and no_repeat_ngram_size as their documentation states them, written
+/// another way than the library's: EOS only once `min_new` tokens are there, and the n-gram that
+/// `token` would end must not occur anywhere before it.
+Allowed output_rules(int64_t min_new, size_t n) {
+  return [min_new, n](const std::vector<int64_t>& generated, int64_t token) {
+    if (token == kEos && static_cast<int64_t>(generated.size()) < min_new) return false;
+    std::vector<int64_t> out = generated;
+    out.push_back(token);
+    if (n == 0 || out.size() < n) return true;
+    const std::vector<int64_t> last(out.end() - static_cast<std::ptrdiff_t>(n), out.end());
+    for (size_t start = 0; start + n < out.size(); ++start)
+      if (std::equal(last.begin(), last.end(), out.begin() + static_cast<std::ptrdiff_t>(start))) return false;
+    return true;
+  };
+}
+
+/// Naive greedy decoding of one sentence: the `forced` tokens, then argmax (first maximum) over the
+/// `allowed` tokens until EOS or max_new_tokens.
 std::pair<std::vector<int64_t>, double> naive_greedy(const Model& model, int64_t sentence, int64_t max_new_tokens,
-                                                     const std::vector<int64_t>& forced = {}) {
+                                                     const std::vector<int64_t>& forced = {},
+                                                     const Allowed& allowed = any_token) {
   auto [prefix, sum] = forced_start(model, sentence, forced);
   while (static_cast<int64_t>(prefix.size()) <= max_new_tokens) {
     std::vector<double> lp = model(sentence, prefix);
-    auto best = std::max_element(lp.begin(), lp.end());  // the first maximum
-    sum += *best;
-    prefix.push_back(best - lp.begin());
+    const std::vector<int64_t> generated(prefix.begin() + 1, prefix.end());
+    int64_t best = -1;
+    for (int64_t t = 0; t < static_cast<int64_t>(lp.size()); ++t)
+      if (allowed(generated, t) && (best < 0 || lp[static_cast<size_t>(t)] > lp[static_cast<size_t>(best)])) best = t;
+    sum += lp[static_cast<size_t>(best)];
+    prefix.push_back(best);
     if (prefix.back() == kEos) break;
   }
   return {prefix, sum};
 }
 
 /// Every complete hypothesis of one sentence (ends in EOS, or has max_new_tokens tokens) that begins
-/// with `forced`, with its log-probability and GNMT score, best first.
+/// with `forced` and takes only `allowed` tokens after it, with its log-probability and GNMT score,
+/// best first.
 std::vector<Hypothesis> enumerate_all(const Model& model, int64_t sentence, int64_t vocab, int64_t max_new_tokens,
-                                      double alpha, const std::vector<int64_t>& forced = {}) {
+                                      double alpha, const std::vector<int64_t>& forced = {},
+                                      const Allowed& allowed = any_token) {
   std::vector<Hypothesis> all;
   std::function<void(std::vector<int64_t>&, double)> extend = [&](std::vector<int64_t>& prefix, double sum) {
     std::vector<double> lp = model(sentence, prefix);
     for (int64_t t = 0; t < vocab; ++t) {
+      if (!allowed(std::vector<int64_t>(prefix.begin() + 1, prefix.end()), t)) continue;
       prefix.push_back(t);
       double s = sum + lp[static_cast<size_t>(t)];
       if (t == kEos || static_cast<int64_t>(prefix.size()) - 1 == max_new_tokens) {
@@ -771,4 +799,120 @@ TEST_CASE("banned tokens are never generated: greedy and beam search take the be
   FakeDecoder negative(model, iota(1));
   CHECK_THROWS_WITH_AS(greedy_decode(negative, 1, {.banned_ids = {-1}}),
                        doctest::Contains("banned token id -1 is outside"), Error);
+}
+
+TEST_CASE("min_new_tokens and no_repeat_ngram_size: greedy search as a naive loop under the rules, beam search as "
+          "enumeration") {
+  // V = 5 and at most 4 new tokens: 341 hypotheses without rules, and a beam of 1024 is wider than any
+  // step's candidates, so beam search must return every hypothesis the rules allow. min_new_tokens 7
+  // outlasts every limit: no hypothesis ends in EOS.
+  const int64_t batch = 3, vocab = 5, max_new = 4;
+  const Model model = random_model(41, vocab);
+  for (int64_t min_new : {0, 2, 4, 7}) {
+    for (int64_t n : {0, 1, 2, 3}) {
+      CAPTURE(min_new);
+      CAPTURE(n);
+      const Allowed allowed = output_rules(min_new, static_cast<size_t>(n));
+      for (auto gives : {IncrementalDecoder::Scores::LogProbs, IncrementalDecoder::Scores::Logits}) {
+        CAPTURE(static_cast<int>(gives));
+        FakeDecoder greedy_decoder(model, iota(batch)), beam_decoder(model, iota(batch));
+        greedy_decoder.gives = beam_decoder.gives = gives;
+        GreedyResult greedy = greedy_decode(greedy_decoder, batch,
+                                            {.max_new_tokens = max_new, .min_new_tokens = min_new,
+                                             .no_repeat_ngram_size = n});
+        auto beams = beam_search(beam_decoder, batch,
+                                 {.beam_size = 1024, .max_new_tokens = max_new, .length_penalty = 0.6, .nbest = 1024,
+                                  .min_new_tokens = min_new, .no_repeat_ngram_size = n});
+        // From logits the log-probabilities go through log_softmax: float rounding.
+        const double tolerance = gives == IncrementalDecoder::Scores::LogProbs ? 0 : 1e-6;
+        for (int64_t s = 0; s < batch; ++s) {
+          CAPTURE(s);
+          auto [want, want_log_prob] = naive_greedy(model, s, max_new, {}, allowed);
+          std::vector<int64_t> row = greedy.tokens.select(0, s).to_vector<int64_t>();
+          row.resize(want.size());
+          CHECK(row == want);
+          CHECK(std::abs(greedy.log_probs[static_cast<size_t>(s)] - want_log_prob) <= tolerance);
+
+          const std::vector<Hypothesis> all = enumerate_all(model, s, vocab, max_new, 0.6, {}, allowed);
+          const std::vector<Hypothesis>& found = beams[static_cast<size_t>(s)];
+          REQUIRE(found.size() == all.size());
+          for (size_t i = 0; i < all.size(); ++i) {
+            CAPTURE(i);
+            if (tolerance == 0) CHECK(found[i].tokens == all[i].tokens);
+            CHECK(std::abs(found[i].score - all[i].score) <= tolerance + 1e-12);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("min_new_tokens and no_repeat_ngram_size by hand (scripted), in beam search and in sampling") {
+  // The script says "3 4 3 4 EOS" at 0.9, the other tokens sharing the rest equally (ties go to the
+  // lower id). With no_repeat_ngram_size 2 the fourth token cannot be 4 ("3 4" twice): 0 takes its
+  // place, and the script's EOS follows. With min_new_tokens 7 as well, EOS is banned after "3 4 3 0"
+  // until 7 tokens are there: 0 ("0 0" is new), then 1 ("0 0" again is not), then 0 ("1 0"), then EOS.
+  const Model model = scripted_model({{3, 4, 3, 4}}, 5);
+  FakeDecoder plain(model, iota(1));
+  CHECK(greedy_decode(plain, 1, {.max_new_tokens = 9}).tokens.to_vector<int64_t>() ==
+        std::vector<int64_t>{kBos, 3, 4, 3, 4, kEos});
+  FakeDecoder blocked(model, iota(1));
+  CHECK(greedy_decode(blocked, 1, {.max_new_tokens = 9, .no_repeat_ngram_size = 2}).tokens.to_vector<int64_t>() ==
+        std::vector<int64_t>{kBos, 3, 4, 3, 0, kEos});
+  FakeDecoder longer(model, iota(1));
+  CHECK(greedy_decode(longer, 1, {.max_new_tokens = 9, .min_new_tokens = 7, .no_repeat_ngram_size = 2})
+            .tokens.to_vector<int64_t>() == std::vector<int64_t>{kBos, 3, 4, 3, 0, 0, 1, 0, kEos});
+
+  // Beam search and sampling keep the rules on a random model: no 2-gram twice, EOS not before 4 tokens.
+  const int64_t batch = 6, vocab = 6;
+  const Model random = random_model(43, vocab);
+  const Allowed allowed = output_rules(4, 2);
+  auto keeps_rules = [&](const std::vector<int64_t>& tokens) {
+    for (size_t i = 0; i < tokens.size(); ++i)
+      if (!allowed(std::vector<int64_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(i)), tokens[i]))
+        return false;
+    return true;
+  };
+  FakeDecoder beam_decoder(random, iota(batch));
+  for (const auto& hyps : beam_search(beam_decoder, batch, {.beam_size = 3, .max_new_tokens = 12, .nbest = 3,
+                                                           .min_new_tokens = 4, .no_repeat_ngram_size = 2}))
+    for (const Hypothesis& h : hyps) {
+      CAPTURE(h.tokens);
+      CHECK(keeps_rules(h.tokens));
+    }
+  Generator generator(7);
+  FakeDecoder sample_decoder(random, iota(batch));
+  GreedyResult drawn = greedy_decode(sample_decoder, batch,
+                                     {.max_new_tokens = 12, .min_new_tokens = 4, .no_repeat_ngram_size = 2,
+                                      .sampling = {.do_sample = true, .generator = &generator}});
+  for (int64_t s = 0; s < batch; ++s) {
+    std::vector<int64_t> tokens = drawn.tokens.select(0, s).to_vector<int64_t>();
+    tokens.erase(tokens.begin());  // BOS
+    tokens.resize(static_cast<size_t>(drawn.lengths[static_cast<size_t>(s)]));
+    CAPTURE(tokens);
+    CHECK(keeps_rules(tokens));
+  }
+}
+
+TEST_CASE("output rules that leave no token, and negative ones, raise mf::Error") {
+  // V = 3 with <pad> and <sos> banned leaves EOS alone, and min_new_tokens 3 bans it at the first step.
+  const Model model = random_model(5, 3);
+  FakeDecoder decoder(model, iota(1));
+  CHECK_THROWS_WITH_AS(greedy_decode(decoder, 1, {.banned_ids = {kPad, kBos}, .min_new_tokens = 3,
+                                                  .no_repeat_ngram_size = 1}),
+                       "greedy_decode: a hypothesis has no token left to take: banned_ids, min_new_tokens and "
+                       "no_repeat_ngram_size rule out every one of the 3 tokens", Error);
+  FakeDecoder beam_decoder(model, iota(1));
+  CHECK_THROWS_WITH_AS(beam_search(beam_decoder, 1, {.banned_ids = {kPad, kBos}, .min_new_tokens = 3,
+                                                     .no_repeat_ngram_size = 1}),
+                       doctest::Contains("beam_search: a hypothesis has no token left to take"), Error);
+  FakeDecoder all_banned(model, iota(1));
+  CHECK_THROWS_WITH_AS(greedy_decode(all_banned, 1, {.banned_ids = {kEos, kPad, kBos, kEos}}),
+                       "greedy_decode: banned_ids rule out every one of the 3 tokens", Error);
+  FakeDecoder untouched(model, iota(1));
+  CHECK_THROWS_WITH_AS(greedy_decode(untouched, 1, {.min_new_tokens = -1}),
+                       "greedy_decode: min_new_tokens must be at least 0, got -1", Error);
+  CHECK_THROWS_WITH_AS(beam_search(untouched, 1, {.no_repeat_ngram_size = -2}),
+                       "beam_search: no_repeat_ngram_size must be at least 0 (0: off), got -2", Error);
+  CHECK(untouched.rows_per_step.empty());
 }

@@ -149,6 +149,32 @@ else
   fail "a sentence's n-best list repeats a hypothesis"
 fi
 
+# ---- --min-len and --no-repeat-ngram-size ---------------------------------------------------------
+# The toy model's tokens are words. Every memorised translation is 2-4 words: with --min-len 6 each line
+# must hold at least 6, and with --no-repeat-ngram-size 1 as well no word twice (the toy vocabulary
+# holds more than 6 words, so a line always has one left).
+for search in "--beam 1" "--beam 4"; do
+  # shellcheck disable=SC2086  # $search is two words on purpose
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" $search --min-len 6 >"$dir/min_len.txt"
+  if awk 'NF < 6 { bad = 1 } END { exit bad || NR != 8 }' "$dir/min_len.txt"; then
+    pass "--min-len 6 ($search): every translation holds at least 6 words"
+  else
+    fail "--min-len 6 ($search)"; cat "$dir/min_len.txt"
+  fi
+  # shellcheck disable=SC2086
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" $search --min-len 6 --no-repeat-ngram-size 1 \
+    >"$dir/no_repeat.txt"
+  if awk '{ delete seen; for (i = 1; i <= NF; ++i) if (seen[$i]++) bad = 1 } NF < 6 { bad = 1 }
+      END { exit bad || NR != 8 }' "$dir/no_repeat.txt"; then
+    pass "--no-repeat-ngram-size 1 ($search): no word twice in a line, still at least 6"
+  else
+    fail "--no-repeat-ngram-size 1 ($search)"; cat "$dir/no_repeat.txt"
+  fi
+done
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --no-repeat-ngram-size 3 >"$dir/no_repeat3.txt"
+same_file "--no-repeat-ngram-size 3 leaves the memorised translations (no 3 words twice in them) alone" \
+  "$dir/ref.txt" "$dir/no_repeat3.txt"
+
 # ---- sampling ----------------------------------------------------------------------------------
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --sampling --sampling-topk 1 >"$dir/top1.txt"
 same_file "--sampling --sampling-topk 1 draws the greedy translations" "$dir/greedy.txt" "$dir/top1.txt"
@@ -190,6 +216,9 @@ else
 fi
 expect "--score with --beam" 2 "--score scores given translations: --beam does not apply" \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" --beam 4
+expect "--score with --no-repeat-ngram-size" 2 \
+  "--score scores given translations: --no-repeat-ngram-size does not apply" \
+  "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/ref.txt" --no-repeat-ngram-size 2
 expect "--score with a file of another length" 1 "file to score '$dir/score_two.txt' has 2 lines but the input" \
   "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --score "$dir/score_two.txt"
 expect "--score with a missing file" 1 "cannot open file to score '$dir/none.txt'" \
@@ -435,6 +464,9 @@ expect "flag without its value" 2 "--beam needs a value" "$translate" --checkpoi
 expect "--beam 0" 2 "--beam must be at least 1" "$translate" --checkpoint "$ckpt" --beam 0
 expect "--beam-stop sometimes" 2 "--beam-stop must be finished or exact, not 'sometimes'" \
   "$translate" --checkpoint "$ckpt" --beam-stop sometimes
+expect "--min-len -1" 2 "--min-len must be 0 or more, not -1" "$translate" --checkpoint "$ckpt" --min-len -1
+expect "--no-repeat-ngram-size -1" 2 "--no-repeat-ngram-size must be 0 (off) or more, not -1" \
+  "$translate" --checkpoint "$ckpt" --no-repeat-ngram-size -1
 expect "--batch-tokens -1" 2 "--batch-tokens must be 0 or more, not -1" "$translate" --checkpoint "$ckpt" --batch-tokens -1
 expect "--nbest above --beam" 2 "--nbest 3 needs a beam at least as wide, but --beam is 2" \
   "$translate" --checkpoint "$ckpt" --beam 2 --nbest 3

@@ -107,7 +107,7 @@ struct Options {
   std::string checkpoint, input, output, reference, score, target_prefix, attention_svg, beam_stop = "exact",
       precision = "fp32", alignment;
   mf::Device device = mf::Device::cpu();
-  int64_t beam = 1, nbest = 1, max_len = 100, attention_sentence = 1;
+  int64_t beam = 1, nbest = 1, max_len = 100, min_len = 0, no_repeat_ngram_size = 0, attention_sentence = 1;
   int64_t attention_layer = 0;  // 0: the last
   double alignment_threshold = 0;  // --alignment P
   int64_t batch_tokens = mf::models::DecodingOptions{}.batch_tokens;
@@ -152,6 +152,12 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("max-len", &o.max_len,
            "most tokens generated per sentence (each is further held to 1.5 times its source's tokens plus 10, and "
            "to the model's max length)");
+  args.add("min-len", &o.min_len,
+           "fewest tokens (subword pieces, <eos> not counted) a translation holds before it may end (fairseq's "
+           "--min-len); 0: none");
+  args.add("no-repeat-ngram-size", &o.no_repeat_ngram_size,
+           "N > 0: no N tokens in a row twice in a translation (fairseq's and CTranslate2's no_repeat_ngram_size); "
+           "0: off");
   args.add("batch-tokens", &o.batch_tokens,
            fmt::format("source tokens decoded together times --beam, padding included (sentences are sorted by "
                        "length first); 0: {} for beam search with float32 weights, else {}",
@@ -216,6 +222,9 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (o.beam_stop != "finished" && o.beam_stop != "exact")
     throw UsageError(fmt::format("--beam-stop must be finished or exact, not '{}'", o.beam_stop));
   if (o.max_len < 1) throw UsageError(fmt::format("--max-len must be at least 1, not {}", o.max_len));
+  if (o.min_len < 0) throw UsageError(fmt::format("--min-len must be 0 or more, not {}", o.min_len));
+  if (o.no_repeat_ngram_size < 0)
+    throw UsageError(fmt::format("--no-repeat-ngram-size must be 0 (off) or more, not {}", o.no_repeat_ngram_size));
   if (o.batch_tokens < 0) throw UsageError(fmt::format("--batch-tokens must be 0 or more, not {}", o.batch_tokens));
   if (o.buffer_lines < -1)
     throw UsageError(fmt::format("--buffer-lines must be -1 (automatic), 0 (all) or positive, not {}", o.buffer_lines));
@@ -240,6 +249,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (!o.score.empty()) {
     const char* other = o.beam > 1 ? "--beam" : o.nbest > 1 ? "--nbest" : !o.reference.empty() ? "--reference"
                         : !o.attention_svg.empty() ? "--attention-svg" : !o.target_prefix.empty() ? "--target-prefix"
+                        : o.min_len > 0 ? "--min-len" : o.no_repeat_ngram_size > 0 ? "--no-repeat-ngram-size"
                         : nullptr;
     if (other) throw UsageError(fmt::format("--score scores given translations: {} does not apply", other));
   }
@@ -333,6 +343,8 @@ models::DecodingOptions decoding_options(const Options& o, mf::Generator* stream
           .batch_tokens = o.batch_tokens,
           .batch_sentences = o.batch_sentences,
           .workers = o.batch_workers,
+          .min_new_tokens = o.min_len,
+          .no_repeat_ngram_size = o.no_repeat_ngram_size,
           .stop = o.beam_stop == "exact" ? mf::generation::BeamStop::Exact : mf::generation::BeamStop::BeamFinished,
           .sampling = {.do_sample = o.sampling,
                        .temperature = o.temperature,
