@@ -201,30 +201,38 @@ TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::ve
   return top;
 }
 
-/// The tokens a hypothesis holding `tokens` (its prefix included) may not take next, beside every
-/// row's banned_ids: `eos_id` while it holds fewer than min_new_tokens, and with no_repeat_ngram_size
-/// n > 0 each token that would complete an n-gram it already holds (fairseq's NGramRepeatBlock).
-std::vector<int64_t> ruled_out_next(const std::vector<int64_t>& tokens, int64_t eos_id, int64_t min_new_tokens,
-                                    int64_t no_repeat_ngram_size) {
-  std::vector<int64_t> out;
-  if (eos_id >= 0 && static_cast<int64_t>(tokens.size()) < min_new_tokens) out.push_back(eos_id);
-  const auto n = static_cast<size_t>(no_repeat_ngram_size);
-  if (n == 0 || tokens.size() < n) return out;
-  const auto tail = tokens.end() - static_cast<std::ptrdiff_t>(n - 1);  // the last n - 1 tokens
-  for (auto start = tokens.begin(); start + static_cast<std::ptrdiff_t>(n) <= tokens.end(); ++start) {
-    const int64_t completes = start[static_cast<std::ptrdiff_t>(n - 1)];
-    if (std::equal(tail, tokens.end(), start) && std::find(out.begin(), out.end(), completes) == out.end())
-      out.push_back(completes);
+/// The output rules both searches take (min_new_tokens, no_repeat_ngram_size), checked once.
+class OutputRules {
+ public:
+  OutputRules(const char* op, int64_t eos_id, int64_t min_new_tokens, int64_t no_repeat_ngram_size)
+      : eos_id_(eos_id), min_new_tokens_(min_new_tokens), n_(no_repeat_ngram_size) {
+    MF_CHECK(min_new_tokens >= 0, "{}: min_new_tokens must be at least 0, got {}", op, min_new_tokens);
+    MF_CHECK(n_ >= 0, "{}: no_repeat_ngram_size must be at least 0 (0: off), got {}", op, n_);
   }
-  return out;
-}
 
-/// Checks the output rules both searches take (min_new_tokens, no_repeat_ngram_size).
-void check_rules(const char* op, int64_t min_new_tokens, int64_t no_repeat_ngram_size) {
-  MF_CHECK(min_new_tokens >= 0, "{}: min_new_tokens must be at least 0, got {}", op, min_new_tokens);
-  MF_CHECK(no_repeat_ngram_size >= 0, "{}: no_repeat_ngram_size must be at least 0 (0: off), got {}", op,
-           no_repeat_ngram_size);
-}
+  /// Whether any rule is on: if not, no row has tokens ruled out.
+  bool active() const { return min_new_tokens_ > 0 || n_ > 0; }
+
+  /// The tokens a hypothesis holding `tokens` (its prefix included) may not take next, beside every
+  /// row's banned_ids: EOS while it holds fewer than min_new_tokens, and with no_repeat_ngram_size
+  /// n > 0 each token that would complete an n-gram it already holds (fairseq's NGramRepeatBlock).
+  std::vector<int64_t> ruled_out_next(const std::vector<int64_t>& tokens) const {
+    std::vector<int64_t> out;
+    if (eos_id_ >= 0 && static_cast<int64_t>(tokens.size()) < min_new_tokens_) out.push_back(eos_id_);
+    const auto n = static_cast<size_t>(n_);
+    if (n == 0 || tokens.size() < n) return out;
+    const auto tail = tokens.end() - static_cast<std::ptrdiff_t>(n - 1);  // the last n - 1 tokens
+    for (auto start = tokens.begin(); start + static_cast<std::ptrdiff_t>(n) <= tokens.end(); ++start) {
+      const int64_t completes = start[static_cast<std::ptrdiff_t>(n - 1)];
+      if (std::equal(tail, tokens.end(), start) && std::find(out.begin(), out.end(), completes) == out.end())
+        out.push_back(completes);
+    }
+    return out;
+  }
+
+ private:
+  int64_t eos_id_, min_new_tokens_, n_;
+};
 
 /// The token sentence `s` must take next, having generated `length` tokens: the next of its prefix, or -1.
 int64_t forced_token(const std::vector<std::vector<int64_t>>& prefixes, int64_t s, size_t length) {
@@ -353,8 +361,7 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   check_prefixes(op, options.prefixes, limits, options.eos_id);
-  check_rules(op, options.min_new_tokens, options.no_repeat_ngram_size);
-  const bool rules = options.min_new_tokens > 0 || options.no_repeat_ngram_size > 0;
+  const OutputRules rules(op, options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size);
   NoGradGuard no_grad;
 
   std::vector<std::vector<int64_t>> generated(static_cast<size_t>(batch_size));
@@ -368,9 +375,7 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
     for (int64_t s : sentence_of_row) {
       tokens.push_back(generated[s].empty() ? options.sos_id : generated[s].back());
       forced.push_back(forced_token(options.prefixes, s, generated[s].size()));
-      if (rules)
-        row_bans.push_back(
-            ruled_out_next(generated[s], options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size));
+      if (rules.active()) row_bans.push_back(rules.ruled_out_next(generated[s]));
     }
     TopTokens top = options.sampling.do_sample ? step_sample(op, decoder, tokens, vocab, specials, options.banned_ids,
                                                              row_bans, options.sampling, forced)
@@ -422,8 +427,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   check_prefixes(op, options.prefixes, limits, options.eos_id);
-  check_rules(op, options.min_new_tokens, options.no_repeat_ngram_size);
-  const bool rules = options.min_new_tokens > 0 || options.no_repeat_ngram_size > 0;
+  const OutputRules rules(op, options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size);
   NoGradGuard no_grad;
 
   const auto beam = static_cast<size_t>(options.beam_size);
@@ -435,14 +439,12 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   int64_t vocab = -1;
   for (int64_t step = 1; !live.empty(); ++step) {
     std::vector<int64_t> tokens(live.size()), forced(live.size());
-    std::vector<std::vector<int64_t>> row_bans(rules ? live.size() : 0);
+    std::vector<std::vector<int64_t>> row_bans(rules.active() ? live.size() : 0);
     for (size_t i = 0; i < live.size(); ++i) {
       const auto row = static_cast<size_t>(live_rows[i]);
       tokens[row] = live[i].tokens.empty() ? options.sos_id : live[i].tokens.back();
       forced[row] = forced_token(options.prefixes, live[i].sentence, live[i].tokens.size());
-      if (rules)
-        row_bans[row] =
-            ruled_out_next(live[i].tokens, options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size);
+      if (rules.active()) row_bans[row] = rules.ruled_out_next(live[i].tokens);
     }
     TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_ids, row_bans,
                              forced);
