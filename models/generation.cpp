@@ -3,6 +3,8 @@
 // top k (k = 1 greedy, beam_size + 1 beam) or drawn token, as log-probabilities, is copied back.
 #include "models/generation.h"
 
+#include "models/output_rules.h"
+
 #include "core/graph.h"
 #include "ops/functional.h"
 
@@ -103,37 +105,6 @@ bool is_banned(int64_t token, size_t row, const std::vector<int64_t>& banned,
   return holds(banned) || (!row_bans.empty() && holds(row_bans[row]));
 }
 
-/// Sets the banned tokens' log-probabilities in `log_probs` [N, V] to -infinity: `banned` in every row,
-/// row_bans[row] (empty: none) in its row.
-void rule_out(Tensor& log_probs, const std::vector<int64_t>& banned,
-              const std::vector<std::vector<int64_t>>& row_bans) {
-  constexpr double kNever = -std::numeric_limits<double>::infinity();
-  for (int64_t token : banned) log_probs.narrow(1, token, 1).fill_(kNever);
-  for (size_t row = 0; row < row_bans.size(); ++row) {
-    Tensor row_log_probs = log_probs.select(0, static_cast<int64_t>(row));
-    for (int64_t token : row_bans[row]) row_log_probs.narrow(0, token, 1).fill_(kNever);
-  }
-}
-
-/// Checks that every row has a token left to take: `banned` and its row_bans (empty: none) leave at least
-/// one of the `vocab`.
-void check_tokens_left(const char* op, int64_t vocab, const std::vector<int64_t>& banned,
-                       const std::vector<std::vector<int64_t>>& row_bans) {
-  auto rules_out_all = [vocab, &banned](const std::vector<int64_t>& more) {
-    if (static_cast<int64_t>(banned.size() + more.size()) < vocab) return false;
-    std::vector<int64_t> distinct = banned;
-    distinct.insert(distinct.end(), more.begin(), more.end());
-    std::sort(distinct.begin(), distinct.end());
-    return std::unique(distinct.begin(), distinct.end()) - distinct.begin() >= vocab;
-  };
-  MF_CHECK(!rules_out_all({}), "{}: banned_ids rule out every one of the {} tokens", op, vocab);
-  for (const std::vector<int64_t>& bans : row_bans)
-    MF_CHECK(!rules_out_all(bans),
-             "{}: a hypothesis has no token left to take: banned_ids, min_new_tokens and no_repeat_ngram_size rule "
-             "out every one of the {} tokens",
-             op, vocab);
-}
-
 /// One decoder step (checked_step) and each row's k best tokens (ties go to the lower id, as topk and
 /// torch.argmax do), never one of `banned` nor of the row's row_bans (empty: none), no NaN among them;
 /// and the forced tokens' log-probabilities (forced_log_probs). Throws mf::Error where a row has no
@@ -200,39 +171,6 @@ TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::ve
   for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
   return top;
 }
-
-/// The output rules both searches take (min_new_tokens, no_repeat_ngram_size), checked once.
-class OutputRules {
- public:
-  OutputRules(const char* op, int64_t eos_id, int64_t min_new_tokens, int64_t no_repeat_ngram_size)
-      : eos_id_(eos_id), min_new_tokens_(min_new_tokens), n_(no_repeat_ngram_size) {
-    MF_CHECK(min_new_tokens >= 0, "{}: min_new_tokens must be at least 0, got {}", op, min_new_tokens);
-    MF_CHECK(n_ >= 0, "{}: no_repeat_ngram_size must be at least 0 (0: off), got {}", op, n_);
-  }
-
-  /// Whether any rule is on: if not, no row has tokens ruled out.
-  bool active() const { return min_new_tokens_ > 0 || n_ > 0; }
-
-  /// The tokens a hypothesis holding `tokens` (its prefix included) may not take next, beside every
-  /// row's banned_ids: EOS while it holds fewer than min_new_tokens, and with no_repeat_ngram_size
-  /// n > 0 each token that would complete an n-gram it already holds (fairseq's NGramRepeatBlock).
-  std::vector<int64_t> ruled_out_next(const std::vector<int64_t>& tokens) const {
-    std::vector<int64_t> out;
-    if (eos_id_ >= 0 && static_cast<int64_t>(tokens.size()) < min_new_tokens_) out.push_back(eos_id_);
-    const auto n = static_cast<size_t>(n_);
-    if (n == 0 || tokens.size() < n) return out;
-    const auto tail = tokens.end() - static_cast<std::ptrdiff_t>(n - 1);  // the last n - 1 tokens
-    for (auto start = tokens.begin(); start + static_cast<std::ptrdiff_t>(n) <= tokens.end(); ++start) {
-      const int64_t completes = start[static_cast<std::ptrdiff_t>(n - 1)];
-      if (std::equal(tail, tokens.end(), start) && std::find(out.begin(), out.end(), completes) == out.end())
-        out.push_back(completes);
-    }
-    return out;
-  }
-
- private:
-  int64_t eos_id_, min_new_tokens_, n_;
-};
 
 /// The token sentence `s` must take next, having generated `length` tokens: the next of its prefix, or -1.
 int64_t forced_token(const std::vector<std::vector<int64_t>>& prefixes, int64_t s, size_t length) {
@@ -361,7 +299,7 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   check_prefixes(op, options.prefixes, limits, options.eos_id);
-  const OutputRules rules(op, options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size);
+  const OutputRules rules(op, {options.eos_id}, options.min_new_tokens, options.no_repeat_ngram_size);
   NoGradGuard no_grad;
 
   std::vector<std::vector<int64_t>> generated(static_cast<size_t>(batch_size));
@@ -427,7 +365,10 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   const std::vector<int64_t> limits =
       sentence_limits(op, batch_size, options.max_new_tokens, options.sentence_max_new_tokens);
   check_prefixes(op, options.prefixes, limits, options.eos_id);
-  const OutputRules rules(op, options.eos_id, options.min_new_tokens, options.no_repeat_ngram_size);
+  const OutputRules rules(op, options.eos_id >= 0 ? std::vector<int64_t>{options.eos_id} : std::vector<int64_t>{},
+                          options.min_new_tokens, options.no_repeat_ngram_size);
+  MF_CHECK(options.preceding_tokens.empty() || options.preceding_tokens.size() == static_cast<size_t>(batch_size),
+           "{}: preceding_tokens holds {} lists for {} sentences", op, options.preceding_tokens.size(), batch_size);
   NoGradGuard no_grad;
 
   const auto beam = static_cast<size_t>(options.beam_size);
@@ -436,6 +377,10 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
   for (int64_t s = 0; s < batch_size; ++s) live.push_back({.sentence = s, .tokens = {}, .log_prob = 0.0});
   std::vector<int64_t> live_rows(live.size());  // the decoder row of each live hypothesis
   std::iota(live_rows.begin(), live_rows.end(), int64_t{0});
+  const std::vector<int64_t> nothing;
+  auto preceding = [&](int64_t s) -> const std::vector<int64_t>& {
+    return options.preceding_tokens.empty() ? nothing : options.preceding_tokens[static_cast<size_t>(s)];
+  };
   int64_t vocab = -1;
   for (int64_t step = 1; !live.empty(); ++step) {
     std::vector<int64_t> tokens(live.size()), forced(live.size());
@@ -444,7 +389,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       const auto row = static_cast<size_t>(live_rows[i]);
       tokens[row] = live[i].tokens.empty() ? options.sos_id : live[i].tokens.back();
       forced[row] = forced_token(options.prefixes, live[i].sentence, live[i].tokens.size());
-      if (rules.active()) row_bans[row] = rules.ruled_out_next(live[i].tokens);
+      if (rules.active()) row_bans[row] = rules.ruled_out_next(live[i].tokens, preceding(live[i].sentence));
     }
     TopTokens top = step_top(op, decoder, tokens, options.beam_size + 1, vocab, specials, options.banned_ids, row_bans,
                              forced);

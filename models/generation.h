@@ -133,6 +133,9 @@ struct BeamOptions {
   int64_t min_new_tokens = 0;
   /// No n-gram twice in a hypothesis (GreedyOptions::no_repeat_ngram_size); 0: off.
   int64_t no_repeat_ngram_size = 0;
+  /// Per sentence, tokens that no_repeat_ngram_size counts as coming before its output, or empty for
+  /// none: a decoder-only model's prompt, whose n-grams Hugging Face's generate() counts too.
+  std::vector<std::vector<int64_t>> preceding_tokens;
   BeamStop stop = BeamStop::Exact;
   /// Per sentence, a tighter limit than max_new_tokens, or empty for none (see sentence_limits).
   std::vector<int64_t> sentence_max_new_tokens;
@@ -202,8 +205,9 @@ double length_penalty(int64_t length, double alpha);
 /// greedy_decode's (tokens and log-probabilities). Runs with autograd off; on return the decoder's
 /// cache is in no particular state. Throws mf::Error for beam_size, nbest, batch_size or
 /// max_new_tokens out of range, a non-finite length_penalty, a negative min_new_tokens or
-/// no_repeat_ngram_size, a negative special token or one outside the vocabulary, a hypothesis left
-/// with no token to take, and a decoder whose step returns the wrong shape or NaN.
+/// no_repeat_ngram_size, preceding_tokens not one list per sentence, a negative special token or one
+/// outside the vocabulary, a hypothesis left with no token to take, and a decoder whose step returns the
+/// wrong shape or NaN.
 std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, int64_t batch_size,
                                                  const BeamOptions& options = {});
 

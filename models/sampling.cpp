@@ -2,6 +2,7 @@
 
 #include "core/graph.h"
 #include "models/generation.h"
+#include "models/output_rules.h"
 #include "nn/kv_cache.h"
 #include "ops/functional.h"
 
@@ -64,6 +65,38 @@ Tensor uncached_window(const Tensor& sequence, int64_t context_length) {
   return sequence.narrow(1, std::max<int64_t>(length - window, 0), std::min(window, length));
 }
 
+/// Each row of `prompt` ([B, T] int64), on the host.
+std::vector<std::vector<int64_t>> host_rows(const Tensor& prompt) {
+  const std::vector<int64_t> values = prompt.to(Device::cpu()).to_vector<int64_t>();
+  const auto width = static_cast<std::ptrdiff_t>(prompt.size(1));
+  std::vector<std::vector<int64_t>> rows;
+  for (auto row = values.begin(); row != values.end(); row += width) rows.emplace_back(row, row + width);
+  return rows;
+}
+
+/// The output rules of generate() (min_new_tokens, no_repeat_ngram_size), checked.
+OutputRules output_rules(const GenerateOptions& options) {
+  return OutputRules("generate", options.stop_tokens, options.min_new_tokens, options.no_repeat_ngram_size);
+}
+
+/// `logits` ([B, V]) with the tokens `rules` rule out next set to -infinity (a copy), in every row that
+/// has not ended (ended[b] < 0): row b holds prompts[b] and then generated[b].
+Tensor without_ruled_out(const Tensor& logits, const OutputRules& rules,
+                         const std::vector<std::vector<int64_t>>& prompts,
+                         const std::vector<std::vector<int64_t>>& generated, const std::vector<int64_t>& ended) {
+  const int64_t vocab = logits.size(1);
+  std::vector<std::vector<int64_t>> row_bans(prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    if (ended[b] >= 0) continue;  // it repeats its stop token whatever the model says
+    for (int64_t token : rules.ruled_out_next(generated[b], prompts[b]))
+      if (token >= 0 && token < vocab) row_bans[b].push_back(token);  // one outside the logits is never chosen
+  }
+  check_tokens_left("generate", vocab, {}, row_bans);
+  Tensor scores = logits.clone();
+  rule_out(scores, {}, row_bans);
+  return scores;
+}
+
 /// A decoder-only model as beam search's IncrementalDecoder. Its first step feeds the prompts (the
 /// search's start token is not the model's); later steps append each row's token to its sequence and
 /// feed that token (with the cache) or the sequence (without). select_rows reorders the sequences and
@@ -112,15 +145,18 @@ Tensor generate_by_beam_search(const LanguageModel& model, const Tensor& prompt,
   if (options.max_new_tokens == 0) return prompt;
   LanguageModelDecoder decoder(model, prompt, options);
   const int64_t stop = options.stop_tokens.empty() ? -1 : options.stop_tokens[0];
-  std::vector<std::vector<Hypothesis>> best = beam_search(
-      decoder, rows, {.beam_size = options.num_beams, .max_new_tokens = options.max_new_tokens,
-                      .length_penalty = options.length_penalty, .sos_id = 0, .eos_id = stop});
-  std::vector<int64_t> prompts = prompt.to(Device::cpu()).to_vector<int64_t>(), out;
+  std::vector<std::vector<int64_t>> prompts = host_rows(prompt);
+  BeamOptions beam{.beam_size = options.num_beams, .max_new_tokens = options.max_new_tokens,
+                   .length_penalty = options.length_penalty, .sos_id = 0, .eos_id = stop,
+                   .min_new_tokens = options.min_new_tokens, .no_repeat_ngram_size = options.no_repeat_ngram_size};
+  if (options.no_repeat_ngram_size > 0) beam.preceding_tokens = prompts;
+  std::vector<std::vector<Hypothesis>> best = beam_search(decoder, rows, beam);
+  std::vector<int64_t> out;
   int64_t longest = 0;
   for (const auto& hypotheses : best) longest = std::max<int64_t>(longest, hypotheses[0].tokens.size());
   for (int64_t r = 0; r < rows; ++r) {
     const std::vector<int64_t>& tokens = best[static_cast<size_t>(r)][0].tokens;
-    out.insert(out.end(), prompts.begin() + r * prompt.size(1), prompts.begin() + (r + 1) * prompt.size(1));
+    out.insert(out.end(), prompts[static_cast<size_t>(r)].begin(), prompts[static_cast<size_t>(r)].end());
     out.insert(out.end(), tokens.begin(), tokens.end());
     out.insert(out.end(), static_cast<size_t>(longest) - tokens.size(), tokens.back());
   }
@@ -153,6 +189,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
            "context_length {}",
            prompt.size(1), options.max_new_tokens, options.context_length);
   MF_CHECK(options.num_beams >= 1, "generate: num_beams must be >= 1, got {}", options.num_beams);
+  const OutputRules rules = output_rules(options);
   NoGradGuard no_grad;
   if (options.num_beams > 1) return generate_by_beam_search(model, prompt, options);
   nn::KVCache cache;
@@ -161,10 +198,15 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
 
   Tensor sequence = prompt, fed = prompt;
   std::vector<int64_t> ended(static_cast<size_t>(rows), -1);  // a row's stop token once it has one
+  std::vector<std::vector<int64_t>> prompts, generated;  // per row on the host, for the rules only
+  if (rules.active()) {
+    prompts = host_rows(prompt);
+    generated.resize(prompts.size());
+  }
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    Tensor logits = run_model(model, fed, options.use_cache ? &cache : nullptr);
-    std::vector<int64_t> next =
-        choose(logits.select(1, -1), options.sampling).to(Device::cpu()).to_vector<int64_t>();  // [B]
+    Tensor logits = run_model(model, fed, options.use_cache ? &cache : nullptr).select(1, -1);
+    if (rules.active()) logits = without_ruled_out(logits, rules, prompts, generated, ended);
+    std::vector<int64_t> next = choose(logits, options.sampling).to(Device::cpu()).to_vector<int64_t>();  // [B]
     bool all_ended = true;
     for (size_t b = 0; b < next.size(); ++b) {
       if (ended[b] >= 0) {
@@ -172,6 +214,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
       } else if (is_stop(options, next[b])) {
         ended[b] = next[b];
       }
+      if (rules.active()) generated[b].push_back(next[b]);
       all_ended = all_ended && ended[b] >= 0;
     }
     Tensor column = from_vector(next, {rows, 1}, prompt.device());

@@ -50,6 +50,14 @@ struct GenerateOptions {
   /// A row ends at the first of these it generates; later positions of an ended row repeat that token.
   /// Generation stops once every row has ended.
   std::vector<int64_t> stop_tokens = {};
+  /// The stop tokens are banned until a row holds this many new tokens (Hugging Face's min_new_tokens);
+  /// 0: no minimum.
+  int64_t min_new_tokens = 0;
+  /// n > 0: no row holds the same n tokens in a row twice, its prompt included (Hugging Face's
+  /// no_repeat_ngram_size): a token that would complete an n-gram the row already holds is banned at that
+  /// step. 0: off. Banned tokens leave the others' logits (and, in beam search, log-probabilities) as the
+  /// model gives them; a row left with no token to take is an error.
+  int64_t no_repeat_ngram_size = 0;
   /// Keep each attention layer's keys and values between steps (nn::KVCache), feeding only the newest
   /// token. Off, every step feeds the whole sequence (the last context_length tokens of it): the cost
   /// the cache saves.
@@ -69,7 +77,7 @@ using LanguageModel = std::function<Tensor(const Tensor& tokens)>;
 /// (num_beams): [B, T + n] int64 on the prompt's device, n <= max_new_tokens, a row that ended early
 /// repeating its stop token. The same generator state gives the same tokens, with or without the
 /// cache, on any thread count. Runs with autograd off. Throws mf::Error for bad options, a bad
-/// prompt, or a model whose logits are not [B, fed, V].
+/// prompt, a model whose logits are not [B, fed, V], or a row the rules leave no token to take.
 Tensor generate(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options = {});
 
 /// Prompts of any lengths (each at least one token): rows of equal length are generated together, one

@@ -914,5 +914,7 @@ TEST_CASE("output rules that leave no token, and negative ones, raise mf::Error"
                        "greedy_decode: min_new_tokens must be at least 0, got -1", Error);
   CHECK_THROWS_WITH_AS(beam_search(untouched, 1, {.no_repeat_ngram_size = -2}),
                        "beam_search: no_repeat_ngram_size must be at least 0 (0: off), got -2", Error);
+  CHECK_THROWS_WITH_AS(beam_search(untouched, 2, {.no_repeat_ngram_size = 2, .preceding_tokens = {{1, 2}}}),
+                       "beam_search: preceding_tokens holds 1 lists for 2 sentences", Error);
   CHECK(untouched.rows_per_step.empty());
 }

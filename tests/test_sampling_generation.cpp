@@ -1,7 +1,8 @@
 // Decoder-only generation (models/sampling.h) and the key/value cache (nn/kv_cache.h): a small GPT
 // built from nn layers generates the same tokens with and without the cache, sample_next's draws
 // follow the distributions temperature, top-k and top-p define (worked out by hand below, checked
-// within five standard deviations), and stop tokens end rows.
+// within five standard deviations), stop tokens end rows, and the output rules (min_new_tokens,
+// no_repeat_ngram_size) hold against a naive loop and an exhaustive search.
 #include <doctest/doctest.h>
 
 #include "helpers.h"
@@ -175,13 +176,19 @@ TEST_CASE("sample_next draws from softmax(logits / temperature), cut by top-k an
   CHECK_THROWS_WITH_AS(generation::sample_next(zeros({3}), {}), doctest::Contains("logits must be [B, V] floats"), Error);
 }
 
+namespace {
+
+/// A counting model: after token t comes t + 1 (mod 10), at every position it is fed.
+Tensor counting_model(const Tensor& ids) {
+  std::vector<int64_t> next;
+  for (int64_t t : ids.to_vector<int64_t>()) next.push_back((t + 1) % 10);
+  return one_hot(from_vector(next, ids.shape()), 10).to(DType::Float32) * 20.0;  // [B, T, 10]
+}
+
+}  // namespace
+
 TEST_CASE("generate: a row ends at its stop token and repeats it; generation ends when every row has") {
-  // A counting model: after token t comes t + 1 (mod 10), at every position it is fed.
-  auto counting = [](const Tensor& ids) {
-    std::vector<int64_t> next;
-    for (int64_t t : ids.to_vector<int64_t>()) next.push_back((t + 1) % 10);
-    return one_hot(from_vector(next, ids.shape()), 10).to(DType::Float32) * 20.0;  // [B, T, 10]
-  };
+  const generation::LanguageModel counting = counting_model;
   generation::GenerateOptions options;
   options.sampling.do_sample = false;
   options.max_new_tokens = 10;
@@ -219,22 +226,46 @@ generation::LanguageModel markov(const Tensor& table) {
   };
 }
 
-/// The best continuation of `last` by exhaustive search, worked out independently of beam_search:
-/// every sequence of up to `max_new` tokens that ends at its first `stop` or at max_new tokens,
-/// scored as its summed log-softmax (float64 from the table's floats) over GNMT's length penalty
-/// ((5 + length) / 6)^alpha.
-std::vector<int64_t> exhaustive_best(const std::vector<float>& table, int64_t vocabulary, int64_t last, int64_t stop,
-                                     int64_t max_new, double alpha) {
+/// The rules of generate() as Hugging Face states them, written independently of the library's tail
+/// match: whether `token` may follow `sequence` (the prompt, then `new_so_far` generated tokens). It may
+/// not when it is the stop token and fewer than min_new tokens were generated (MinNewTokensLength-
+/// LogitsProcessor), nor when the sequence's last n-gram with it appended occurs earlier in the
+/// sequence (NoRepeatNGramLogitsProcessor, which reads input_ids: for a decoder-only model they
+/// begin with the prompt).
+struct Rules {
+  int64_t stop = -1;
+  size_t min_new = 0, n = 0;
+  bool allow(std::vector<int64_t> sequence, size_t new_so_far, int64_t token) const {
+    if (token == stop && new_so_far < min_new) return false;
+    sequence.push_back(token);
+    if (n == 0 || sequence.size() < n) return true;
+    const auto last = sequence.end() - static_cast<std::ptrdiff_t>(n);
+    for (auto start = sequence.begin(); start < last; ++start)
+      if (std::equal(start, start + static_cast<std::ptrdiff_t>(n), last)) return false;
+    return true;
+  }
+};
+
+/// The best continuation of `prompt` by exhaustive search, worked out independently of beam_search:
+/// every sequence of up to `max_new` tokens the rules allow that ends at its first `rules.stop` or at
+/// max_new tokens, scored as its summed log-softmax (float64 from the table's floats; banned tokens
+/// leave the others' as they are) over GNMT's length penalty ((5 + length) / 6)^alpha.
+std::vector<int64_t> exhaustive_best(const std::vector<float>& table, int64_t vocabulary,
+                                     const std::vector<int64_t>& prompt, const Rules& rules, int64_t max_new,
+                                     double alpha) {
   auto log_prob = [&](int64_t from, int64_t to) {
     double total = 0;
     for (int64_t j = 0; j < vocabulary; ++j) total += std::exp(double(table[static_cast<size_t>(from * vocabulary + j)]));
     return double(table[static_cast<size_t>(from * vocabulary + to)]) - std::log(total);
   };
-  std::vector<int64_t> best, prefix;
+  const int64_t stop = rules.stop;
+  std::vector<int64_t> best, prefix, sequence = prompt;
   double best_score = -INFINITY;
   std::function<void(int64_t, double)> extend = [&](int64_t from, double sum) {
     for (int64_t token = 0; token < vocabulary; ++token) {
+      if (!rules.allow(sequence, prefix.size(), token)) continue;
       prefix.push_back(token);
+      sequence.push_back(token);
       double s = sum + log_prob(from, token);
       if (token == stop || static_cast<int64_t>(prefix.size()) == max_new) {
         double score = s / std::pow((5.0 + double(prefix.size())) / 6.0, alpha);
@@ -243,10 +274,30 @@ std::vector<int64_t> exhaustive_best(const std::vector<float>& table, int64_t vo
         extend(token, s);
       }
       prefix.pop_back();
+      sequence.pop_back();
     }
   };
-  extend(last, 0.0);
+  extend(prompt.back(), 0.0);
   return best;
+}
+
+/// Greedy generation from a Markov table under the rules, worked out as a naive loop: each step the
+/// allowed token with the largest logit (the lowest id on a tie), until the stop token or max_new.
+std::vector<int64_t> greedy_reference(const std::vector<float>& table, int64_t vocabulary,
+                                      const std::vector<int64_t>& prompt, const Rules& rules, int64_t max_new) {
+  std::vector<int64_t> sequence = prompt;
+  for (int64_t step = 0; step < max_new; ++step) {
+    int64_t chosen = -1;
+    for (int64_t token = 0; token < vocabulary; ++token) {
+      if (!rules.allow(sequence, static_cast<size_t>(step), token)) continue;
+      const auto at = [&](int64_t t) { return table[static_cast<size_t>(sequence.back() * vocabulary + t)]; };
+      if (chosen < 0 || at(token) > at(chosen)) chosen = token;
+    }
+    REQUIRE(chosen >= 0);
+    sequence.push_back(chosen);
+    if (chosen == rules.stop) break;
+  }
+  return sequence;
 }
 
 }  // namespace
@@ -270,7 +321,8 @@ TEST_CASE("generate: beam search finds what an exhaustive search finds, where gr
       std::vector<std::vector<int64_t>> found = generation::generate(markov(table), {{0}, {1}}, options);
       for (int64_t row = 0; row < 2; ++row) {
         std::vector<int64_t> expected{row};
-        for (int64_t t : exhaustive_best(values, kVocabulary, row, kStop, kMaxNew, alpha)) expected.push_back(t);
+        for (int64_t t : exhaustive_best(values, kVocabulary, {row}, {.stop = kStop}, kMaxNew, alpha))
+          expected.push_back(t);
         CHECK(found[static_cast<size_t>(row)] == expected);
         options.num_beams = 1;
         if (generation::generate(markov(table), {{row}}, options)[0] != expected) ++greedy_worse;
@@ -317,4 +369,118 @@ TEST_CASE("generate: beam search gives the same tokens with and without the cach
   options.num_beams = 0;
   CHECK_THROWS_WITH_AS(generation::generate(lm, prompt, options), doctest::Contains("num_beams must be >= 1, got 0"),
                        Error);
+}
+
+TEST_CASE("generate: min_new_tokens and no_repeat_ngram_size, the prompt's n-grams counted, worked by hand") {
+  const generation::LanguageModel counting = counting_model;  // every token but t + 1 ties at 0
+  generation::GenerateOptions options;
+  options.sampling.do_sample = false;
+  options.max_new_tokens = 1;
+  options.no_repeat_ngram_size = 2;
+  // The prompt already holds (1, 2): 2 may not follow its last 1, and of the tokens tied at 0 the
+  // lowest id, 0, comes instead.
+  CHECK(generation::generate(counting, std::vector<std::vector<int64_t>>{{1, 2, 1}}, options) ==
+        std::vector<std::vector<int64_t>>{{1, 2, 1, 0}});
+  // Stop token 7 banned until 4 new tokens: 6, then 0 (7 ruled out, the lowest tie), 1, 2; then the
+  // count goes on to 7, nine new tokens in all.
+  options.no_repeat_ngram_size = 0;
+  options.min_new_tokens = 4;
+  options.max_new_tokens = 10;
+  options.stop_tokens = {7};
+  CHECK(generation::generate(counting, from_vector(std::vector<int64_t>{5}, {1, 1}), options).to_vector<int64_t>() ==
+        std::vector<int64_t>{5, 6, 0, 1, 2, 3, 4, 5, 6, 7});
+  options.num_beams = 3;  // beam search keeps to the rule too
+  CHECK(generation::generate(counting, std::vector<std::vector<int64_t>>{{5}}, options)[0].size() >= 1 + 4 + 1);
+
+  // No token left: with n = 1 no token may come twice, and the prompt holds both of a two-token model's.
+  auto two_tokens = [](const Tensor& ids) { return zeros({ids.size(0), ids.size(1), 2}); };
+  options = {};
+  options.no_repeat_ngram_size = 1;
+  CHECK_THROWS_WITH_AS(generation::generate(two_tokens, from_vector(std::vector<int64_t>{0, 1}, {1, 2}), options),
+                       doctest::Contains("generate: a hypothesis has no token left to take"), Error);
+  options.no_repeat_ngram_size = -1;
+  CHECK_THROWS_WITH_AS(generation::generate(two_tokens, from_vector(std::vector<int64_t>{0}, {1, 1}), options),
+                       "generate: no_repeat_ngram_size must be at least 0 (0: off), got -1", Error);
+  options.no_repeat_ngram_size = 0;
+  options.min_new_tokens = -2;
+  CHECK_THROWS_WITH_AS(generation::generate(two_tokens, from_vector(std::vector<int64_t>{0}, {1, 1}), options),
+                       "generate: min_new_tokens must be at least 0, got -2", Error);
+}
+
+TEST_CASE("generate: greedy and beam search under the rules find what a naive loop and an exhaustive search find") {
+  constexpr int64_t kVocabulary = 5, kStop = 2;
+  // Prompts whose own n-grams the rules must count: (1, 3) and (4, 4) repeat at their ends.
+  const std::vector<std::vector<int64_t>> prompts{{0}, {1, 3, 1}, {4, 4, 0, 4}};
+  int prompt_mattered = 0;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    CAPTURE(seed);
+    Tensor table = reference::randn({kVocabulary, kVocabulary}, seed + 20) * 2.0;
+    const std::vector<float> values = table.to_vector<float>();
+    for (size_t min_new : {0, 2, 3})
+      for (size_t n : {0, 1, 2, 3}) {
+        CAPTURE(min_new);
+        CAPTURE(n);
+        const Rules rules{.stop = kStop, .min_new = min_new, .n = n};
+        generation::GenerateOptions options;
+        options.sampling.do_sample = false;
+        options.stop_tokens = {kStop};
+        options.min_new_tokens = static_cast<int64_t>(min_new);
+        options.no_repeat_ngram_size = static_cast<int64_t>(n);
+        options.max_new_tokens = n == 1 ? 1 : 8;  // n = 1 leaves no token after five distinct ones
+        std::vector<std::vector<int64_t>> greedy = generation::generate(markov(table), prompts, options);
+        for (size_t row = 0; row < prompts.size(); ++row) {
+          CAPTURE(row);
+          CHECK(greedy[row] == greedy_reference(values, kVocabulary, prompts[row], rules, options.max_new_tokens));
+          // Against the same rules blind to the prompt's n-grams: the count must begin at the prompt.
+          std::vector<int64_t> blind{prompts[row].back()};
+          std::vector<int64_t> without_prompt = greedy_reference(values, kVocabulary, blind, rules, options.max_new_tokens);
+          if (!std::equal(without_prompt.begin() + 1, without_prompt.end(), greedy[row].begin() +
+                          static_cast<std::ptrdiff_t>(prompts[row].size()), greedy[row].end()))
+            ++prompt_mattered;
+        }
+        if (n == 1) continue;
+        options.max_new_tokens = 4;
+        options.num_beams = 64;  // wider than the 4^3 live prefixes: exhaustive
+        for (double alpha : {0.0, 0.6}) {
+          CAPTURE(alpha);
+          options.length_penalty = alpha;
+          std::vector<std::vector<int64_t>> beam = generation::generate(markov(table), prompts, options);
+          for (size_t row = 0; row < prompts.size(); ++row) {
+            std::vector<int64_t> expected = prompts[row];
+            for (int64_t t : exhaustive_best(values, kVocabulary, prompts[row], rules, 4, alpha)) expected.push_back(t);
+            CHECK(beam[row] == expected);
+          }
+        }
+      }
+  }
+  CHECK(prompt_mattered > 0);
+}
+
+TEST_CASE("generate: sampled rows keep to the rules, the same with and without the cache") {
+  manual_seed(5);
+  TinyGpt model;
+  model->eval();
+  auto lm = [&](const Tensor& ids) { return model(ids); };
+  const std::vector<std::vector<int64_t>> prompts{{1, 2, 3}, {4, 5, 4}, {6, 6, 7}};
+  generation::GenerateOptions options;
+  options.sampling.temperature = 1.5;
+  options.max_new_tokens = 16;
+  options.stop_tokens = {3};
+  options.min_new_tokens = 5;
+  options.no_repeat_ngram_size = 2;
+  Generator first(11), second(11);
+  options.sampling.generator = &first;
+  std::vector<std::vector<int64_t>> cached = generation::generate(lm, prompts, options);
+  options.sampling.generator = &second;
+  options.use_cache = false;
+  CHECK(generation::generate(lm, prompts, options) == cached);
+  const Rules rules{.stop = 3, .min_new = 5, .n = 2};
+  for (size_t row = 0; row < prompts.size(); ++row) {
+    CAPTURE(row);
+    const std::vector<int64_t>& out = cached[row];
+    REQUIRE(out.size() > prompts[row].size());
+    CHECK(out.size() >= prompts[row].size() + 5);  // the stop token, if any, comes after 5 new tokens
+    for (size_t t = prompts[row].size(); t < out.size(); ++t)
+      CHECK(rules.allow({out.begin(), out.begin() + static_cast<std::ptrdiff_t>(t)}, t - prompts[row].size(), out[t]));
+  }
 }
