@@ -48,6 +48,16 @@ Tensor choose(const Tensor& logits, const SamplingOptions& options) {
   return multinomial(softmax(scores, -1), 1, false, options.generator).view({scores.size(0)});
 }
 
+bool penalizes_repeats(const GenerateOptions& options) { return options.repetition_penalty != 1.0; }
+
+/// `scores` ([B, V]) with repetition_penalty applied to each token of the row's `sequence` ([B, T]
+/// int64 on the scores' device): divided by it where positive, multiplied where negative.
+Tensor penalize_repeats(const Tensor& scores, const Tensor& sequence, double penalty) {
+  const Tensor held = scatter_add(zeros_like(scores), 1, sequence, ones({sequence.size(0), sequence.size(1)},
+                                                                        scores.dtype(), scores.device())) > 0.5;
+  return where(held, where(scores < 0.0, scores * penalty, scores / penalty), scores);
+}
+
 /// The model's logits [rows, fed, V], checked, and the cache moved past the fed positions.
 Tensor run_model(const LanguageModel& model, const Tensor& fed, nn::KVCache* cache) {
   Tensor logits = model(fed);
@@ -114,12 +124,20 @@ class LanguageModelDecoder final : public IncrementalDecoder {
       fed = options_.use_cache ? column : uncached_window(sequences_, options_.context_length);
     }
     started_ = true;
-    if (!options_.use_cache) return run_model(model_, fed, nullptr).select(1, -1);
-    nn::KVCache::Use use(cache_);
-    return run_model(model_, fed, &cache_).select(1, -1);
+    Tensor logits;
+    if (options_.use_cache) {
+      nn::KVCache::Use use(cache_);
+      logits = run_model(model_, fed, &cache_).select(1, -1);
+    } else {
+      logits = run_model(model_, fed, nullptr).select(1, -1);
+    }
+    if (!penalizes_repeats(options_)) return logits;
+    return penalize_repeats(logits.log_softmax(1), sequences_, options_.repetition_penalty);
   }
 
-  Scores scores() const override { return Scores::Logits; }
+  /// Logits, or with repetition_penalty the log-probabilities it changed (Hugging Face's beam search
+  /// penalizes after log_softmax).
+  Scores scores() const override { return penalizes_repeats(options_) ? Scores::LogProbs : Scores::Logits; }
 
   void select_rows(const Tensor& index) override {
     sequences_ = index_select(sequences_, 0, index.to(sequences_.device()));
@@ -189,6 +207,8 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
            "context_length {}",
            prompt.size(1), options.max_new_tokens, options.context_length);
   MF_CHECK(options.num_beams >= 1, "generate: num_beams must be >= 1, got {}", options.num_beams);
+  MF_CHECK(std::isfinite(options.repetition_penalty) && options.repetition_penalty > 0,
+           "generate: repetition_penalty must be positive and finite (1: off), got {}", options.repetition_penalty);
   const OutputRules rules = output_rules(options);
   NoGradGuard no_grad;
   if (options.num_beams > 1) return generate_by_beam_search(model, prompt, options);
@@ -205,6 +225,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
   }
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     Tensor logits = run_model(model, fed, options.use_cache ? &cache : nullptr).select(1, -1);
+    if (penalizes_repeats(options)) logits = penalize_repeats(logits, sequence, options.repetition_penalty);
     if (rules.active()) logits = without_ruled_out(logits, rules, prompts, generated, ended);
     std::vector<int64_t> next = choose(logits, options.sampling).to(Device::cpu()).to_vector<int64_t>();  // [B]
     bool all_ended = true;

@@ -50,6 +50,11 @@ struct GenerateOptions {
   /// A row ends at the first of these it generates; later positions of an ended row repeat that token.
   /// Generation stops once every row has ended.
   std::vector<int64_t> stop_tokens = {};
+  /// Hugging Face's repetition_penalty (CTRL's, Keskar et al. 2019): the score of each token the row
+  /// already holds, its prompt included, is divided by it where positive and multiplied by it where
+  /// negative: the logits in greedy search and sampling (before temperature), the log-probabilities in
+  /// beam search. Above 1 discourages repeats; 1: off; must be positive and finite.
+  double repetition_penalty = 1.0;
   /// The stop tokens are banned until a row holds this many new tokens (Hugging Face's min_new_tokens);
   /// 0: no minimum.
   int64_t min_new_tokens = 0;
