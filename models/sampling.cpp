@@ -89,21 +89,32 @@ OutputRules output_rules(const GenerateOptions& options) {
   return OutputRules("generate", options.stop_tokens, options.min_new_tokens, options.no_repeat_ngram_size);
 }
 
-/// `logits` ([B, V]) with the tokens `rules` rule out next set to -infinity (a copy), in every row that
-/// has not ended (ended[b] < 0): row b holds prompts[b] and then generated[b].
-Tensor without_ruled_out(const Tensor& logits, const OutputRules& rules,
+/// Each row of `prompt` `times` times in a row: [B * times, T].
+Tensor repeat_rows(const Tensor& prompt, int64_t times) {
+  std::vector<int64_t> index;
+  for (int64_t r = 0; r < prompt.size(0); ++r) index.insert(index.end(), static_cast<size_t>(times), r);
+  return index_select(prompt, 0, from_vector(index, {static_cast<int64_t>(index.size())}, prompt.device()));
+}
+
+/// `logits` ([B, V]) with `banned` set to -infinity in every row, and the tokens `rules` rule out next
+/// in every row that has not ended (ended[b] < 0; row b holds prompts[b] and then generated[b], both
+/// empty when no rule is on): a copy.
+Tensor without_ruled_out(const Tensor& logits, const std::vector<int64_t>& banned, const OutputRules& rules,
                          const std::vector<std::vector<int64_t>>& prompts,
                          const std::vector<std::vector<int64_t>>& generated, const std::vector<int64_t>& ended) {
   const int64_t vocab = logits.size(1);
+  for (int64_t token : banned)
+    MF_CHECK(token >= 0 && token < vocab, "generate: banned token id {} is outside the model's vocabulary of {} tokens",
+             token, vocab);
   std::vector<std::vector<int64_t>> row_bans(prompts.size());
   for (size_t b = 0; b < prompts.size(); ++b) {
     if (ended[b] >= 0) continue;  // it repeats its stop token whatever the model says
     for (int64_t token : rules.ruled_out_next(generated[b], prompts[b]))
       if (token >= 0 && token < vocab) row_bans[b].push_back(token);  // one outside the logits is never chosen
   }
-  check_tokens_left("generate", vocab, {}, row_bans);
+  check_tokens_left("generate", vocab, banned, row_bans);
   Tensor scores = logits.clone();
-  rule_out(scores, {}, row_bans);
+  rule_out(scores, banned, row_bans);
   return scores;
 }
 
@@ -159,26 +170,32 @@ Tensor generate_by_beam_search(const LanguageModel& model, const Tensor& prompt,
            "sampling is not there)", options.num_beams);
   MF_CHECK(options.stop_tokens.size() <= 1, "generate: beam search takes at most one stop token, got {}",
            options.stop_tokens.size());
-  const int64_t rows = prompt.size(0);
-  if (options.max_new_tokens == 0) return prompt;
+  const int64_t rows = prompt.size(0), returned = options.num_return_sequences;
+  if (options.max_new_tokens == 0) return repeat_rows(prompt, returned);
   LanguageModelDecoder decoder(model, prompt, options);
   const int64_t stop = options.stop_tokens.empty() ? -1 : options.stop_tokens[0];
   std::vector<std::vector<int64_t>> prompts = host_rows(prompt);
   BeamOptions beam{.beam_size = options.num_beams, .max_new_tokens = options.max_new_tokens,
-                   .length_penalty = options.length_penalty, .sos_id = 0, .eos_id = stop,
-                   .min_new_tokens = options.min_new_tokens, .no_repeat_ngram_size = options.no_repeat_ngram_size};
+                   .length_penalty = options.length_penalty, .nbest = returned, .sos_id = 0, .eos_id = stop,
+                   .banned_ids = options.banned_ids, .min_new_tokens = options.min_new_tokens,
+                   .no_repeat_ngram_size = options.no_repeat_ngram_size};
   if (options.no_repeat_ngram_size > 0) beam.preceding_tokens = prompts;
   std::vector<std::vector<Hypothesis>> best = beam_search(decoder, rows, beam);
-  std::vector<int64_t> out;
   int64_t longest = 0;
-  for (const auto& hypotheses : best) longest = std::max<int64_t>(longest, hypotheses[0].tokens.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<int64_t>& tokens = best[static_cast<size_t>(r)][0].tokens;
-    out.insert(out.end(), prompts[static_cast<size_t>(r)].begin(), prompts[static_cast<size_t>(r)].end());
-    out.insert(out.end(), tokens.begin(), tokens.end());
-    out.insert(out.end(), static_cast<size_t>(longest) - tokens.size(), tokens.back());
+  for (size_t r = 0; r < best.size(); ++r) {
+    MF_CHECK(static_cast<int64_t>(best[r].size()) == returned,
+             "generate: beam search found {} hypotheses for row {}, fewer than num_return_sequences {}",
+             best[r].size(), r, returned);
+    for (const Hypothesis& hypothesis : best[r]) longest = std::max<int64_t>(longest, hypothesis.tokens.size());
   }
-  return from_vector(out, {rows, prompt.size(1) + longest}, prompt.device());
+  std::vector<int64_t> out;
+  for (size_t r = 0; r < best.size(); ++r)
+    for (const Hypothesis& hypothesis : best[r]) {
+      out.insert(out.end(), prompts[r].begin(), prompts[r].end());
+      out.insert(out.end(), hypothesis.tokens.begin(), hypothesis.tokens.end());
+      out.insert(out.end(), static_cast<size_t>(longest) - hypothesis.tokens.size(), hypothesis.tokens.back());
+    }
+  return from_vector(out, {rows * returned, prompt.size(1) + longest}, prompt.device());
 }
 
 }  // namespace
@@ -207,11 +224,23 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
            "context_length {}",
            prompt.size(1), options.max_new_tokens, options.context_length);
   MF_CHECK(options.num_beams >= 1, "generate: num_beams must be >= 1, got {}", options.num_beams);
+  const int64_t returned = options.num_return_sequences;
+  MF_CHECK(returned >= 1, "generate: num_return_sequences must be >= 1, got {}", returned);
+  MF_CHECK(returned == 1 || options.sampling.do_sample || options.num_beams > 1,
+           "generate: greedy search has one answer per prompt; num_return_sequences {} needs sampling or beam "
+           "search", returned);
+  MF_CHECK(options.num_beams == 1 || returned <= options.num_beams,
+           "generate: num_return_sequences {} is more than num_beams {}", returned, options.num_beams);
   MF_CHECK(std::isfinite(options.repetition_penalty) && options.repetition_penalty > 0,
            "generate: repetition_penalty must be positive and finite (1: off), got {}", options.repetition_penalty);
   const OutputRules rules = output_rules(options);
   NoGradGuard no_grad;
   if (options.num_beams > 1) return generate_by_beam_search(model, prompt, options);
+  if (returned > 1) {  // independent draws: each row sampled `returned` times
+    GenerateOptions once = options;
+    once.num_return_sequences = 1;
+    return generate(model, repeat_rows(prompt, returned), once);
+  }
   nn::KVCache cache;
   std::optional<nn::KVCache::Use> use;
   if (options.use_cache) use.emplace(cache);
@@ -226,7 +255,8 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     Tensor logits = run_model(model, fed, options.use_cache ? &cache : nullptr).select(1, -1);
     if (penalizes_repeats(options)) logits = penalize_repeats(logits, sequence, options.repetition_penalty);
-    if (rules.active()) logits = without_ruled_out(logits, rules, prompts, generated, ended);
+    if (rules.active() || !options.banned_ids.empty())
+      logits = without_ruled_out(logits, options.banned_ids, rules, prompts, generated, ended);
     std::vector<int64_t> next = choose(logits, options.sampling).to(Device::cpu()).to_vector<int64_t>();  // [B]
     bool all_ended = true;
     for (size_t b = 0; b < next.size(); ++b) {
@@ -253,7 +283,8 @@ std::vector<std::vector<int64_t>> generate(const LanguageModel& model, const std
     MF_CHECK(!prompts[row].empty(), "generate: prompt {} is empty (each needs at least one token)", row);
     rows_of_length[prompts[row].size()].push_back(row);
   }
-  std::vector<std::vector<int64_t>> results(prompts.size());
+  const auto returned = static_cast<size_t>(std::max<int64_t>(options.num_return_sequences, 1));
+  std::vector<std::vector<int64_t>> results(prompts.size() * returned);
   for (const auto& [length, rows] : rows_of_length) {
     std::vector<int64_t> batch;
     for (size_t row : rows) batch.insert(batch.end(), prompts[row].begin(), prompts[row].end());
@@ -261,8 +292,8 @@ std::vector<std::vector<int64_t>> generate(const LanguageModel& model, const std
     Tensor out = generate(model, from_vector(batch, shape, device), options).to(Device::cpu());
     std::vector<int64_t> tokens = out.to_vector<int64_t>();
     auto width = static_cast<size_t>(out.size(1));
-    for (size_t k = 0; k < rows.size(); ++k) {
-      std::vector<int64_t>& result = results[rows[k]];
+    for (size_t k = 0; k < rows.size() * returned; ++k) {  // out's row k: sequence k % returned of rows[k / returned]
+      std::vector<int64_t>& result = results[rows[k / returned] * returned + k % returned];
       result.assign(tokens.begin() + static_cast<std::ptrdiff_t>(k * width),
                     tokens.begin() + static_cast<std::ptrdiff_t>((k + 1) * width));
       // Cut after the first stop token among the new ones: what follows repeats it.

@@ -47,9 +47,15 @@ struct GenerateOptions {
   int64_t num_beams = 1;
   /// Beam search's length penalty alpha (generation::length_penalty, GNMT's; 0 ranks by the plain sum).
   double length_penalty = 0.6;
+  /// Sequences per prompt row (Hugging Face's num_return_sequences), consecutive in the result: with
+  /// sampling, independent draws (the row repeated); with beam search, its best hypotheses, best first
+  /// (at most num_beams). Greedy search, which has one answer, takes 1 only.
+  int64_t num_return_sequences = 1;
   /// A row ends at the first of these it generates; later positions of an ended row repeat that token.
   /// Generation stops once every row has ended.
   std::vector<int64_t> stop_tokens = {};
+  /// Tokens never generated (Hugging Face's suppress_tokens), each in the model's vocabulary.
+  std::vector<int64_t> banned_ids = {};
   /// Hugging Face's repetition_penalty (CTRL's, Keskar et al. 2019): the score of each token the row
   /// already holds, its prompt included, is divided by it where positive and multiplied by it where
   /// negative: the logits in greedy search and sampling (before temperature), the log-probabilities in
@@ -79,15 +85,16 @@ using LanguageModel = std::function<Tensor(const Tensor& tokens)>;
 
 /// Extends every row of `prompt` ([B, T] int64, T >= 1, rows of equal length) by up to max_new_tokens
 /// tokens chosen by sample_next from the model's logits at the last position, or by beam search
-/// (num_beams): [B, T + n] int64 on the prompt's device, n <= max_new_tokens, a row that ended early
-/// repeating its stop token. The same generator state gives the same tokens, with or without the
+/// (num_beams): [B * num_return_sequences, T + n] int64 on the prompt's device, n <= max_new_tokens, a
+/// row that ended early repeating its stop token. The same generator state gives the same tokens, with or without the
 /// cache, on any thread count. Runs with autograd off. Throws mf::Error for bad options, a bad
 /// prompt, a model whose logits are not [B, fed, V], or a row the rules leave no token to take.
 Tensor generate(const LanguageModel& model, const Tensor& prompt, const GenerateOptions& options = {});
 
 /// Prompts of any lengths (each at least one token): rows of equal length are generated together, one
 /// generate() call per length, shortest first, and each result is its prompt followed by its new
-/// tokens up to and including its stop token (no repeats). Results come back in the prompts' order.
+/// tokens up to and including its stop token (no repeats). Results come back in the prompts' order,
+/// num_return_sequences per prompt.
 std::vector<std::vector<int64_t>> generate(const LanguageModel& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerateOptions& options = {}, Device device = Device::cpu());
 

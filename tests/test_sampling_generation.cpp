@@ -236,6 +236,7 @@ struct Rules {
   int64_t stop = -1;
   size_t min_new = 0, n = 0;
   double repetition_penalty = 1.0;
+  std::vector<int64_t> banned = {};  // suppress_tokens: never generated
   /// `score` for `token` after `sequence` under the repetition penalty (RepetitionPenaltyLogitsProcessor:
   /// a token the sequence holds has its score divided by the penalty if positive, else multiplied).
   double penalized(const std::vector<int64_t>& sequence, int64_t token, double score) const {
@@ -244,6 +245,7 @@ struct Rules {
   }
   bool allow(std::vector<int64_t> sequence, size_t new_so_far, int64_t token) const {
     if (token == stop && new_so_far < min_new) return false;
+    if (std::find(banned.begin(), banned.end(), token) != banned.end()) return false;
     sequence.push_back(token);
     if (n == 0 || sequence.size() < n) return true;
     const auto last = sequence.end() - static_cast<std::ptrdiff_t>(n);
@@ -274,19 +276,20 @@ double sequence_score(const std::vector<float>& table, int64_t vocabulary, const
   return sum / std::pow((5.0 + double(tokens.size())) / 6.0, alpha);
 }
 
-/// The best continuation of `prompt` by exhaustive search: of every sequence of up to `max_new` tokens
-/// that ends at its first `rules.stop` or at max_new tokens, the first with the highest sequence_score.
-std::vector<int64_t> exhaustive_best(const std::vector<float>& table, int64_t vocabulary,
-                                     const std::vector<int64_t>& prompt, const Rules& rules, int64_t max_new,
-                                     double alpha) {
-  std::vector<int64_t> best, tokens;
-  double best_score = -INFINITY;
+/// Every continuation of `prompt` the rules allow, by exhaustive search: each sequence of up to `max_new`
+/// tokens that ends at its first `rules.stop` or at max_new tokens, best sequence_score first (equal
+/// scores in the order they were enumerated, lower token ids first).
+std::vector<std::vector<int64_t>> exhaustive_ranked(const std::vector<float>& table, int64_t vocabulary,
+                                                    const std::vector<int64_t>& prompt, const Rules& rules,
+                                                    int64_t max_new, double alpha) {
+  std::vector<std::pair<double, std::vector<int64_t>>> found;
+  std::vector<int64_t> tokens;
   std::function<void()> extend = [&]() {
     for (int64_t token = 0; token < vocabulary; ++token) {
       tokens.push_back(token);
       if (token == rules.stop || static_cast<int64_t>(tokens.size()) == max_new) {
         const double score = sequence_score(table, vocabulary, prompt, rules, tokens, alpha);
-        if (score > best_score) best_score = score, best = tokens;
+        if (score > -INFINITY) found.emplace_back(score, tokens);
       } else {
         extend();
       }
@@ -294,7 +297,17 @@ std::vector<int64_t> exhaustive_best(const std::vector<float>& table, int64_t vo
     }
   };
   extend();
-  return best;
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::vector<int64_t>> ranked;
+  for (auto& [score, sequence] : found) ranked.push_back(std::move(sequence));
+  return ranked;
+}
+
+/// The best continuation of `prompt` by exhaustive search (exhaustive_ranked's first).
+std::vector<int64_t> exhaustive_best(const std::vector<float>& table, int64_t vocabulary,
+                                     const std::vector<int64_t>& prompt, const Rules& rules, int64_t max_new,
+                                     double alpha) {
+  return exhaustive_ranked(table, vocabulary, prompt, rules, max_new, alpha).front();
 }
 
 /// Greedy generation from a Markov table under the rules, worked out as a naive loop: each step the
@@ -442,14 +455,18 @@ TEST_CASE("generate: greedy and beam search under the rules and the repetition p
         CAPTURE(min_new);
         CAPTURE(n);
         CAPTURE(penalty);
-        const Rules rules{.stop = kStop, .min_new = min_new, .n = n, .repetition_penalty = penalty};
+        // suppress_tokens too (token 3) where n = 0 and the penalty is on: beside the n-gram bans, five
+        // tokens less one can leave a row none to take, which is an error.
+        const std::vector<int64_t> banned = n == 0 && penalty != 1.0 ? std::vector<int64_t>{3} : std::vector<int64_t>{};
+        const Rules rules{.stop = kStop, .min_new = min_new, .n = n, .repetition_penalty = penalty, .banned = banned};
         generation::GenerateOptions options;
         options.sampling.do_sample = false;
         options.stop_tokens = {kStop};
+        options.banned_ids = banned;
         options.min_new_tokens = static_cast<int64_t>(min_new);
         options.no_repeat_ngram_size = static_cast<int64_t>(n);
         options.repetition_penalty = penalty;
-        options.max_new_tokens = n == 1 ? 1 : 8;  // n = 1 leaves no token after five distinct ones
+        options.max_new_tokens = n == 1 ? 1 : 8;  // n = 1 leaves no token after the distinct ones
         std::vector<std::vector<int64_t>> greedy = generation::generate(markov(table), prompts, options);
         for (size_t row = 0; row < prompts.size(); ++row) {
           CAPTURE(row);
@@ -559,4 +576,73 @@ TEST_CASE("generate: the repetition penalty, worked by hand, and what sampling d
   options.repetition_penalty = 0;
   CHECK_THROWS_WITH_AS(generation::generate(fixed, from_vector(std::vector<int64_t>{0}, {1, 1}), options),
                        "generate: repetition_penalty must be positive and finite (1: off), got 0", Error);
+}
+
+TEST_CASE("generate: num_return_sequences gives a row's best hypotheses, or its independent draws") {
+  constexpr int64_t kVocabulary = 5, kStop = 2;
+  Tensor table = reference::randn({kVocabulary, kVocabulary}, 41) * 2.0;
+  const std::vector<float> values = table.to_vector<float>();
+  const std::vector<std::vector<int64_t>> prompts{{1, 0}, {4, 3}};
+  generation::GenerateOptions options;
+  options.sampling.do_sample = false;
+  options.stop_tokens = {kStop};
+  options.max_new_tokens = 4;
+  options.num_beams = 64;  // exhaustive, as above
+  options.num_return_sequences = 3;
+  options.banned_ids = {0};
+  const Rules rules{.stop = kStop, .banned = {0}};
+  for (double alpha : {0.0, 0.6}) {
+    CAPTURE(alpha);
+    options.length_penalty = alpha;
+    std::vector<std::vector<int64_t>> found = generation::generate(markov(table), prompts, options);
+    REQUIRE(found.size() == 6);
+    for (size_t row = 0; row < prompts.size(); ++row) {
+      const auto ranked = exhaustive_ranked(values, kVocabulary, prompts[row], rules, 4, alpha);
+      for (size_t j = 0; j < 3; ++j) {
+        CAPTURE(row);
+        CAPTURE(j);
+        const std::vector<int64_t>& sequence = found[row * 3 + j];
+        REQUIRE(std::equal(prompts[row].begin(), prompts[row].end(), sequence.begin()));
+        const std::vector<int64_t> tokens(sequence.begin() + 2, sequence.end());
+        const double best = sequence_score(values, kVocabulary, prompts[row], rules, ranked[j], alpha);
+        CHECK(sequence_score(values, kVocabulary, prompts[row], rules, tokens, alpha) ==
+              doctest::Approx(best).epsilon(1e-6));
+      }
+    }
+    // The tensor form: [B * 3, T + n], each row's sequences in a row.
+    Tensor padded = generation::generate(markov(table), from_vector(std::vector<int64_t>{1, 0, 4, 3}, {2, 2}), options);
+    CHECK(padded.size(0) == 6);
+    for (int64_t r = 0; r < 6; ++r) {
+      const std::vector<int64_t> tokens = padded.select(0, r).to_vector<int64_t>();
+      CHECK(std::equal(found[static_cast<size_t>(r)].begin(), found[static_cast<size_t>(r)].end(), tokens.begin()));
+    }
+  }
+
+  // Sampling: the same draws as the prompt rows repeated by hand, from the same generator state.
+  options.num_beams = 1;
+  options.sampling = {.do_sample = true, .temperature = 1.2};
+  Generator first(3), second(3);
+  options.sampling.generator = &first;
+  Tensor drawn = generation::generate(markov(table), from_vector(std::vector<int64_t>{1, 0, 4, 3}, {2, 2}), options);
+  options.sampling.generator = &second;
+  options.num_return_sequences = 1;
+  Tensor repeated = from_vector(std::vector<int64_t>{1, 0, 1, 0, 1, 0, 4, 3, 4, 3, 4, 3}, {6, 2});
+  CHECK(generation::generate(markov(table), repeated, options).to_vector<int64_t>() == drawn.to_vector<int64_t>());
+
+  options.sampling.do_sample = false;
+  options.num_return_sequences = 2;
+  CHECK_THROWS_WITH_AS(generation::generate(markov(table), {{1}}, options),
+                       doctest::Contains("greedy search has one answer per prompt; num_return_sequences 2"), Error);
+  options.num_beams = 2;
+  options.num_return_sequences = 3;
+  CHECK_THROWS_WITH_AS(generation::generate(markov(table), {{1}}, options),
+                       "generate: num_return_sequences 3 is more than num_beams 2", Error);
+  options.num_return_sequences = 0;
+  CHECK_THROWS_WITH_AS(generation::generate(markov(table), {{1}}, options),
+                       "generate: num_return_sequences must be >= 1, got 0", Error);
+  options.num_return_sequences = 1;
+  options.num_beams = 1;
+  options.banned_ids = {5};
+  CHECK_THROWS_WITH_AS(generation::generate(markov(table), {{1}}, options),
+                       "generate: banned token id 5 is outside the model's vocabulary of 5 tokens", Error);
 }
