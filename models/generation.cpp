@@ -3,9 +3,8 @@
 // top k (k = 1 greedy, beam_size + 1 beam) or drawn token, as log-probabilities, is copied back.
 #include "models/generation.h"
 
-#include "models/output_rules.h"
-
 #include "core/graph.h"
+#include "models/output_rules.h"
 #include "ops/functional.h"
 
 #include <algorithm>

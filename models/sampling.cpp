@@ -84,11 +84,6 @@ std::vector<std::vector<int64_t>> host_rows(const Tensor& prompt) {
   return rows;
 }
 
-/// The output rules of generate() (min_new_tokens, no_repeat_ngram_size), checked.
-OutputRules output_rules(const GenerateOptions& options) {
-  return OutputRules("generate", options.stop_tokens, options.min_new_tokens, options.no_repeat_ngram_size);
-}
-
 /// Each row of `prompt` `times` times in a row: [B * times, T].
 Tensor repeat_rows(const Tensor& prompt, int64_t times) {
   std::vector<int64_t> index;
@@ -233,7 +228,7 @@ Tensor generate(const LanguageModel& model, const Tensor& prompt, const Generate
            "generate: num_return_sequences {} is more than num_beams {}", returned, options.num_beams);
   MF_CHECK(std::isfinite(options.repetition_penalty) && options.repetition_penalty > 0,
            "generate: repetition_penalty must be positive and finite (1: off), got {}", options.repetition_penalty);
-  const OutputRules rules = output_rules(options);
+  const OutputRules rules("generate", options.stop_tokens, options.min_new_tokens, options.no_repeat_ngram_size);
   NoGradGuard no_grad;
   if (options.num_beams > 1) return generate_by_beam_search(model, prompt, options);
   if (returned > 1) {  // independent draws: each row sampled `returned` times
