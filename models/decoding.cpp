@@ -143,6 +143,12 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
   // any before it, fresh pages the kernel must clear (14% of a 1-thread int8 run on Zen 3).
   std::vector<text::Batch> batches = text::sorted_batches(lengths, source_tokens, options.batch_sentences);
   std::reverse(batches.begin(), batches.end());
+  const int64_t wanted_workers = std::min<int64_t>(options.workers == 0 ? intra_op_threads() : options.workers,
+                                                   model.device().is_cpu() ? intra_op_threads() : 1);
+  // Sampled batches draw from streams by batch index, so sampling keeps one worker's batches (and the
+  // samples do not depend on the workers); greedy and beam search give each sentence the same output in
+  // any batch.
+  if (!options.sampling.do_sample) batches = text::split_for_workers(std::move(batches), wanted_workers);
   // Sampling: batch b draws from the counters [first + b * kBatchBlocks, ...) of the stream's seed.
   constexpr uint64_t kBatchBlocks = uint64_t{1} << 32;
   Generator& stream = options.sampling.generator ? *options.sampling.generator : default_generator();
@@ -199,9 +205,8 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
     for (size_t row = 0; row < batch.size(); ++row) out[static_cast<size_t>(batch[row])] = std::move(decoded[row]);
   };
 
-  const int64_t wanted = options.workers == 0 ? intra_op_threads() : options.workers;
-  const int64_t workers = std::min({wanted, static_cast<int64_t>(batches.size()), int64_t{intra_op_threads()}});
-  if (workers <= 1 || !model.device().is_cpu()) {
+  const int64_t workers = std::min(wanted_workers, static_cast<int64_t>(batches.size()));
+  if (workers <= 1) {
     NoGradGuard no_grad;
     for (size_t b = 0; b < batches.size(); ++b) decode_batch(b);
     return out;

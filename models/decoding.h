@@ -50,7 +50,8 @@ struct DecodingOptions {
   /// which runs its ops alone (CTranslate2's inter_threads, Marian's --cpu-threads): 1 decodes one
   /// batch at a time with its ops split over the threads, the lowest latency for a single batch; 0
   /// takes one worker per thread. Never more workers than threads or batches; CUDA decodes one batch
-  /// at a time.
+  /// at a time. Several workers get the batches cut smaller (text::split_for_workers: at least two
+  /// each, the last ones halved) so that they finish together; sampling keeps one worker's batches.
   int64_t workers = 1;
   /// Tokens never generated (generation::GreedyOptions::banned_ids).
   std::vector<int64_t> banned_ids;

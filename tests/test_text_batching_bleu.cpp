@@ -140,6 +140,39 @@ TEST_CASE("batching rejects inconsistent input") {
                        "make_batches: pool_size must be 0 (one pool) or positive, got -1", mf::Error);
 }
 
+TEST_CASE("split_for_workers: at least two batches a worker, the last ones halved, order and contents kept") {
+  using mf::text::Batch;
+  const std::vector<Batch> one = {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  CHECK(mf::text::split_for_workers(one, 1) == one);
+  // 2 workers want 4 batches: 10 examples halved to 5 + 5, the first 5 (the first of the largest) to
+  // 3 + 2, the other 5 likewise; then the last two batches (one per worker) halved.
+  CHECK(mf::text::split_for_workers(one, 2) == std::vector<Batch>{{0, 1, 2}, {3, 4}, {5, 6}, {7}, {8}, {9}});
+  // Five batches are already more than 2 x 2: only the last two are halved, the one-example batch stays
+  // whole and the odd one splits 2 + 1.
+  const std::vector<Batch> five = {{0, 1, 2, 3}, {4, 5, 6}, {7, 8}, {9}, {10, 11, 12}};
+  CHECK(mf::text::split_for_workers(five, 2) ==
+        std::vector<Batch>{{0, 1, 2, 3}, {4, 5, 6}, {7, 8}, {9}, {10, 11}, {12}});
+  // More workers than examples: every example alone.
+  CHECK(mf::text::split_for_workers({{3, 1}, {2}}, 8) == std::vector<Batch>{{3}, {1}, {2}});
+  CHECK(mf::text::split_for_workers({}, 4).empty());
+  // Any batches, any workers: the same examples in the same order, at least min(2 x workers, examples)
+  // batches.
+  const std::vector<Batch> uneven = {{5, 4, 9, 8, 7}, {1}, {0, 2, 3, 6, 10, 11, 12, 13}, {14, 15}};
+  for (int64_t workers = 1; workers <= 9; ++workers) {
+    CAPTURE(workers);
+    const std::vector<Batch> split = mf::text::split_for_workers(uneven, workers);
+    std::vector<int64_t> flat;
+    for (const Batch& batch : split) {
+      CHECK(!batch.empty());
+      flat.insert(flat.end(), batch.begin(), batch.end());
+    }
+    CHECK(flat == std::vector<int64_t>{5, 4, 9, 8, 7, 1, 0, 2, 3, 6, 10, 11, 12, 13, 14, 15});
+    CHECK(split.size() >= std::min<size_t>(2 * static_cast<size_t>(workers), flat.size()));
+  }
+  CHECK_THROWS_WITH_AS(mf::text::split_for_workers(one, 0), "split_for_workers: workers must be positive, got 0",
+                       mf::Error);
+}
+
 // ---------------------------------------------------------------------------------------------
 // BLEU (expected values derived by hand below, and checked with a Python re-implementation of
 // sacrebleu's formula)

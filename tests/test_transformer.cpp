@@ -336,7 +336,12 @@ TEST_CASE("decode_sources sorts and batches by length, then gives each sentence 
     struct Batching {
       int64_t tokens, sentences, workers;
     };
-    for (Batching batching : {Batching{1, 0, 1}, {8, 0, 1}, {1000, 0, 1}, {1000, 2, 1}, {1, 0, 3}, {8, 0, 0}}) {
+    // {1000, 0, 2}: one batch of all six, cut for the two workers (text::split_for_workers). Three
+    // threads, so that the workers asked for run whatever the machine's cores.
+    testing::ThreadCountGuard restore;
+    set_num_threads(3);
+    for (Batching batching :
+         {Batching{1, 0, 1}, {8, 0, 1}, {1000, 0, 1}, {1000, 2, 1}, {1, 0, 3}, {8, 0, 0}, {1000, 0, 2}}) {
       CAPTURE(batching.tokens);
       CAPTURE(batching.sentences);
       CAPTURE(batching.workers);

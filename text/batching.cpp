@@ -118,4 +118,27 @@ std::vector<Batch> sorted_batches(std::span<const int64_t> lengths, int64_t max_
   return batches;
 }
 
+std::vector<Batch> split_for_workers(std::vector<Batch> batches, int64_t workers) {
+  MF_CHECK(workers >= 1, "split_for_workers: workers must be positive, got {}", workers);
+  if (workers == 1) return batches;
+  // Replaces batches[b] by its two halves, the first one example longer when its size is odd.
+  auto halve = [&](size_t b) {
+    Batch& first = batches[b];
+    Batch second(first.begin() + static_cast<std::ptrdiff_t>((first.size() + 1) / 2), first.end());
+    first.resize(first.size() - second.size());
+    batches.insert(batches.begin() + static_cast<std::ptrdiff_t>(b) + 1, std::move(second));
+  };
+  auto larger = [](const Batch& a, const Batch& b) { return a.size() < b.size(); };
+  while (batches.size() < 2 * static_cast<size_t>(workers)) {
+    const auto largest = std::max_element(batches.begin(), batches.end(), larger);
+    if (largest == batches.end() || largest->size() < 2) break;
+    halve(static_cast<size_t>(largest - batches.begin()));
+  }
+  // From the back, so that each halving leaves the indices before it in place.
+  const size_t tail_start = batches.size() - std::min(batches.size(), static_cast<size_t>(workers));
+  for (size_t b = batches.size(); b-- > tail_start;)
+    if (batches[b].size() > 1) halve(b);
+  return batches;
+}
+
 }  // namespace mf::text

@@ -59,4 +59,13 @@ std::vector<Batch> make_batches(const std::vector<std::vector<int64_t>>& sources
 /// a negative length, max_tokens below 1 or a negative max_sentences.
 std::vector<Batch> sorted_batches(std::span<const int64_t> lengths, int64_t max_tokens, int64_t max_sentences = 0);
 
+/// `batches`, in the order workers will take them, cut so that `workers` taking the next one as each
+/// finishes end close together (a guided schedule, by halves): the largest batch is cut in two until
+/// there are twice as many batches as workers (every worker gets some), then each of the last `workers`
+/// batches is, so that the last to finish runs about half a batch past the others, not a whole one.
+/// Halves are consecutive, the first one example longer when the size is odd; a batch of one example
+/// stays whole, and the examples keep their order. One worker gets `batches` back unchanged. Throws
+/// mf::Error for workers below 1.
+std::vector<Batch> split_for_workers(std::vector<Batch> batches, int64_t workers);
+
 }  // namespace mf::text
