@@ -8,12 +8,16 @@
 #include "helpers.h"
 
 #include <doctest/doctest.h>
+#include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -149,6 +153,95 @@ TEST_CASE("corrupt model bytes and impossible options are refused, naming what w
                        doctest::Contains("could not learn a 100000-piece unigram model"), Error);
   CHECK_THROWS_WITH_AS(SubwordModel::train(corpus(), {.vocab_size = 4}), doctest::Contains("leaves no room"), Error);
   CHECK_THROWS_WITH_AS(SubwordModel::train({"", ""}, {}), doctest::Contains("no sentences"), Error);
+}
+
+TEST_CASE("sample_encode: sampled segmentations spell the text, and depend on the seed alone") {
+  for (SubwordAlgorithm algorithm : {SubwordAlgorithm::Unigram, SubwordAlgorithm::Bpe}) {
+    CAPTURE(static_cast<int>(algorithm));
+    const SubwordModel model = small_model(algorithm);
+    const SubwordSampling sampling{.alpha = algorithm == SubwordAlgorithm::Bpe ? 0.3 : 0.2};
+    const std::vector<std::vector<int64_t>> sampled = model.sample_encode(corpus(), sampling, 7);
+    REQUIRE(sampled.size() == corpus().size());
+    size_t unlike_best = 0;
+    for (size_t i = 0; i < corpus().size(); ++i) {
+      CHECK(model.decode(sampled[i]) == corpus()[i]);
+      CHECK(std::none_of(sampled[i].begin(), sampled[i].end(), [](int64_t id) { return id < kSpecialTokenCount; }));
+      unlike_best += sampled[i] != model.encode(corpus()[i]);
+    }
+    CHECK(unlike_best > corpus().size() / 2);
+    // The same seed draws the same segmentations, in this thread or another; another seed others.
+    CHECK(model.sample_encode(corpus(), sampling, 7) == sampled);
+    std::vector<std::vector<int64_t>> elsewhere;
+    std::thread([&] { elsewhere = model.sample_encode(corpus(), sampling, 7); }).join();
+    CHECK(elsewhere == sampled);
+    const std::vector<std::vector<int64_t>> reseeded = model.sample_encode(corpus(), sampling, 8);
+    size_t unlike_seed_7 = 0;
+    for (size_t i = 0; i < corpus().size(); ++i) unlike_seed_7 += reseeded[i] != sampled[i];
+    CHECK(unlike_seed_7 > corpus().size() / 2);
+  }
+}
+
+TEST_CASE("sample_encode on a unigram model draws segmentations with probability P^alpha, as Kudo (2018) defines") {
+  // The reference: every segmentation of one word into pieces of the vocabulary, enumerated here, with
+  // probability proportional to exp(alpha * sum of its pieces' log-probabilities) (the model's scores,
+  // read with SentencePiece's own API); nbest_size k keeps the k most probable. 20,000 draws of the
+  // word: each frequency is within 4 standard deviations (sqrt(p (1 - p) / n) <= 0.0036) of its p.
+  const SubwordModel model = small_model();
+  sentencepiece::SentencePieceProcessor scores;
+  REQUIRE(scores.LoadFromSerializedProto(model.bytes()).ok());
+  // "street" as SentencePiece sees it, "▁street"; the small model has ▁, ▁s, s, t, r, e and tree.
+  const std::vector<std::string> characters = {"\xE2\x96\x81", "s", "t", "r", "e", "e", "t"};
+  std::map<std::vector<std::string>, double> weight;  // segmentation -> exp(alpha * log-probability)
+  const double alpha = 0.3;
+  for (unsigned cuts = 0; cuts < (1u << (characters.size() - 1)); ++cuts) {
+    std::vector<std::string> pieces = {characters[0]};
+    for (size_t c = 1; c < characters.size(); ++c) {
+      if (cuts & (1u << (c - 1)))
+        pieces.push_back(characters[c]);
+      else
+        pieces.back() += characters[c];
+    }
+    double log_p = 0;
+    bool in_vocabulary = true;
+    for (const std::string& piece : pieces) {
+      const int id = scores.PieceToId(piece);
+      in_vocabulary = in_vocabulary && id != scores.unk_id();
+      log_p += scores.GetScore(id);
+    }
+    if (in_vocabulary) weight[pieces] = std::exp(alpha * log_p);
+  }
+  REQUIRE(weight.size() >= 4);
+  const std::vector<std::string> texts(20000, "street");
+  for (int64_t nbest : {int64_t{-1}, int64_t{2}}) {
+    CAPTURE(nbest);
+    std::map<std::vector<std::string>, double> expected = weight;
+    if (nbest == 2) {  // the two most probable
+      std::vector<std::pair<double, std::vector<std::string>>> ranked;
+      for (const auto& [pieces, w] : weight) ranked.emplace_back(w, pieces);
+      std::sort(ranked.rbegin(), ranked.rend());
+      expected = {{ranked[0].second, ranked[0].first}, {ranked[1].second, ranked[1].first}};
+    }
+    double total = 0;
+    for (const auto& [pieces, w] : expected) total += w;
+    std::map<std::vector<std::string>, double> seen;
+    for (const std::vector<int64_t>& ids : model.sample_encode(texts, {.alpha = alpha, .nbest_size = nbest}, 3)) {
+      std::vector<std::string> pieces;
+      for (int64_t id : ids) pieces.push_back(model.piece(id));
+      seen[pieces] += 1.0 / static_cast<double>(texts.size());
+    }
+    for (const auto& [pieces, frequency] : seen) CHECK(expected.count(pieces) == 1);
+    for (const auto& [pieces, w] : expected) {
+      std::string spelled;
+      for (const std::string& piece : pieces) spelled += piece + " ";
+      CAPTURE(spelled);
+      CHECK(std::abs(seen[pieces] - w / total) < 0.015);
+    }
+  }
+  CHECK_THROWS_WITH_AS(model.sample_encode(texts, {.alpha = 0}, 1), "subword sampling: alpha must be positive, got 0",
+                       Error);
+  for (int64_t nbest : {int64_t{0}, int64_t{1}, int64_t{-2}})
+    CHECK_THROWS_WITH_AS(model.sample_encode(texts, {.alpha = 0.5, .nbest_size = nbest}, 1),
+                         doctest::Contains("nbest_size must be -1 (every segmentation) or at least 2"), Error);
 }
 
 TEST_CASE("word_indices groups each word's pieces as the decoded text's spaces separate them") {

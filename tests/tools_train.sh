@@ -112,6 +112,27 @@ expect 0 "--resume with subwords (the same model learned again)" "resuming from 
 expect 1 "--resume with another --subword-size" "has src_vocab = 300, but the flags and data give 290" \
   "$tool" "${kept[@]}" --checkpoint "$work/kept/sub.safetensors" --epochs 3 --subword unigram --subword-size 290 \
   --max-len 24 --resume
+# Subword sampling: each epoch trains on its own segmentations, drawn from --seed and the epoch, so a run
+# stopped mid-epoch and resumed ends where an unbroken one does, bit for bit; it trains another model
+# than the best segmentations do; a resume with another --subword-alpha is refused.
+sampled=("${kept[@]}" --subword unigram --subword-size 300 --max-len 24 --average-last 0 --epochs 2)
+expect 0 "--subword-alpha 0.2, stopped mid-run" "subword sampling: alpha 0.2, nbest -1" \
+  "$tool" "${sampled[@]}" --subword-alpha 0.2 --max-steps 3 --checkpoint "$work/kept/spl_part.safetensors"
+expect 0 "... resumed" "resuming from .*step 3" \
+  "$tool" "${sampled[@]}" --subword-alpha 0.2 --checkpoint "$work/kept/spl_part.safetensors" --resume
+"$tool" "${sampled[@]}" --subword-alpha 0.2 --checkpoint "$work/kept/spl_full.safetensors" >/dev/null 2>&1
+"$tool" "${sampled[@]}" --checkpoint "$work/kept/spl_best.safetensors" >/dev/null 2>&1
+cmp -s "$work/kept/spl_part.safetensors" "$work/kept/spl_full.safetensors" &&
+  ok "... the resumed sampled run = the unbroken one, bit for bit" || fail "the resumed sampled run differs"
+cmp -s "$work/kept/spl_full.safetensors" "$work/kept/spl_best.safetensors" &&
+  fail "sampling trained the same model as the best segmentations" || ok "... and not the unsampled run's model"
+expect 1 "--resume with another --subword-alpha" "trained with --subword-alpha 0.2, but this run has 0.5" \
+  "$tool" "${sampled[@]}" --subword-alpha 0.5 --checkpoint "$work/kept/spl_part.safetensors" --epochs 3 --resume
+expect 2 "--subword-alpha with words" "--subword-alpha samples subword segmentations: it needs --subword" \
+  "$tool" --subword none --subword-alpha 0.1
+expect 2 "--subword-alpha 1 with bpe" "below 1 for bpe" "$tool" --subword bpe --subword-alpha 1
+expect 2 "--subword-nbest 1" "--subword-nbest must be -1 \(every segmentation\) or at least 2, not 1" \
+  "$tool" --subword-nbest 1
 expect 1 "subwords by default: 8,000 pieces are too many for 40 sentences" \
   "could not learn a 8000-piece unigram model: .*Please set it to a value <= [0-9]+" \
   "$tool" --train-src "$work/train.src" --train-tgt "$work/train.tgt" --epochs 1 --checkpoint "$work/kept/d.safetensors"

@@ -7,6 +7,9 @@
 #include <sentencepiece_trainer.h>
 
 #include <iterator>
+#include <limits>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 namespace mf::text {
@@ -14,6 +17,10 @@ namespace mf::text {
 class SubwordModel::Processor : public sentencepiece::SentencePieceProcessor {};
 
 namespace {
+
+/// Guards SentencePiece's process-wide seed (sentencepiece::SetRandomGeneratorSeed) from the moment it
+/// is set until the generator it seeds has drawn from it.
+std::mutex g_sentencepiece_seed;
 
 /// Feeds SentencePiece's trainer from memory instead of a file, skipping empty sentences (it counts
 /// each as a sentence of no characters).
@@ -68,6 +75,7 @@ SubwordModel SubwordModel::train(const std::vector<std::string>& sentences, cons
   std::string bytes;
   // SentencePiece samples and shuffles with one process-wide generator, seeded from the system's
   // entropy unless told: without this, the same sentences would learn different models.
+  std::lock_guard seed_lock(g_sentencepiece_seed);
   sentencepiece::SetRandomGeneratorSeed(options.seed);
   const sentencepiece::util::Status status = sentencepiece::SentencePieceTrainer::Train(arguments, &feed, &bytes);
   MF_CHECK(status.ok(), "subword model: SentencePiece could not learn a {}-piece {} model: {}", options.vocab_size,
@@ -115,13 +123,48 @@ const std::string& SubwordModel::piece(int64_t id) const {
   return pieces_[static_cast<size_t>(id)];
 }
 
+std::vector<int64_t> SubwordModel::from_sentencepiece(std::span<const int> ids) const {
+  std::vector<int64_t> out;
+  out.reserve(ids.size());
+  for (int id : ids) out.push_back(from_sentencepiece_[static_cast<size_t>(id)]);
+  return out;
+}
+
 std::vector<int64_t> SubwordModel::encode(std::string_view text) const {
   std::vector<int> ids;
   const sentencepiece::util::Status status = processor_->Encode(text, &ids);
   MF_CHECK(status.ok(), "subword model: cannot encode '{}': {}", text, status.ToString());
-  std::vector<int64_t> out;
-  out.reserve(ids.size());
-  for (int id : ids) out.push_back(from_sentencepiece_[static_cast<size_t>(id)]);
+  return from_sentencepiece(ids);
+}
+
+std::vector<std::vector<int64_t>> SubwordModel::sample_encode(std::span<const std::string> texts,
+                                                              const SubwordSampling& sampling, uint32_t seed) const {
+  MF_CHECK(sampling.alpha > 0, "subword sampling: alpha must be positive, got {}", sampling.alpha);
+  MF_CHECK(sampling.nbest_size == -1 || sampling.nbest_size >= 2,
+           "subword sampling: nbest_size must be -1 (every segmentation) or at least 2, got {}", sampling.nbest_size);
+  MF_CHECK(sampling.nbest_size <= std::numeric_limits<int>::max(), "subword sampling: nbest_size {} is too large",
+           sampling.nbest_size);
+  std::vector<std::vector<int64_t>> out(texts.size());
+  sentencepiece::util::Status status;
+  size_t next = 0;  // the text being encoded: after an error, the one that failed
+  // SentencePiece draws from a generator per thread, seeded from its process-wide seed when the thread
+  // first draws: a thread of its own for each call, started after the seed is set, draws the same
+  // numbers every time (a thread drawing twice would continue its stream instead).
+  std::lock_guard seed_lock(g_sentencepiece_seed);
+  // Its value 2^32 - 1 means "seed from the system's entropy".
+  sentencepiece::SetRandomGeneratorSeed(std::min(seed, std::numeric_limits<uint32_t>::max() - 1));
+  std::thread sampler([&] {
+    std::vector<int> ids;
+    for (; next < texts.size(); ++next) {
+      status = processor_->SampleEncode(texts[next], static_cast<int>(sampling.nbest_size),
+                                        static_cast<float>(sampling.alpha), &ids);
+      if (!status.ok()) return;
+      out[next] = from_sentencepiece(ids);
+    }
+  });
+  sampler.join();
+  MF_CHECK(status.ok(), "subword sampling: cannot encode '{}' (alpha {}, nbest_size {}): {}", texts[next],
+           sampling.alpha, sampling.nbest_size, status.ToString());
   return out;
 }
 

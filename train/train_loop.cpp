@@ -78,7 +78,7 @@ struct Progress {
 json settings_json(const OptimSettings& s) {
   return {{"seed", s.seed},         {"max_tokens", s.max_tokens},           {"batch_pool", s.batch_pool},
           {"warmup", s.warmup},     {"lr_factor", s.lr_factor},             {"label_smoothing", s.label_smoothing},
-          {"clip", s.clip}};
+          {"clip", s.clip},         {"subword_alpha", s.subword_alpha},     {"subword_nbest", s.subword_nbest}};
 }
 
 /// JSON has no NaN: missing numbers are stored as null.
@@ -107,7 +107,10 @@ Progress parse_progress(const SafetensorsMetadata& metadata, const std::filesyst
   try {
     json j = json::parse(it->second);
     json saved = j.at("settings"), given = settings_json(settings);
-    if (!saved.contains("batch_pool")) saved["batch_pool"] = 0;  // written before the setting existed
+    // Written before these settings existed: their defaults then were the only behaviour.
+    if (!saved.contains("batch_pool")) saved["batch_pool"] = 0;
+    if (!saved.contains("subword_alpha")) saved["subword_alpha"] = 0.0;
+    if (!saved.contains("subword_nbest")) saved["subword_nbest"] = -1;
     for (auto& [key, value] : given.items())
       MF_CHECK(saved.at(key) == value,
                "checkpoint '{}' was trained with {} {}, but this run has {}; resume with the same settings",
@@ -280,16 +283,52 @@ models::Translator build_translator(const text::Corpus& train, const TrainingOpt
   return models::Translator(config, std::move(source), std::move(target));
 }
 
+namespace {
+
+/// Cuts `ids` to max_length (0: no limit), counting each cut in `truncated` when given.
+void truncate(std::vector<int64_t>& ids, int64_t max_length, int64_t* truncated) {
+  if (max_length <= 0 || static_cast<int64_t>(ids.size()) <= max_length) return;
+  ids.resize(static_cast<size_t>(max_length));
+  if (truncated != nullptr) ++*truncated;
+}
+
+/// SentencePiece's seed for epoch `epoch`'s sampled segmentations of one side (0 source, 1 target):
+/// share_seed's mix at negative steps, which dropout's streams never take.
+uint32_t subword_sampling_seed(int64_t seed, int64_t epoch, int64_t side) {
+  return static_cast<uint32_t>(share_seed(seed, -1 - epoch, side) >> 32);
+}
+
+/// `data`'s pairs encoded again with segmentations sampled for `epoch` (settings' subword sampling), cut
+/// to max_length ids.
+ParallelData sampled_pairs(const models::Translator& translator, const ParallelData& data,
+                           const OptimSettings& settings, int64_t epoch, int64_t max_length) {
+  const text::SubwordModel* source = translator.source().subwords();
+  const text::SubwordModel* target = translator.target().subwords();
+  MF_CHECK(source != nullptr && target != nullptr,
+           "subword sampling needs subword vocabularies (SentencePiece) on both sides; this model has {} and {}",
+           translator.source().describe(), translator.target().describe());
+  MF_CHECK(data.source_text.size() == data.sources.size() && data.target_text.size() == data.targets.size(),
+           "subword sampling needs the training pairs' raw text (ParallelData::source_text and target_text, as "
+           "encode_corpus keeps it): {} and {} lines for {} pairs", data.source_text.size(), data.target_text.size(),
+           data.sources.size());
+  const text::SubwordSampling sampling{.alpha = settings.subword_alpha, .nbest_size = settings.subword_nbest};
+  ParallelData out;
+  out.sources = source->sample_encode(data.source_text, sampling, subword_sampling_seed(settings.seed, epoch, 0));
+  out.targets = target->sample_encode(data.target_text, sampling, subword_sampling_seed(settings.seed, epoch, 1));
+  for (std::vector<int64_t>& ids : out.sources) truncate(ids, max_length, nullptr);
+  for (std::vector<int64_t>& ids : out.targets) truncate(ids, max_length, nullptr);
+  return out;
+}
+
+}  // namespace
+
 ParallelData encode_corpus(const models::Translator& translator, const text::Corpus& corpus, int64_t max_length,
                            int64_t* truncated) {
   ParallelData data;
   const bool words = translator.source().words() != nullptr;
   auto encode = [&](const text::TextCodec& codec, const std::string& text) {
     std::vector<int64_t> ids = codec.encode(text);
-    if (max_length > 0 && static_cast<int64_t>(ids.size()) > max_length) {
-      ids.resize(static_cast<size_t>(max_length));
-      if (truncated != nullptr) ++*truncated;
-    }
+    truncate(ids, max_length, truncated);
     return ids;
   };
   for (size_t i = 0; i < corpus.sources.size(); ++i) {
@@ -302,6 +341,10 @@ ParallelData encode_corpus(const models::Translator& translator, const text::Cor
     }
   }
   data.references = corpus.target_text;
+  if (!words) {
+    data.source_text = corpus.source_text;
+    data.target_text = corpus.target_text;
+  }
   return data;
 }
 
@@ -444,6 +487,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
     fmt::print("{}\n", summary);
   };
 
+  const ParallelData* pairs = &train;  // the epoch's training pairs: `train`, or its sampled segmentations
   // This rank's shares of `batch`, forward and backward (the gradients of all but the last stay local):
   // returns the sum of their mean losses weighted by their target tokens.
   auto backward_shares = [&](const text::Batch& batch, int64_t batch_target_tokens) {
@@ -454,7 +498,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       if (begin == end) continue;  // a batch with fewer sentences than shares; the gradient sync still runs
       manual_seed(share_seed(settings.seed, schedule.last_epoch() + 1, share));
       models::TranslationBatch b = models::make_translation_batch(
-          train.sources, train.targets, text::Batch(batch.begin() + static_cast<ptrdiff_t>(begin),
+          pairs->sources, pairs->targets, text::Batch(batch.begin() + static_cast<ptrdiff_t>(begin),
                                                     batch.begin() + static_cast<ptrdiff_t>(end)), model.device());
       Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
       const double tokens = static_cast<double>(b.target_tokens);
@@ -480,7 +524,12 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
   };
 
   while (progress.epoch < options.epochs && !stopped && !patience_exhausted()) {
-    std::vector<text::Batch> batches = text::make_batches(train.sources, train.targets,
+    // Under subword sampling each epoch trains on its own segmentations of the pairs.
+    ParallelData sampled;
+    if (settings.subword_alpha > 0)
+      sampled = sampled_pairs(translator, train, settings, progress.epoch, model.config().max_len - 1);
+    pairs = settings.subword_alpha > 0 ? &sampled : &train;
+    std::vector<text::Batch> batches = text::make_batches(pairs->sources, pairs->targets,
                                                           {.max_tokens = settings.max_tokens,
                                                            .pool_size = settings.batch_pool},
                                                           static_cast<uint64_t>(settings.seed + progress.epoch));
@@ -504,7 +553,8 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       double loss_value = 0;
       int64_t batch_target_tokens = 0;
       if (!sharded) {
-        models::TranslationBatch b = models::make_translation_batch(train.sources, train.targets, batch, model.device());
+        models::TranslationBatch b =
+            models::make_translation_batch(pairs->sources, pairs->targets, batch, model.device());
         Tensor loss = model.loss(model.forward(b.src, b.tgt_in), b.tgt_out, settings.label_smoothing);
         loss_value = loss.item<double>();  // the step's one wait for the device
         if (!std::isfinite(loss_value)) diverged(format_message("the training loss is {}", loss_value));
@@ -512,7 +562,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
         batch_target_tokens = b.target_tokens;
         stop_requested = g_interrupted != 0;
       } else {
-        batch_target_tokens = target_tokens(train, batch);
+        batch_target_tokens = target_tokens(*pairs, batch);
         const double weighted_loss = backward_shares(batch, batch_target_tokens);
         // First the gradients: a rank may start its last buckets only here (one whose share left a
         // parameter without a gradient), and every rank must issue the collectives in one order.
@@ -543,7 +593,7 @@ int train_translator(models::Translator& translator, const ParallelData& train, 
       progress.curve_sum += value;
       progress.curve_tokens += batch_target_tokens;
       ++steps_this_run;
-      tokens_this_run += batch_tokens(train, batch);
+      tokens_this_run += batch_tokens(*pairs, batch);
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       double remaining_steps = static_cast<double>(n_batches - progress.batch - 1 +
                                                    (options.epochs - progress.epoch - 1) * n_batches);

@@ -28,6 +28,9 @@ namespace mf::train {
 struct ParallelData {
   std::vector<std::vector<int64_t>> sources, targets;
   std::vector<std::string> references;
+  /// The raw lines subword codecs encoded `sources` and `targets` from (empty for word codecs): subword
+  /// sampling encodes them again each epoch.
+  std::vector<std::string> source_text, target_text;
 };
 
 /// The settings that shape the optimisation; a resumed run must use the same ones (the checkpoint
@@ -40,6 +43,10 @@ struct OptimSettings {
   double lr_factor = 1.0;     // Noam schedule factor: lr = f * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5)
   double label_smoothing = 0.1;
   double clip = 1.0;          // gradient norm clipping; 0: off
+  /// Subword sampling of the training pairs (text::SubwordSampling), drawn anew each epoch from seed and
+  /// epoch; subword_alpha 0: off, every epoch the best segmentation.
+  double subword_alpha = 0;
+  int64_t subword_nbest = -1;
 };
 
 /// How the messages of a run name the settings its user can change. The defaults name TrainingOptions'
@@ -125,7 +132,8 @@ struct TrainingOptions {
 models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options);
 
 /// Encodes a corpus with the translator's codecs: the tokenized sentences for word codecs, the raw text
-/// for subword codecs (truncated to max_length ids, counted in `truncated` when given).
+/// for subword codecs (truncated to max_length ids, counted in `truncated` when given; the raw text
+/// kept in source_text and target_text).
 ParallelData encode_corpus(const models::Translator& translator, const text::Corpus& corpus, int64_t max_length,
                            int64_t* truncated = nullptr);
 
