@@ -128,9 +128,9 @@ std::vector<Batch> split_for_workers(std::vector<Batch> batches, int64_t workers
     first.resize(first.size() - second.size());
     batches.insert(batches.begin() + static_cast<std::ptrdiff_t>(b) + 1, std::move(second));
   };
-  auto larger = [](const Batch& a, const Batch& b) { return a.size() < b.size(); };
+  auto by_size = [](const Batch& a, const Batch& b) { return a.size() < b.size(); };
   while (batches.size() < 2 * static_cast<size_t>(workers)) {
-    const auto largest = std::max_element(batches.begin(), batches.end(), larger);
+    const auto largest = std::max_element(batches.begin(), batches.end(), by_size);
     if (largest == batches.end() || largest->size() < 2) break;
     halve(static_cast<size_t>(largest - batches.begin()));
   }
