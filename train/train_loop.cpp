@@ -307,14 +307,14 @@ ParallelData sampled_pairs(const models::Translator& translator, const ParallelD
   MF_CHECK(source != nullptr && target != nullptr,
            "subword sampling needs subword vocabularies (SentencePiece) on both sides; this model has {} and {}",
            translator.source().describe(), translator.target().describe());
-  MF_CHECK(data.source_text.size() == data.sources.size() && data.target_text.size() == data.targets.size(),
-           "subword sampling needs the training pairs' raw text (ParallelData::source_text and target_text, as "
-           "encode_corpus keeps it): {} and {} lines for {} pairs", data.source_text.size(), data.target_text.size(),
+  MF_CHECK(data.source_text.size() == data.sources.size() && data.references.size() == data.targets.size(),
+           "subword sampling needs the training pairs' lines (ParallelData::source_text and references, as "
+           "encode_corpus keeps them): {} and {} lines for {} pairs", data.source_text.size(), data.references.size(),
            data.sources.size());
   const text::SubwordSampling sampling{.alpha = settings.subword_alpha, .nbest_size = settings.subword_nbest};
   ParallelData out;
   out.sources = source->sample_encode(data.source_text, sampling, subword_sampling_seed(settings.seed, epoch, 0));
-  out.targets = target->sample_encode(data.target_text, sampling, subword_sampling_seed(settings.seed, epoch, 1));
+  out.targets = target->sample_encode(data.references, sampling, subword_sampling_seed(settings.seed, epoch, 1));
   for (std::vector<int64_t>& ids : out.sources) truncate(ids, max_length, nullptr);
   for (std::vector<int64_t>& ids : out.targets) truncate(ids, max_length, nullptr);
   return out;
@@ -341,10 +341,7 @@ ParallelData encode_corpus(const models::Translator& translator, const text::Cor
     }
   }
   data.references = corpus.target_text;
-  if (!words) {
-    data.source_text = corpus.source_text;
-    data.target_text = corpus.target_text;
-  }
+  if (!words) data.source_text = corpus.source_text;
   return data;
 }
 

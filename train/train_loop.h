@@ -23,14 +23,14 @@
 
 namespace mf::train {
 
-/// Encoded sentence pairs (ids without specials) and the reference lines, as read, that validation
-/// scores the translations against (sacreBLEU and chrF).
+/// Encoded sentence pairs (ids without specials) and the target lines, as read: the references that
+/// validation scores the translations against (sacreBLEU and chrF).
 struct ParallelData {
   std::vector<std::vector<int64_t>> sources, targets;
   std::vector<std::string> references;
-  /// The raw lines subword codecs encoded `sources` and `targets` from (empty for word codecs): subword
-  /// sampling encodes them again each epoch.
-  std::vector<std::string> source_text, target_text;
+  /// The source lines subword codecs encoded `sources` from (empty for word codecs): subword sampling
+  /// encodes them, and `references`, again each epoch.
+  std::vector<std::string> source_text;
 };
 
 /// The settings that shape the optimisation; a resumed run must use the same ones (the checkpoint
@@ -132,8 +132,8 @@ struct TrainingOptions {
 models::Translator build_translator(const text::Corpus& train, const TrainingOptions& options);
 
 /// Encodes a corpus with the translator's codecs: the tokenized sentences for word codecs, the raw text
-/// for subword codecs (truncated to max_length ids, counted in `truncated` when given; the raw text
-/// kept in source_text and target_text).
+/// for subword codecs (truncated to max_length ids, counted in `truncated` when given; the source lines
+/// kept in source_text).
 ParallelData encode_corpus(const models::Translator& translator, const text::Corpus& corpus, int64_t max_length,
                            int64_t* truncated = nullptr);
 
