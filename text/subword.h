@@ -41,8 +41,8 @@ struct SubwordOptions {
 /// OpenNMT's subword sampling).
 struct SubwordSampling {
   /// Unigram models: segmentations are drawn with probability proportional to P(segmentation)^alpha,
-  /// so smaller values draw more varied ones (on Multi30k's German side, 8,000 pieces: 0.5 gives 3%
-  /// more pieces than the best segmentation, 0.2 31%, 0.1 twice as many). BPE models: the probability
+  /// so smaller values draw more varied ones (an 8,000-piece model of Multi30k's German side: 0.5 gives
+  /// 3% more pieces than the best segmentation, 0.2 31%, 0.1 twice as many). BPE models: the probability
   /// that a merge is skipped, below 1. Positive.
   double alpha = 0.5;
   /// Unigram models: draw among the nbest_size best segmentations; -1: among all of them (the whole
