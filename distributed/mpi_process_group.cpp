@@ -445,10 +445,10 @@ class MpiProcessGroup : public MpiProcessGroupBase {
 /// Open MPI's non-blocking all-reduce (libnbc) reduces an in-place buffer, or one over fewer than four
 /// ranks, up a binomial tree: one rank receives and sums every whole buffer, then sends the sum back
 /// down. Rabenseifner's reduce-scatter then all-gather splits the sums among the ranks and moves half
-/// the bytes: over 2 ranks, 2-3x the bandwidth for 16 and 64 MiB, 1.2-4x for 4 MiB (BENCHMARKS.md). Chosen through
-/// MPI's tool interface, unless the job chose an algorithm itself (mpirun --mca or OMPI_MCA_ variables);
-/// other MPI libraries have no such variable and keep their own choice. Every rank runs this alike, so
-/// all take the same algorithm.
+/// the bytes: over 2 ranks, 2.4-3.2x the bandwidth for 16 and 64 MiB, 1.2-4x for 4 MiB
+/// (BENCHMARKS.md). Chosen through MPI's tool interface, unless the job chose an algorithm itself
+/// (mpirun --mca or OMPI_MCA_ variables); other MPI libraries have no such variable and keep their own
+/// choice. Every rank runs this alike, so all take the same algorithm.
 void prefer_reduce_scatter_allgather() {
   int tool_level = 0;
   if (MPI_T_init_thread(MPI_THREAD_SINGLE, &tool_level) != MPI_SUCCESS) return;
