@@ -48,6 +48,7 @@
 #include "text/bleu.h"
 #include "text/codec.h"
 #include "text/corpus.h"
+#include "text/lexicon.h"
 #include "text/sacrebleu.h"
 #include "text/special_tokens.h"
 #include "text/subword.h"

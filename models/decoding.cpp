@@ -60,9 +60,10 @@ void check_ensemble(const char* op, const Ensemble& models) {
   }
 }
 
-EnsembleDecoder::EnsembleDecoder(const Ensemble& models, const Tensor& src) {
+EnsembleDecoder::EnsembleDecoder(const Ensemble& models, const Tensor& src, const std::vector<int64_t>& output_ids) {
   check_ensemble("EnsembleDecoder", models);
-  for (Transformer* model : models) members_.push_back(std::make_unique<TransformerDecoder>(*model, src));
+  for (Transformer* model : models)
+    members_.push_back(std::make_unique<TransformerDecoder>(*model, src, output_ids));
 }
 
 Tensor EnsembleDecoder::step(const Tensor& tokens) {
@@ -108,6 +109,31 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(Transformer& mod
                                                                 const DecodingOptions& options) {
   return decode_sources(Ensemble{&model}, sources, options);
 }
+
+namespace {
+
+/// The target ids decoding `batch` of `sources` scores under options.shortlist (DecodingOptions), or
+/// none (the whole vocabulary) without one.
+std::vector<int64_t> shortlisted_ids(const DecodingOptions& options, const TransformerConfig& config,
+                                     const std::vector<std::vector<int64_t>>& sources, const text::Batch& batch) {
+  if (!options.shortlist) return {};
+  std::vector<std::vector<int64_t>> batch_sources;
+  for (int64_t i : batch) batch_sources.push_back(sources[static_cast<size_t>(i)]);
+  const int64_t first = std::min(options.shortlist_first, config.tgt_vocab);
+  std::vector<int64_t> ids =
+      options.shortlist->shortlist(batch_sources, first, options.shortlist_best, config.shared_embeddings);
+  ids.push_back(text::kEosId);
+  if (!options.target_prefixes.empty())
+    for (int64_t i : batch) {
+      const std::vector<int64_t>& prefix = options.target_prefixes[static_cast<size_t>(i)];
+      ids.insert(ids.end(), prefix.begin(), prefix.end());
+    }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+}  // namespace
 
 std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& models,
                                                                 const std::vector<std::vector<int64_t>>& sources,
@@ -169,11 +195,12 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
       }
       budgets.push_back(budget);
     }
+    const std::vector<int64_t> output_ids = shortlisted_ids(options, model.config(), sources, batch);
     std::unique_ptr<generation::IncrementalDecoder> decoder;
     if (models.size() == 1)
-      decoder = std::make_unique<TransformerDecoder>(model, src);
+      decoder = std::make_unique<TransformerDecoder>(model, src, output_ids);
     else
-      decoder = std::make_unique<EnsembleDecoder>(models, src);
+      decoder = std::make_unique<EnsembleDecoder>(models, src, output_ids);
     std::vector<std::vector<generation::Hypothesis>> decoded;
     if (options.beam_size == 1 && options.nbest == 1) {
       Generator batch_stream(stream.seed());

@@ -6,6 +6,7 @@
 
 #include "models/generation.h"
 #include "models/transformer.h"
+#include "text/lexicon.h"
 
 #include <cstdint>
 #include <memory>
@@ -71,6 +72,14 @@ struct DecodingOptions {
   /// sentence's budget (output_budget) grows to its prefix plus one token where the prefix is longer,
   /// within the model's max_len - 1 and max_new_tokens.
   std::vector<std::vector<int64_t>> target_prefixes;
+  /// A lexical shortlist (Marian's --shortlist, CTranslate2's vocabulary map), or null for the whole
+  /// vocabulary: each batch scores only the target ids text::Lexicon::shortlist gives its sources
+  /// (shortlist_first, shortlist_best, and the sources' own ids where the model shares one embedding
+  /// between the sides), <eos> and its target prefixes' ids; every other id gets probability 0. Faster
+  /// (the output projection shrinks to those ids), and approximate: measure it on your data.
+  const text::Lexicon* shortlist = nullptr;
+  int64_t shortlist_first = 100;
+  int64_t shortlist_best = 100;
 };
 
 /// Most tokens decoding generates for a source of `source_length` ids (<eos> included): 1.5 times that
@@ -105,8 +114,9 @@ int64_t shortest_max_len(const Ensemble& models);
 /// BENCHMARKS.md).
 class EnsembleDecoder : public generation::IncrementalDecoder {
  public:
-  /// Starts one row per source sentence (src [B, S] int64) in every member (check_ensemble).
-  EnsembleDecoder(const Ensemble& models, const Tensor& src);
+  /// Starts one row per source sentence (src [B, S] int64) in every member (check_ensemble), each
+  /// scoring `output_ids` only where given (TransformerDecoder's).
+  EnsembleDecoder(const Ensemble& models, const Tensor& src, const std::vector<int64_t>& output_ids = {});
   /// tokens [N] -> (p_1 + ... + p_M) / M for the next token [N, V], p_m member m's probabilities.
   Tensor step(const Tensor& tokens) override;
   Scores scores() const override { return Scores::Probabilities; }

@@ -323,7 +323,8 @@ GreedyResult greedy_decode(IncrementalDecoder& decoder, int64_t batch_size, cons
       int64_t s = sentence_of_row[row];
       const bool is_forced = forced[row] >= 0;
       const int64_t token = is_forced ? forced[row] : top.ids[row];
-      MF_CHECK(token >= 0, "{}: sentence {} has no token left to take: the model gives every token it may take "
+      const bool possible = token >= 0 && (is_forced || top.values[row] > -std::numeric_limits<double>::infinity());
+      MF_CHECK(possible, "{}: sentence {} has no token left to take: the model gives every token it may take "
                "probability 0", op, s);
       generated[s].push_back(token);
       log_probs[s] += is_forced ? top.forced[row] : top.values[row];
@@ -412,9 +413,14 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
       for (size_t i = begin; i < end; ++i)
         for (int64_t j = 0; j < top.k; ++j) {
           size_t at = static_cast<size_t>(live_rows[i] * top.k + j);
-          if (top.ids[at] < 0) continue;  // a banned token, where the row had fewer than k left
+          // A banned token, where the row had fewer than k left, or one the model gives probability 0 (a
+          // shortlist leaves most of the vocabulary out): no hypothesis.
+          if (top.ids[at] < 0 || top.values[at] == -std::numeric_limits<double>::infinity()) continue;
           candidates.push_back({live[i].log_prob + top.values[at], static_cast<int64_t>(i), top.ids[at]});
         }
+      MF_CHECK(!candidates.empty() || !finished[s].empty(),
+               "{}: sentence {} has no token left to take: the model gives every token it may take probability 0",
+               op, s);
       // Stable: equal sums keep the earlier hypothesis, then the lower token id (topk's order).
       std::stable_sort(candidates.begin(), candidates.end(),
                        [](const Candidate& a, const Candidate& b) { return a.log_prob > b.log_prob; });

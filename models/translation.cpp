@@ -168,6 +168,13 @@ std::vector<std::string> Translator::translate_greedy(const std::vector<std::str
   return out;
 }
 
+text::Lexicon Translator::train_lexicon(const text::Corpus& corpus, const text::LexiconOptions& options) const {
+  std::vector<std::vector<int64_t>> sources, targets;
+  for (const std::string& line : corpus.source_text) sources.push_back(source_.encode(line));
+  for (const std::string& line : corpus.target_text) targets.push_back(target_.encode(line));
+  return text::Lexicon::train(sources, targets, options);
+}
+
 void Translator::save(const std::filesystem::path& path, const optim::TrainingState& training,
                       const SafetensorsMetadata& extra) const {
   SafetensorsMetadata metadata = extra;

@@ -12,6 +12,8 @@
 #include "models/transformer.h"
 #include "optim/training_state.h"
 #include "text/codec.h"
+#include "text/corpus.h"
+#include "text/lexicon.h"
 
 #include <filesystem>
 #include <memory>
@@ -87,6 +89,9 @@ class Translator {
   std::vector<WordAlignment> align(const std::vector<std::string>& sources,
                                    const std::vector<std::vector<int64_t>>& targets, int64_t layer = -1,
                                    const ScoringOptions& batching = {});
+  /// The lexical translation table (text::Lexicon::train, IBM Model 1) of `corpus`'s lines as the
+  /// codecs encode them: what DecodingOptions::shortlist takes.
+  text::Lexicon train_lexicon(const text::Corpus& corpus, const text::LexiconOptions& options = {}) const;
   /// Greedy translations of `sentences`, one each (translate with beam_size 1).
   std::vector<std::string> translate_greedy(const std::vector<std::string>& sentences, int64_t max_new_tokens);
 

@@ -283,6 +283,21 @@ void select_slices(Tensor& out, const Tensor& x, int64_t dim, const Tensor& inde
   char* dst = static_cast<char*>(out.raw_data());
   const char* src = static_cast<const char*>(x.raw_data());
   const int64_t outer = shape_numel(std::span(x.shape()).first(static_cast<size_t>(dim)));
+  if (!in_place && slice_shape.empty()) {  // single elements (dim is the last): one gather per outer row
+    const int64_t out_step = out.strides()[dim], x_step = x.strides()[dim];
+    visit_any_dtype(x.dtype(), [&]<typename T>() {
+      parallel_for(0, outer, std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(count, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t o = begin; o < end; ++o) {
+                       T* row = reinterpret_cast<T*>(dst + start(out, o, 0));
+                       const T* from = reinterpret_cast<const T*>(src + start(x, o, 0));
+                       for (int64_t i = 0; i < count; ++i)
+                         row[i * out_step] = from[picks[static_cast<size_t>(i)] * x_step];
+                     }
+                   });
+    });
+    return;
+  }
   if (!in_place) {
     const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain * 4 / std::max<int64_t>(slice_bytes, 1));
     parallel_for(0, outer * count, grain, [&](int64_t begin, int64_t end) {

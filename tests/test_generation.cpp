@@ -918,3 +918,28 @@ TEST_CASE("output rules that leave no token, and negative ones, raise mf::Error"
                        "beam_search: preceding_tokens holds 1 lists for 2 sentences", Error);
   CHECK(untouched.rows_per_step.empty());
 }
+
+TEST_CASE("tokens the model gives probability 0 are never taken: beam search drops them, greedy search says so") {
+  // V = 5: after BOS, token 3 has 0.7, EOS 0.3 and token 4 nothing (a shortlist leaving it out); after
+  // 3, EOS alone. Beam 3 finds two hypotheses, not a third holding the impossible token 4 or padding.
+  const Model model = table_model({{{}, {0, 0, 0.3, 0.7, 0}}, {{3}, {0, 0, 1, 0, 0}}}, {0, 0, 1, 0, 0});
+  for (IncrementalDecoder::Scores kind : {IncrementalDecoder::Scores::LogProbs, IncrementalDecoder::Scores::Logits}) {
+    FakeDecoder decoder(model, iota(1));
+    decoder.gives = kind;
+    const auto found = beam_search(decoder, 1, {.beam_size = 3, .length_penalty = 0, .nbest = 3});
+    REQUIRE(found[0].size() == 2);
+    CHECK(found[0][0].tokens == std::vector<int64_t>{3, kEos});
+    CHECK(found[0][0].log_prob == doctest::Approx(std::log(0.7)).epsilon(1e-6));
+    CHECK(found[0][1].tokens == std::vector<int64_t>{kEos});
+  }
+  // EOS banned for one token, and every other token impossible: nothing may be taken.
+  const Model only_eos = table_model({}, {0, 0, 1, 0, 0});
+  FakeDecoder greedy_decoder(only_eos, iota(1));
+  CHECK_THROWS_WITH_AS(greedy_decode(greedy_decoder, 1, {.min_new_tokens = 1}),
+                       "greedy_decode: sentence 0 has no token left to take: the model gives every token it may take "
+                       "probability 0", Error);
+  FakeDecoder beam_decoder(only_eos, iota(1));
+  CHECK_THROWS_WITH_AS(beam_search(beam_decoder, 1, {.beam_size = 2, .min_new_tokens = 1}),
+                       "beam_search: sentence 0 has no token left to take: the model gives every token it may take "
+                       "probability 0", Error);
+}

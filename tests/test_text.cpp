@@ -327,3 +327,144 @@ TEST_CASE("corpus names a missing or unreadable file") {
       mf::text::read_parallel_corpus(dir.path, source),
       fmt::format("read_parallel_corpus: source file '{}' is a directory", dir.path.string()).c_str(), mf::Error);
 }
+
+namespace {
+
+// Koehn, "Statistical Machine Translation" (2010), section 4.2: "das Haus" / "the house", "das Buch" /
+// "the book", "ein Buch" / "a book", as ids: das 0, Haus 1, Buch 2, ein 3; the 0, house 1, book 2, a 3.
+const std::vector<std::vector<int64_t>> kKoehnSources{{0, 1}, {0, 2}, {3, 2}};
+const std::vector<std::vector<int64_t>> kKoehnTargets{{0, 1}, {0, 2}, {3, 2}};
+
+double probability(const mf::text::Lexicon& lexicon, int64_t source, int64_t target) {
+  for (const mf::text::LexicalEntry& entry : lexicon.translations(source))
+    if (entry.target == target) return entry.probability;
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("IBM Model 1 gives Koehn's worked example its probabilities, pass by pass") {
+  const mf::text::LexiconOptions plain{.iterations = 1, .null_word = false, .min_probability = 1e-9};
+  // Pass 1 from uniform t: each target unit is shared equally between its pair's two source units, so
+  // t(the | das) = (1/2 + 1/2) / (1/2 * 4) = 0.5, t(house | das) = t(book | das) = 0.25, and so on.
+  const mf::text::Lexicon one = mf::text::Lexicon::train(kKoehnSources, kKoehnTargets, plain);
+  CHECK(probability(one, 0, 0) == doctest::Approx(0.5));
+  CHECK(probability(one, 0, 1) == doctest::Approx(0.25));
+  CHECK(probability(one, 0, 2) == doctest::Approx(0.25));
+  CHECK(probability(one, 2, 2) == doctest::Approx(0.5));
+  CHECK(probability(one, 1, 1) == doctest::Approx(0.5));
+  CHECK(probability(one, 3, 3) == doctest::Approx(0.5));
+  CHECK(probability(one, 0, 3) == 0);  // "das" never meets "a"
+  // Pass 2, worked by hand (the book's table has the same figures to four places): das collects the 1/2 +
+  // 2/3, house 1/3 and book 1/3 -> t(the | das) = 7/11 = 0.6364; haus collects the 1/2, house 2/3 ->
+  // t(house | haus) = 4/7 = 0.5714; buch collects book 2/3 + 1/2 of 11/6 -> 7/11.
+  mf::text::LexiconOptions two = plain;
+  two.iterations = 2;
+  const mf::text::Lexicon second = mf::text::Lexicon::train(kKoehnSources, kKoehnTargets, two);
+  CHECK(probability(second, 0, 0) == doctest::Approx(7.0 / 11));
+  CHECK(probability(second, 0, 1) == doctest::Approx(2.0 / 11));
+  CHECK(probability(second, 1, 1) == doctest::Approx(4.0 / 7));
+  CHECK(probability(second, 1, 0) == doctest::Approx(3.0 / 7));
+  CHECK(probability(second, 2, 2) == doctest::Approx(7.0 / 11));
+  CHECK(probability(second, 3, 3) == doctest::Approx(4.0 / 7));
+  // Many passes: each German word's own translation takes almost all of its mass, first in its list.
+  mf::text::LexiconOptions many = plain;
+  many.iterations = 50;
+  const mf::text::Lexicon converged = mf::text::Lexicon::train(kKoehnSources, kKoehnTargets, many);
+  for (int64_t word = 0; word < 4; ++word) {
+    CHECK(converged.translations(word).front().target == word);
+    CHECK(converged.translations(word).front().probability > 0.9);
+  }
+  double total = 0;  // t(. | das) is a distribution over the targets
+  for (const mf::text::LexicalEntry& entry : converged.translations(0)) total += entry.probability;
+  CHECK(total == doctest::Approx(1.0));
+}
+
+TEST_CASE("IBM Model 1's NULL word takes the unit every pair holds") {
+  // "." ends every target sentence (id 9) and no source unit holds it more than another: with the NULL
+  // word it goes there, and each source word's best translation is its own word.
+  const std::vector<std::vector<int64_t>> sources{{0, 1}, {0, 2}, {3, 2}, {1}};
+  const std::vector<std::vector<int64_t>> targets{{0, 1, 9}, {0, 2, 9}, {3, 2, 9}, {1, 9}};
+  const mf::text::Lexicon with_null = mf::text::Lexicon::train(sources, targets, {.iterations = 20});
+  const mf::text::Lexicon without = mf::text::Lexicon::train(sources, targets, {.iterations = 20, .null_word = false});
+  for (int64_t word : {0, 2, 3}) CHECK(with_null.translations(word).front().target == word);
+  CHECK(probability(with_null, 0, 9) < probability(without, 0, 9));
+}
+
+TEST_CASE("a lexicon keeps each source unit's most probable translations, and its shortlists follow Marian") {
+  const std::vector<std::vector<int64_t>> sources{{4, 5}, {4, 6}, {7, 6}};
+  const std::vector<std::vector<int64_t>> targets{{10, 11}, {10, 12}, {13, 12}};
+  const mf::text::Lexicon all = mf::text::Lexicon::train(sources, targets, {.iterations = 3, .null_word = false});
+  const mf::text::Lexicon one = mf::text::Lexicon::train(sources, targets, {.iterations = 3, .null_word = false,
+                                                                            .keep = 1});
+  CHECK(all.translations(4).size() == 3);  // 10, 11, 12
+  REQUIRE(one.translations(4).size() == 1);
+  CHECK(one.translations(4).front() == all.translations(4).front());
+  for (size_t k = 1; k < all.translations(4).size(); ++k)
+    CHECK(all.translations(4)[k - 1].probability >= all.translations(4)[k].probability);
+  CHECK(all.translations(0).empty());   // never in a source sentence
+  CHECK(all.translations(99).empty());  // beyond every id seen
+  CHECK(all.sources() == 4);
+  const mf::text::Lexicon likely = mf::text::Lexicon::train(sources, targets, {.iterations = 3, .null_word = false,
+                                                                               .min_probability = 0.3});
+  for (const mf::text::LexicalEntry& entry : likely.translations(4)) CHECK(entry.probability >= 0.3);
+
+  // The first 3 ids, then unit 7's best translation (13); with a shared vocabulary unit 7 itself too.
+  const std::vector<std::vector<int64_t>> batch{{7}};
+  CHECK(all.shortlist(batch, 3, 1, false) == std::vector<int64_t>{0, 1, 2, 13});
+  CHECK(all.shortlist(batch, 3, 1, true) == std::vector<int64_t>{0, 1, 2, 7, 13});
+  const std::vector<int64_t> both = all.shortlist(std::vector<std::vector<int64_t>>{{7}, {4, 7}}, 0, 2, false);
+  // 7: 13, then 12; 4: 10, then 11 (12 third: 6 explains most of pair 2's 12); 12 listed once.
+  CHECK(both == std::vector<int64_t>{10, 11, 12, 13});
+  CHECK(all.shortlist(batch, 0, 0, false).empty());
+  CHECK_THROWS_WITH_AS(all.shortlist(batch, -1, 1, false), doctest::Contains("first and best must be at least 0"),
+                       mf::Error);
+}
+
+TEST_CASE("a lexicon refuses bad training input") {
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}, {2}}),
+                       doctest::Contains("1 source sentences but 2 target sentences"), mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{-2}}), doctest::Contains("pair 1 holds the negative id -2"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {.iterations = 0}),
+                       doctest::Contains("iterations must be at least 1"), mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {.keep = 0}), doctest::Contains("keep must be"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {.min_probability = 0}),
+                       doctest::Contains("min_probability must be in (0, 1]"), mf::Error);
+  // Pairs with an empty side teach nothing.
+  CHECK(mf::text::Lexicon::train({{}, {5}}, {{6}, {}}).sources() == 0);
+}
+
+TEST_CASE("a lexicon round-trips through Marian's lex.s2t text, and names what is wrong in a file") {
+  TempDir dir;
+  const mf::text::TextCodec german(mf::text::Vocab::build({{"das", 2}, {"haus", 1}, {"buch", 2}, {"ein", 1}}), {});
+  const mf::text::TextCodec english(mf::text::Vocab::build({{"the", 2}, {"house", 1}, {"book", 2}, {"a", 1}}), {});
+  std::vector<std::vector<int64_t>> sources, targets;
+  for (const char* line : {"das haus", "das buch", "ein buch"}) sources.push_back(german.encode(line));
+  for (const char* line : {"the house", "the book", "a book"}) targets.push_back(english.encode(line));
+  const mf::text::Lexicon lexicon = mf::text::Lexicon::train(sources, targets, {.iterations = 4});
+  const fs::path path = dir.path / "lex.s2t";
+  lexicon.save(path, german, english);
+  std::ifstream file(path);
+  std::string first_line;
+  std::getline(file, first_line);
+  CHECK(first_line.rfind("book buch ", 0) == 0);  // "target source probability"; buch (id 4) first
+  CHECK(mf::text::Lexicon::load(path, german, english) == lexicon);
+
+  auto load = [&](const std::string& text) {
+    return mf::text::Lexicon::load(dir.write("bad.s2t", text), german, english);
+  };
+  CHECK_THROWS_WITH_AS(load("the das\n"), doctest::Contains("line 1: expected \"target source probability\""),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(load("the das 0.5\nthe das 0.5 extra\n"), doctest::Contains("line 2: expected"), mf::Error);
+  CHECK_THROWS_WITH_AS(load("the das 1.5\n"), doctest::Contains("line 1: the probability '1.5' is not a number in"),
+                       mf::Error);
+  CHECK_THROWS_WITH_AS(load("the das x\n"), doctest::Contains("the probability 'x'"), mf::Error);
+  CHECK_THROWS_WITH_AS(load("the katze 0.5\n"),
+                       doctest::Contains("line 1: the source unit 'katze' is not in the model's words"), mf::Error);
+  CHECK_THROWS_WITH_AS(load("cat das 0.5\n"), doctest::Contains("the target unit 'cat' is not in"), mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::load(dir.path / "missing.s2t", german, english),
+                       doctest::Contains("does not exist"), mf::Error);
+  CHECK(load("").sources() == 0);
+}

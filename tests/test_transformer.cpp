@@ -888,3 +888,77 @@ TEST_CASE("beam width 1 is greedy; beams come back best first") {
   // The memorised targets win the beam too: tokens = tgt_out up to EOS.
   CHECK(nbest[1][0].tokens == std::vector<int64_t>{9, 5, 12, 2});
 }
+
+TEST_CASE("the output projection over a shortlist's rows gives those ids' logits bit for bit, -inf elsewhere") {
+  // Tied (no bias), untied (with bias), float32 and int8: each logit is one row of the weight times the
+  // state in either product, so the subset's columns must equal the whole's exactly.
+  for (bool tied : {true, false})
+    for (bool int8 : {false, true}) {
+      CAPTURE(tied);
+      CAPTURE(int8);
+      models::TransformerConfig config = reference_config();
+      config.tie_output = tied;
+      manual_seed(11);
+      models::Transformer model(config);
+      model.eval();
+      if (int8) nn::quantize_int8(model);
+      NoGradGuard no_grad;
+      const Tensor states = randn({2, 3, 16});
+      const std::vector<int64_t> ids{2, 4, 5, 9, 12};
+      const Tensor whole = model.project_output(states);                             // [2, 3, 13]
+      const Tensor part = model.project_output(states, model.output_rows(ids));      // [2, 3, 13]
+      REQUIRE(part.shape() == whole.shape());
+      for (int64_t v = 0; v < 13; ++v) {
+        CAPTURE(v);
+        const bool listed = std::find(ids.begin(), ids.end(), v) != ids.end();
+        for (int64_t b = 0; b < 2; ++b)
+          for (int64_t t = 0; t < 3; ++t)
+            CHECK(part.at<float>({b, t, v}) == (listed ? whole.at<float>({b, t, v}) : -INFINITY));
+      }
+    }
+  models::Transformer model(reference_config());
+  CHECK_THROWS_WITH_AS(model.output_rows({4, 3}), doctest::Contains("id 3 at 1 does not"), Error);
+  CHECK_THROWS_WITH_AS(model.output_rows({4, 4}), doctest::Contains("id 4 at 1 does not"), Error);
+  CHECK_THROWS_WITH_AS(model.output_rows({13}), doctest::Contains("[0, 13); id 13 at 0 does not"), Error);
+  CHECK_THROWS_WITH_AS(model.output_rows({-1}), doctest::Contains("id -1 at 0"), Error);
+}
+
+TEST_CASE("decode_sources with a shortlist: every id listed decodes as the whole vocabulary; fewer, only those") {
+  auto model = trained_reference_model();
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9}, {12, 3}, {6, 8, 11}, {}, {4}};
+  // A lexicon from a made-up corpus: unit 5 translates to 6, 7 to 8, 12 to 10, and nothing else is seen.
+  const text::Lexicon lexicon = text::Lexicon::train({{5}, {7}, {12}}, {{6}, {8}, {10}}, {.null_word = false});
+  for (int64_t beam : {1, 3}) {
+    CAPTURE(beam);
+    const models::DecodingOptions whole{.beam_size = beam, .max_new_tokens = 8, .nbest = beam};
+    models::DecodingOptions every = whole;
+    every.shortlist = &lexicon;
+    every.shortlist_first = 100;  // the default, past the 13 ids: all of them
+    const auto expected = models::decode_sources(*model, sources, whole);
+    const auto listed = models::decode_sources(*model, sources, every);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(listed[i].size() == expected[i].size());
+      for (size_t h = 0; h < expected[i].size(); ++h) {
+        CHECK(listed[i][h].tokens == expected[i][h].tokens);
+        CHECK(listed[i][h].score == doctest::Approx(expected[i][h].score).epsilon(1e-12));
+      }
+    }
+    // first 0 and best 1: a batch may produce its sources' translations (6, 8, 10), its own source ids
+    // (one embedding for both sides) and <eos>, nothing else; batches of one sentence keep each to its own.
+    models::DecodingOptions few = every;
+    few.shortlist_first = 0;
+    few.shortlist_best = 1;
+    few.batch_tokens = 1;
+    const auto restricted = models::decode_sources(*model, sources, few);
+    const std::vector<std::vector<int64_t>> allowed = {
+        {2, 3, 5, 6, 7, 8, 9}, {2, 3, 10, 12}, {2, 6, 8, 11}, {2}, {2, 4}};
+    for (size_t i = 0; i < sources.size(); ++i) {
+      CAPTURE(i);
+      for (const generation::Hypothesis& hypothesis : restricted[i])
+        for (int64_t token : hypothesis.tokens)
+          CHECK(std::find(allowed[i].begin(), allowed[i].end(), token) != allowed[i].end());
+    }
+    CHECK(restricted[3].front().tokens == std::vector<int64_t>{text::kEosId});  // <eos> is all the empty one may say
+  }
+}

@@ -2,13 +2,15 @@
 # tools/translate end to end: a toy model memorises eight pairs (tests/make_toy_checkpoint.cpp), then
 # its translations (greedy, beam, n-best), BLEU and chrF, the attention heatmap, stdin/--input/--output and
 # every bad-input case are checked against the documented output and exit statuses.
-# tools/average_checkpoints and tools/quantize_checkpoint are checked here too, on the same toy checkpoint.
-# Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT AVERAGE_CHECKPOINTS QUANTIZE_CHECKPOINT
+# tools/average_checkpoints, tools/quantize_checkpoint and tools/build_lexicon are checked here too, on the
+# same toy checkpoint.
+# Usage: tools_translate.sh TRANSLATE MAKE_TOY_CHECKPOINT AVERAGE_CHECKPOINTS QUANTIZE_CHECKPOINT BUILD_LEXICON
 set -u
 translate="$1"
 maker="$2"
 average="$3"
 quantize="$4"
+build_lexicon="$5"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 passed=0
@@ -514,6 +516,35 @@ expect "--output in a missing directory" 1 "$dir/no/such/dir/out.txt" \
 
 # average_checkpoints: three copies average back to the same weights (x + x + x = 3x exactly), so to
 # the same translations; its bad usage and bad checkpoints.
+# ---- shortlists --------------------------------------------------------------------------------
+# The lexicon of the eight memorised pairs: each source word's translations are the words of the pairs
+# it occurs in, so a shortlist of the specials (--shortlist-first 4) and ten translations per word
+# still holds every reference word of a line, and each line translates as before.
+expect "build_lexicon learns the toy pairs' lexicon" 0 "" \
+  "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex.s2t"
+grep -qF "8 pairs, " "$dir/stdout" && pass "... says what it read" || { fail "build_lexicon's summary"; cat "$dir/stdout"; }
+grep -qE '^beer bier [0-9.e-]+$' "$dir/lex.s2t" && pass "... as \"target source probability\" lines" ||
+  { fail "no 'beer bier' line in the lexicon"; head "$dir/lex.s2t"; }
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --shortlist "$dir/lex.s2t" --shortlist-first 4 \
+  --shortlist-best 10 >"$dir/shortlist.txt"
+same_file "--shortlist translates the memorised pairs alike" "$dir/ref.txt" "$dir/shortlist.txt"
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --beam 4 --shortlist "$dir/lex.s2t" >"$dir/shortlist_beam.txt"
+same_file "... with beam 4 too" "$dir/ref.txt" "$dir/shortlist_beam.txt"
+expect "--shortlist-best without --shortlist" 2 "--shortlist-first and --shortlist-best need --shortlist" \
+  "$translate" --checkpoint "$ckpt" --shortlist-best 5
+expect "--shortlist with --score" 2 "--shortlist does not apply" \
+  "$translate" --checkpoint "$ckpt" --shortlist "$dir/lex.s2t" --score "$dir/ref.txt"
+expect "--shortlist of a missing file" 1 "$dir/none.s2t" "$translate" --checkpoint "$ckpt" --shortlist "$dir/none.s2t"
+printf 'beer katze 0.5\n' >"$dir/alien.s2t"
+expect "--shortlist of another model's lexicon" 1 "line 1: the source unit 'katze' is not in the model's" \
+  "$translate" --checkpoint "$ckpt" --shortlist "$dir/alien.s2t"
+expect "build_lexicon without --output" 2 "--output is required" \
+  "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt"
+head -3 "$dir/ref.txt" >"$dir/ref3.txt"
+expect "build_lexicon of files of different lengths" 1 "ref3.txt" \
+  "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref3.txt" --output "$dir/lex2.s2t"
+[ ! -e "$dir/lex2.s2t" ] && pass "... and writes nothing" || fail "a failed build_lexicon wrote its output"
+
 expect "average_checkpoints of three copies" 0 "" "$average" --output "$dir/avg.safetensors" "$ckpt" "$ckpt" "$ckpt"
 grep -qF "averaged 3 checkpoints of" "$dir/stdout" && pass "... says what it wrote" || fail "no summary line"
 "$translate" --checkpoint "$dir/avg.safetensors" --input "$dir/src.txt" >"$dir/avg.txt"

@@ -35,7 +35,7 @@ readonly kPayload=payload.tar.gz
 # tools_translate.sh needs.
 readonly kTests="test_cuda test_ops_registry test_cuda_training test_distributed test_tensor test_ops test_properties
   test_nn test_transformer test_optim"
-readonly kTools="train_transformer translate average_checkpoints quantize_checkpoint bench_transformer"
+readonly kTools="train_transformer translate average_checkpoints quantize_checkpoint build_lexicon bench_transformer"
 # Libraries the GPU machine provides itself: its driver and CUDA toolkit, and the kernel's vDSO.
 readonly kHostLibraries='^(linux-vdso|libcuda\.|libcudart\.|libcublas|libcublasLt|libnccl|libnvidia)'
 readonly kGlibc='^(ld-linux-x86-64\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libmvec\.so)'
@@ -208,7 +208,8 @@ part_suites() {
     bin/$suite || failed+=" $suite"
   done
   bash scripts/tools_train.sh bin/train_transformer bin/translate || failed+=" tools_train"
-  bash scripts/tools_translate.sh bin/translate bin/make_toy_checkpoint bin/average_checkpoints bin/quantize_checkpoint ||
+  bash scripts/tools_translate.sh bin/translate bin/make_toy_checkpoint bin/average_checkpoints bin/quantize_checkpoint \
+    bin/build_lexicon ||
     failed+=" tools_translate"
   [ -z "$failed" ] || { echo "failed:$failed"; return 1; }
   echo "test_tensor, test_ops, test_properties, test_nn, test_transformer, test_optim, tools_train.sh, tools_translate.sh"

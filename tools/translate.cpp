@@ -121,6 +121,10 @@ struct Options {
   int64_t sampling_topk = 0, seed = 1;
   int threads = mf::get_num_threads();
   bool lowercase_bleu = false, timing = false;
+  std::string shortlist;  // --shortlist's lexicon file
+  int64_t shortlist_first = mf::models::DecodingOptions{}.shortlist_first;
+  int64_t shortlist_best = mf::models::DecodingOptions{}.shortlist_best;
+  std::optional<mf::text::Lexicon> lexicon;  // read from --shortlist once the checkpoint is loaded
 };
 
 /// The translations of a sentence, best first.
@@ -166,6 +170,12 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.add("batch-workers", &o.batch_workers,
            "batches decoded side by side on the CPU, each on one of the --threads threads (0: one per thread); "
            "1: one batch at a time, its ops split over the threads");
+  args.add("shortlist", &o.shortlist,
+           "score only the likely target units of each batch (Marian's --shortlist): a lexicon written by "
+           "build_lexicon for this model; faster, approximate");
+  args.add("shortlist-first", &o.shortlist_first,
+           "--shortlist: the target vocabulary's first (most frequent) units always scored");
+  args.add("shortlist-best", &o.shortlist_best, "--shortlist: the most probable translations of each source unit");
   args.add("buffer-lines", &o.buffer_lines,
            fmt::format("input lines read and translated together, their output written before more is read "
                        "(0: the whole input, sorted by length as one; -1: one at a time from a terminal, else {})",
@@ -246,6 +256,14 @@ bool parse_options(int argc, char** argv, Options& o) {
   if (!(o.sampling_topp > 0 && o.sampling_topp <= 1))
     throw UsageError(fmt::format("--sampling-topp must be in (0, 1], not {}", o.sampling_topp));
   if (o.seed < 0) throw UsageError(fmt::format("--seed must be 0 or more, not {}", o.seed));
+  if (o.shortlist.empty() && (o.shortlist_first != mf::models::DecodingOptions{}.shortlist_first ||
+                              o.shortlist_best != mf::models::DecodingOptions{}.shortlist_best))
+    throw UsageError("--shortlist-first and --shortlist-best need --shortlist");
+  if (o.shortlist_first < 0 || o.shortlist_best < 0)
+    throw UsageError(fmt::format("--shortlist-first and --shortlist-best must be 0 or more, not {} and {}",
+                                 o.shortlist_first, o.shortlist_best));
+  if (!o.shortlist.empty() && !o.score.empty())
+    throw UsageError("--score scores given translations: --shortlist does not apply");
   if (!o.score.empty()) {
     const char* other = o.beam > 1 ? "--beam" : o.nbest > 1 ? "--nbest" : !o.reference.empty() ? "--reference"
                         : !o.attention_svg.empty() ? "--attention-svg" : !o.target_prefix.empty() ? "--target-prefix"
@@ -350,7 +368,10 @@ models::DecodingOptions decoding_options(const Options& o, mf::Generator* stream
                        .temperature = o.temperature,
                        .top_k = o.sampling_topk,
                        .top_p = o.sampling_topp,
-                       .generator = stream}};
+                       .generator = stream},
+          .shortlist = o.lexicon ? &*o.lexicon : nullptr,
+          .shortlist_first = o.shortlist_first,
+          .shortlist_best = o.shortlist_best};
 }
 
 /// Translates the lines with tokens (the library sorts them by length and batches them under
@@ -609,6 +630,7 @@ int run(int argc, char** argv) {
   if (translator.is_quantized() && !o.device.is_cpu())
     mf::fail("'{}' holds int8 weights, which run on the CPU only (not on {})", o.checkpoint, o.device.str());
   for (models::Transformer* model : translator.models()) model->to(o.device);
+  if (!o.shortlist.empty()) o.lexicon = mf::text::Lexicon::load(o.shortlist, translator.source(), translator.target());
   // What loading (and quantizing) left in the CPU allocator's pool (the file's tensors, the float32
   // weights int8 replaced) is in blocks of the weights' sizes, which decoding's requests rarely fit.
   mf::empty_cache();

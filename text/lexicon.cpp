@@ -1,0 +1,208 @@
+#include "text/lexicon.h"
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "text/files.h"
+#include "text/special_tokens.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
+namespace mf::text {
+
+namespace {
+
+/// The (source, target) pairs a corpus makes co-occur, as compressed rows by source: row f holds the
+/// targets that share a sentence pair with f, ascending. Row `null_row` (one past the vocabulary) holds
+/// every target, for the NULL word.
+struct CoOccurrences {
+  std::vector<int64_t> row_start;  // [rows + 1]
+  std::vector<int64_t> targets;
+
+  int64_t slot(int64_t source, int64_t target) const {
+    const auto first = targets.begin() + row_start[static_cast<size_t>(source)];
+    const auto last = targets.begin() + row_start[static_cast<size_t>(source) + 1];
+    return std::lower_bound(first, last, target) - targets.begin();
+  }
+};
+
+CoOccurrences co_occurrences(const std::vector<std::vector<int64_t>>& sources,
+                             const std::vector<std::vector<int64_t>>& targets, int64_t source_rows, bool null_word) {
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(source_rows) + 1);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i].empty() || targets[i].empty()) continue;
+    for (int64_t f : sources[i]) rows[static_cast<size_t>(f)].insert(rows[static_cast<size_t>(f)].end(),
+                                                                      targets[i].begin(), targets[i].end());
+    if (null_word) rows.back().insert(rows.back().end(), targets[i].begin(), targets[i].end());
+  }
+  CoOccurrences out;
+  out.row_start.push_back(0);
+  for (std::vector<int64_t>& row : rows) {
+    std::sort(row.begin(), row.end());
+    row.erase(std::unique(row.begin(), row.end()), row.end());
+    out.targets.insert(out.targets.end(), row.begin(), row.end());
+    out.row_start.push_back(static_cast<int64_t>(out.targets.size()));
+    std::vector<int64_t>().swap(row);
+  }
+  return out;
+}
+
+bool holds_space(const std::string& unit) {
+  return std::any_of(unit.begin(), unit.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+/// Each unit of `codec` by its text, for load().
+std::unordered_map<std::string, int64_t> ids_by_unit(const TextCodec& codec) {
+  std::unordered_map<std::string, int64_t> ids;
+  for (int64_t id = 0; id < codec.size(); ++id) ids.emplace(codec.unit(id), id);
+  return ids;
+}
+
+}  // namespace
+
+Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
+                       const std::vector<std::vector<int64_t>>& targets, const LexiconOptions& options) {
+  MF_CHECK(options.iterations >= 1, "Lexicon::train: iterations must be at least 1, got {}", options.iterations);
+  MF_CHECK(options.keep >= 1, "Lexicon::train: keep must be at least 1, got {}", options.keep);
+  MF_CHECK(options.min_probability > 0 && options.min_probability <= 1,
+           "Lexicon::train: min_probability must be in (0, 1], got {}", options.min_probability);
+  MF_CHECK(sources.size() == targets.size(), "Lexicon::train: {} source sentences but {} target sentences",
+           sources.size(), targets.size());
+  int64_t source_rows = 0;
+  for (size_t i = 0; i < sources.size(); ++i)
+    for (const std::vector<int64_t>* side : {&sources[i], &targets[i]})
+      for (int64_t id : *side) {
+        MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
+        if (side == &sources[i]) source_rows = std::max(source_rows, id + 1);
+      }
+  const CoOccurrences pairs = co_occurrences(sources, targets, source_rows, options.null_word);
+  const int64_t null_row = source_rows;
+
+  // EM (Koehn, "Statistical Machine Translation", fig. 4.3): each target unit e of a pair is shared out
+  // over the pair's source units f (and NULL) in proportion to t(e | f); t(e | f) becomes f's share of
+  // e over f's shares of all units. Uniform t to start: the first pass counts co-occurrences.
+  std::vector<double> t(pairs.targets.size(), 1.0), counts(pairs.targets.size());
+  std::vector<double> totals(static_cast<size_t>(source_rows) + 1);
+  std::vector<int64_t> slots;
+  for (int64_t iteration = 0; iteration < options.iterations; ++iteration) {
+    std::fill(counts.begin(), counts.end(), 0.0);
+    std::fill(totals.begin(), totals.end(), 0.0);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i].empty() || targets[i].empty()) continue;
+      for (int64_t e : targets[i]) {
+        slots.clear();
+        for (int64_t f : sources[i]) slots.push_back(pairs.slot(f, e));
+        if (options.null_word) slots.push_back(pairs.slot(null_row, e));
+        double sum = 0;
+        for (int64_t s : slots) sum += t[static_cast<size_t>(s)];
+        for (int64_t s : slots) counts[static_cast<size_t>(s)] += t[static_cast<size_t>(s)] / sum;
+      }
+    }
+    for (int64_t f = 0; f <= null_row; ++f)
+      for (int64_t s = pairs.row_start[static_cast<size_t>(f)]; s < pairs.row_start[static_cast<size_t>(f) + 1]; ++s)
+        totals[static_cast<size_t>(f)] += counts[static_cast<size_t>(s)];
+    for (int64_t f = 0; f <= null_row; ++f)
+      for (int64_t s = pairs.row_start[static_cast<size_t>(f)]; s < pairs.row_start[static_cast<size_t>(f) + 1]; ++s)
+        t[static_cast<size_t>(s)] = counts[static_cast<size_t>(s)] / totals[static_cast<size_t>(f)];
+  }
+
+  Lexicon lexicon;
+  lexicon.translations_.resize(static_cast<size_t>(source_rows));
+  for (int64_t f = 0; f < source_rows; ++f) {
+    std::vector<LexicalEntry>& entries = lexicon.translations_[static_cast<size_t>(f)];
+    for (int64_t s = pairs.row_start[static_cast<size_t>(f)]; s < pairs.row_start[static_cast<size_t>(f) + 1]; ++s)
+      if (t[static_cast<size_t>(s)] >= options.min_probability)
+        entries.push_back({pairs.targets[static_cast<size_t>(s)], t[static_cast<size_t>(s)]});
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const LexicalEntry& a, const LexicalEntry& b) { return a.probability > b.probability; });
+    if (static_cast<int64_t>(entries.size()) > options.keep) entries.resize(static_cast<size_t>(options.keep));
+  }
+  return lexicon;
+}
+
+std::span<const LexicalEntry> Lexicon::translations(int64_t source) const {
+  if (source < 0 || source >= static_cast<int64_t>(translations_.size())) return {};
+  return translations_[static_cast<size_t>(source)];
+}
+
+std::vector<int64_t> Lexicon::shortlist(std::span<const std::vector<int64_t>> sources, int64_t first, int64_t best,
+                                        bool shared_vocabulary) const {
+  MF_CHECK(first >= 0 && best >= 0, "Lexicon::shortlist: first and best must be at least 0, got {} and {}", first,
+           best);
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < first; ++id) ids.push_back(id);
+  for (const std::vector<int64_t>& sentence : sources)
+    for (int64_t f : sentence) {
+      if (shared_vocabulary) ids.push_back(f);
+      std::span<const LexicalEntry> entries = translations(f);
+      for (size_t k = 0; k < entries.size() && static_cast<int64_t>(k) < best; ++k) ids.push_back(entries[k].target);
+    }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+int64_t Lexicon::sources() const {
+  return std::count_if(translations_.begin(), translations_.end(),
+                       [](const std::vector<LexicalEntry>& entries) { return !entries.empty(); });
+}
+
+void Lexicon::save(const std::filesystem::path& path, const TextCodec& source, const TextCodec& target) const {
+  std::string text;
+  for (size_t f = 0; f < translations_.size(); ++f)
+    for (const LexicalEntry& entry : translations_[f]) {
+      MF_CHECK(static_cast<int64_t>(f) < source.size() && entry.target < target.size(),
+               "Lexicon::save: source id {} or target id {} is outside the codecs ({} and {} ids)", f, entry.target,
+               source.size(), target.size());
+      const std::string& source_unit = source.unit(static_cast<int64_t>(f));
+      const std::string& target_unit = target.unit(entry.target);
+      MF_CHECK(!holds_space(source_unit) && !holds_space(target_unit),
+               "Lexicon::save: the unit '{}' holds white space, which the file's columns cannot",
+               holds_space(source_unit) ? source_unit : target_unit);
+      // "{}": the shortest text that reads back as the same double.
+      text += fmt::format("{} {} {}\n", target_unit, source_unit, entry.probability);
+    }
+  write_file_atomic(path, text, "lexicon");
+}
+
+Lexicon Lexicon::load(const std::filesystem::path& path, const TextCodec& source, const TextCodec& target) {
+  std::ifstream in = detail::open_input(path, "lexicon");
+  const std::unordered_map<std::string, int64_t> source_ids = ids_by_unit(source), target_ids = ids_by_unit(target);
+  Lexicon lexicon;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::istringstream fields(line);
+    std::string target_unit, source_unit, probability_text, extra;
+    MF_CHECK(fields >> target_unit >> source_unit >> probability_text && !(fields >> extra),
+             "lexicon '{}', line {}: expected \"target source probability\", got '{}'", path.string(), number, line);
+    double probability = 0;
+    const char* end = probability_text.data() + probability_text.size();
+    const auto [stop, error] = std::from_chars(probability_text.data(), end, probability);
+    MF_CHECK(error == std::errc() && stop == end && probability >= 0 && probability <= 1,
+             "lexicon '{}', line {}: the probability '{}' is not a number in [0, 1]", path.string(), number,
+             probability_text);
+    const auto found_source = source_ids.find(source_unit);
+    const auto found_target = target_ids.find(target_unit);
+    MF_CHECK(found_source != source_ids.end(), "lexicon '{}', line {}: the source unit '{}' is not in the model's {}",
+             path.string(), number, source_unit, source.describe());
+    MF_CHECK(found_target != target_ids.end(), "lexicon '{}', line {}: the target unit '{}' is not in the model's {}",
+             path.string(), number, target_unit, target.describe());
+    const auto f = static_cast<size_t>(found_source->second);
+    if (lexicon.translations_.size() <= f) lexicon.translations_.resize(f + 1);
+    lexicon.translations_[f].push_back({found_target->second, probability});
+  }
+  MF_CHECK(!in.bad(), "cannot read lexicon '{}'", path.string());
+  for (std::vector<LexicalEntry>& entries : lexicon.translations_)
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const LexicalEntry& a, const LexicalEntry& b) { return a.probability > b.probability; });
+  return lexicon;
+}
+
+}  // namespace mf::text

@@ -1,0 +1,75 @@
+// A lexical translation table and the output shortlists it gives (Marian's --shortlist, CTranslate2's
+// vocabulary map): t(target unit | source unit) learned from a parallel corpus's ids by IBM Model 1
+// (Brown et al. 1993, "The Mathematics of Statistical Machine Translation"), kept as each source
+// unit's most probable translations. Decoding a batch then scores only the target units its sources'
+// translations, the most frequent units and (with one vocabulary for both sides) the sources' own units
+// hold, instead of the whole vocabulary: an approximation, usually BLEU-neutral, that makes the output
+// projection a fraction of its size.
+#pragma once
+
+#include "text/codec.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+namespace mf::text {
+
+struct LexiconOptions {
+  /// Expectation-maximization passes over the corpus; at least 1.
+  int64_t iterations = 5;
+  /// A source NULL every target unit may also come from (IBM Model 1's empty word), so that units no
+  /// source unit explains (articles, punctuation) do not crowd the translations of the others.
+  bool null_word = true;
+  /// Translations kept per source unit, the most probable first; at least 1.
+  int64_t keep = 100;
+  /// Translations less probable than this are dropped, in (0, 1].
+  double min_probability = 1e-3;
+};
+
+/// One entry of a source unit's translations.
+struct LexicalEntry {
+  int64_t target;
+  double probability;  // t(target | source)
+  bool operator==(const LexicalEntry&) const = default;
+};
+
+class Lexicon {
+ public:
+  /// IBM Model 1 trained on sources[i] translating to targets[i] (ids without specials; pairs with an
+  /// empty side are skipped), starting from uniform t. Throws mf::Error for options out of range,
+  /// different pair counts, or a negative id.
+  static Lexicon train(const std::vector<std::vector<int64_t>>& sources,
+                       const std::vector<std::vector<int64_t>>& targets, const LexiconOptions& options = {});
+
+  /// The kept translations of `source`, most probable first (ties: lower target id first); empty for a
+  /// source unit the corpus did not hold.
+  std::span<const LexicalEntry> translations(int64_t source) const;
+
+  /// The target ids decoding `sources` (a batch's source ids) may produce under Marian's shortlist
+  /// rule: ids [0, first) of the target vocabulary (the specials, then the units SentencePiece scores
+  /// highest, which are the most frequent), each source unit's `best` most probable translations, and,
+  /// with `shared_vocabulary`, the source ids themselves (names and numbers copied through). Ascending,
+  /// each once. Throws mf::Error for first or best below 0.
+  std::vector<int64_t> shortlist(std::span<const std::vector<int64_t>> sources, int64_t first, int64_t best,
+                                 bool shared_vocabulary) const;
+
+  /// Writes Marian's lex.s2t text: a line "target source probability" per kept translation, units as the
+  /// codecs spell them, atomically. Throws mf::Error for a unit holding white space, or an id outside
+  /// its codec.
+  void save(const std::filesystem::path& path, const TextCodec& source, const TextCodec& target) const;
+  /// Reads a file in save()'s format, looking each unit up in the codecs; errors name the file, the line
+  /// and what is wrong (a unit neither codec holds, a malformed line or probability).
+  static Lexicon load(const std::filesystem::path& path, const TextCodec& source, const TextCodec& target);
+
+  /// Source units with at least one translation.
+  int64_t sources() const;
+
+  bool operator==(const Lexicon&) const = default;
+
+ private:
+  std::vector<std::vector<LexicalEntry>> translations_;  // by source id
+};
+
+}  // namespace mf::text

@@ -1,0 +1,60 @@
+// tools/build_lexicon: the lexical translation table a translation model's shortlist needs (`translate
+// --shortlist LEXICON`), learned from a parallel corpus as the checkpoint's codecs split it: IBM Model 1
+// (text::Lexicon, models::Translator::train_lexicon), each source unit's most probable translations
+// written as Marian's lex.s2t text ("target source probability" a line).
+//
+//   build_lexicon --checkpoint model.safetensors --source train.de --target train.en --output lex.s2t
+//
+// Exit status: 0 on success, 2 on bad usage (a missing flag, an option out of range), 1 on any other
+// error (a missing or corrupt checkpoint, unreadable or misaligned corpus files, an unwritable output).
+#include "miniflow.h"
+#include "tools/cli.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+namespace {
+
+int run(int argc, char** argv) {
+  std::filesystem::path checkpoint, source, target, output;
+  mf::text::LexiconOptions options;
+  mf::tools::ArgParser args("build_lexicon",
+                            "Learns the lexical translation table t(target unit | source unit) of a parallel corpus "
+                            "with IBM Model 1,\nas --checkpoint's codecs split its lines, and writes each source "
+                            "unit's most probable\ntranslations to --output (Marian's lex.s2t text) for `translate "
+                            "--shortlist`.");
+  args.add("checkpoint", &checkpoint, "the translation checkpoint whose codecs split the corpus");
+  args.add("source", &source, "the corpus's source side, a sentence a line");
+  args.add("target", &target, "its target side, line i translating line i of --source");
+  args.add("output", &output, "the lexicon to write, atomically");
+  args.add("iterations", &options.iterations, "expectation-maximization passes of IBM Model 1 (default 5)");
+  args.add("keep", &options.keep, "translations kept per source unit, the most probable (default 100)");
+  args.add("min-probability", &options.min_probability,
+           "translations less probable than this are dropped (default 0.001)");
+  if (!args.parse(argc, argv)) return 0;
+  for (const auto& [flag, value] : {std::pair{"--checkpoint", &checkpoint}, std::pair{"--source", &source},
+                                    std::pair{"--target", &target}, std::pair{"--output", &output}})
+    if (value->empty()) throw mf::tools::UsageError(fmt::format("{} is required", flag));
+  if (options.iterations < 1)
+    throw mf::tools::UsageError(fmt::format("--iterations must be at least 1, not {}", options.iterations));
+  if (options.keep < 1) throw mf::tools::UsageError(fmt::format("--keep must be at least 1, not {}", options.keep));
+  if (!(options.min_probability > 0 && options.min_probability <= 1))
+    throw mf::tools::UsageError(fmt::format("--min-probability must be in (0, 1], not {}", options.min_probability));
+
+  const auto start = std::chrono::steady_clock::now();
+  const mf::models::Translator translator = mf::models::Translator::load(checkpoint);
+  const mf::text::Corpus corpus = mf::text::read_parallel_corpus(source, target, {.skip_empty = true});
+  const mf::text::Lexicon lexicon = translator.train_lexicon(corpus, options);
+  lexicon.save(output, translator.source(), translator.target());
+  fmt::print("{} pairs, {} source units with translations, written to '{}' in {:.1f} s\n", corpus.stats.pairs,
+             lexicon.sources(), output.string(),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mf::tools::run_tool("build_lexicon", [&] { return run(argc, argv); });
+}
