@@ -117,9 +117,11 @@ class EnsembleDecoder : public generation::IncrementalDecoder {
   /// Starts one row per source sentence (src [B, S] int64) in every member (check_ensemble), each
   /// scoring `output_ids` only where given (TransformerDecoder's).
   EnsembleDecoder(const Ensemble& models, const Tensor& src, const std::vector<int64_t>& output_ids = {});
-  /// tokens [N] -> (p_1 + ... + p_M) / M for the next token [N, V], p_m member m's probabilities.
+  /// tokens [N] -> (p_1 + ... + p_M) / M for the next token [N, V] ([N, K] for K output_ids), p_m member
+  /// m's probabilities.
   Tensor step(const Tensor& tokens) override;
   Scores scores() const override { return Scores::Probabilities; }
+  const std::vector<int64_t>* scored_ids() const override { return members_.front()->scored_ids(); }
   void select_rows(const Tensor& index) override;
 
  private:

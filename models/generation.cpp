@@ -26,6 +26,56 @@ struct TopTokens {
   std::vector<double> forced;
 };
 
+/// Token ids and the columns of a decoder's scores (IncrementalDecoder::scored_ids): the searches
+/// rank columns and hand out tokens.
+class Columns {
+ public:
+  explicit Columns(const IncrementalDecoder& decoder) : scored_(decoder.scored_ids()) {}
+  bool whole_vocabulary() const { return scored_ == nullptr; }
+  /// The column of `token`, or -1 where the decoder does not score it.
+  int64_t of_token(int64_t token) const {
+    if (!scored_) return token;
+    const auto it = std::lower_bound(scored_->begin(), scored_->end(), token);
+    return it != scored_->end() && *it == token ? it - scored_->begin() : -1;
+  }
+  /// The columns of `tokens` that are scored: the others can never be taken, so need no ban.
+  std::vector<int64_t> of_tokens(const std::vector<int64_t>& tokens) const {
+    if (!scored_) return tokens;
+    std::vector<int64_t> columns;
+    for (int64_t token : tokens)
+      if (int64_t column = of_token(token); column >= 0) columns.push_back(column);
+    return columns;
+  }
+  std::vector<std::vector<int64_t>> of_tokens(const std::vector<std::vector<int64_t>>& lists) const {
+    std::vector<std::vector<int64_t>> out;
+    for (const std::vector<int64_t>& tokens : lists) out.push_back(of_tokens(tokens));
+    return out;
+  }
+  /// The column of each forced token (-1, none, stays); a forced token the decoder does not score is an
+  /// error.
+  std::vector<int64_t> of_forced(const char* op, const std::vector<int64_t>& forced) const {
+    if (!scored_) return forced;
+    std::vector<int64_t> columns;
+    for (int64_t token : forced) {
+      columns.push_back(token < 0 ? -1 : of_token(token));
+      MF_CHECK(token < 0 || columns.back() >= 0, "{}: prefix token id {} is not one of the {} ids the decoder scores",
+               op, token, scored_->size());
+    }
+    return columns;
+  }
+  /// The token of each column in `ids`, in place (-1, no token, stays).
+  void to_tokens(std::vector<int64_t>& ids) const {
+    if (scored_)
+      for (int64_t& id : ids)
+        if (id >= 0) id = (*scored_)[static_cast<size_t>(id)];
+  }
+
+ private:
+  const std::vector<int64_t>* scored_;
+};
+
+const std::vector<int64_t> kNone;
+
 /// Checks what the settings of both searches share.
 void check_common(const char* op, int64_t batch_size, int64_t max_new_tokens, const std::vector<int64_t>& specials) {
   MF_CHECK(batch_size >= 1, "{}: batch_size must be at least 1, got {}", op, batch_size);
@@ -109,10 +159,15 @@ bool is_banned(int64_t token, size_t row, const std::vector<int64_t>& banned,
 /// and the forced tokens' log-probabilities (forced_log_probs). Throws mf::Error where a row has no
 /// token left (check_tokens_left); a row with fewer than k left fills its list with id -1 at -infinity.
 TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t k,
-                   int64_t& vocab, const std::vector<int64_t>& specials, const std::vector<int64_t>& banned,
-                   const std::vector<std::vector<int64_t>>& row_bans, const std::vector<int64_t>& forced) {
+                   int64_t& vocab, const std::vector<int64_t>& specials, const std::vector<int64_t>& banned_tokens,
+                   const std::vector<std::vector<int64_t>>& row_ban_tokens, const std::vector<int64_t>& forced_tokens) {
   const auto rows = static_cast<int64_t>(tokens.size());
-  Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
+  // Ranked by column, handed out as tokens.
+  const Columns columns(decoder);
+  const std::vector<int64_t> banned = columns.of_tokens(banned_tokens);
+  const std::vector<std::vector<int64_t>> row_bans = columns.of_tokens(row_ban_tokens);
+  const std::vector<int64_t> forced = columns.of_forced(op, forced_tokens);
+  Tensor scores = checked_step(op, decoder, tokens, vocab, columns.whole_vocabulary() ? specials : kNone, banned);
   IncrementalDecoder::Scores kind = decoder.scores();
   TopTokens top{.k = std::min(k, vocab), .forced = forced_log_probs(op, scores, kind, forced)};
   // Banned tokens are ranked with the rest (as many more per row as the row with the most bans has)
@@ -146,6 +201,7 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
     }
   }
   for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
+  columns.to_tokens(top.ids);
   return top;
 }
 
@@ -154,10 +210,14 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
 /// log-probability under the model (before temperature, top-k or top-p); and the forced tokens'
 /// log-probabilities (forced_log_probs).
 TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::vector<int64_t>& tokens, int64_t& vocab,
-                      const std::vector<int64_t>& specials, const std::vector<int64_t>& banned,
-                      const std::vector<std::vector<int64_t>>& row_bans, const SamplingOptions& sampling,
-                      const std::vector<int64_t>& forced) {
-  Tensor scores = checked_step(op, decoder, tokens, vocab, specials, banned);
+                      const std::vector<int64_t>& specials, const std::vector<int64_t>& banned_tokens,
+                      const std::vector<std::vector<int64_t>>& row_ban_tokens, const SamplingOptions& sampling,
+                      const std::vector<int64_t>& forced_tokens) {
+  const Columns columns(decoder);  // drawn by column, handed out as tokens
+  const std::vector<int64_t> banned = columns.of_tokens(banned_tokens);
+  const std::vector<std::vector<int64_t>> row_bans = columns.of_tokens(row_ban_tokens);
+  const std::vector<int64_t> forced = columns.of_forced(op, forced_tokens);
+  Tensor scores = checked_step(op, decoder, tokens, vocab, columns.whole_vocabulary() ? specials : kNone, banned);
   Tensor log_probs = full_log_probs(scores, decoder.scores());
   std::vector<double> forced_values = forced_log_probs(op, log_probs, IncrementalDecoder::Scores::LogProbs, forced);
   check_tokens_left(op, vocab, banned, row_bans);
@@ -168,6 +228,7 @@ TopTokens step_sample(const char* op, IncrementalDecoder& decoder, const std::ve
                 .ids = ids.to(Device::cpu()).to_vector<int64_t>(),
                 .forced = std::move(forced_values)};
   for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
+  columns.to_tokens(top.ids);
   return top;
 }
 
@@ -414,7 +475,7 @@ std::vector<std::vector<Hypothesis>> beam_search(IncrementalDecoder& decoder, in
         for (int64_t j = 0; j < top.k; ++j) {
           size_t at = static_cast<size_t>(live_rows[i] * top.k + j);
           // A banned token, where the row had fewer than k left, or one the model gives probability 0 (a
-          // shortlist leaves most of the vocabulary out): no hypothesis.
+          // score of -inf): no hypothesis.
           if (top.ids[at] < 0 || top.values[at] == -std::numeric_limits<double>::infinity()) continue;
           candidates.push_back({live[i].log_prob + top.values[at], static_cast<int64_t>(i), top.ids[at]});
         }

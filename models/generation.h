@@ -43,6 +43,11 @@ class IncrementalDecoder {
   /// What step() returns: log-probabilities unless the decoder says otherwise.
   virtual Scores scores() const { return Scores::LogProbs; }
 
+  /// The token ids step()'s columns stand for, ascending, where the decoder scores only part of the
+  /// vocabulary (a shortlist): every other token has probability 0. Null (the default): column j is
+  /// token j, the whole vocabulary.
+  virtual const std::vector<int64_t>* scored_ids() const { return nullptr; }
+
   /// Keeps and reorders the cached rows: row i of the new cache is row index[i] of the old (`index`:
   /// [N'] int64 on the CPU, each in [0, N)). Rows may repeat (a beam forks) and may be left out (a
   /// finished sentence), so N' may be larger or smaller than N. Per-row state that never changes

@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <initializer_list>
-#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -354,15 +353,12 @@ Tensor Transformer::project_output(const Tensor& states) {
 Transformer::OutputRows Transformer::output_rows(const std::vector<int64_t>& ids) {
   NoGradGuard no_grad;
   const int64_t vocabulary = config_.tgt_vocab;
-  std::vector<int64_t> column_of_token(static_cast<size_t>(vocabulary), static_cast<int64_t>(ids.size()));
-  for (size_t column = 0; column < ids.size(); ++column) {
+  for (size_t column = 0; column < ids.size(); ++column)
     MF_CHECK(ids[column] >= 0 && ids[column] < vocabulary && (column == 0 || ids[column] > ids[column - 1]),
              "Transformer::output_rows: ids must ascend within the target vocabulary [0, {}); id {} at {} does not",
              vocabulary, ids[column], column);
-    column_of_token[static_cast<size_t>(ids[column])] = static_cast<int64_t>(column);
-  }
   const Tensor index = from_vector(ids, {static_cast<int64_t>(ids.size())}, device());
-  OutputRows rows{.column_of_token = from_vector(column_of_token, {vocabulary}, device())};
+  OutputRows rows;
   const bool tied = !output_proj_;
   rows.weight = index_select(tied ? tgt_embed_->weight : output_proj_->weight, 0, index);
   if (tied ? tgt_embed_->is_quantized() : output_proj_->is_quantized())
@@ -373,13 +369,9 @@ Transformer::OutputRows Transformer::output_rows(const std::vector<int64_t>& ids
 
 Tensor Transformer::project_output(const Tensor& states, const OutputRows& rows) {
   // Each logit is one row of the weight times the state, as in the whole product: the same bits.
-  Tensor logits = rows.scales.defined() ? linear_int8(states, {rows.weight, rows.scales}, rows.bias)
-                  : rows.bias.defined() ? linear(states, rows.weight, rows.bias)
-                                        : matmul(states, rows.weight.t());
-  Shape edge = logits.shape();
-  edge.back() = 1;
-  const Tensor excluded = full(edge, -std::numeric_limits<double>::infinity(), logits.dtype(), logits.device());
-  return index_select(cat({logits, excluded}, -1), logits.dim() - 1, rows.column_of_token);
+  return rows.scales.defined() ? linear_int8(states, {rows.weight, rows.scales}, rows.bias)
+         : rows.bias.defined() ? linear(states, rows.weight, rows.bias)
+                               : matmul(states, rows.weight.t());
 }
 
 Tensor Transformer::encode(const Tensor& src) {
@@ -450,10 +442,10 @@ std::vector<std::pair<std::string, Tensor>> Transformer::attention_weights() con
 
 // ---- incremental decoding ---------------------------------------------------------------------
 
-TransformerDecoder::TransformerDecoder(Transformer& model, const Tensor& src, const std::vector<int64_t>& output_ids)
-    : model_(model) {
+TransformerDecoder::TransformerDecoder(Transformer& model, const Tensor& src, std::vector<int64_t> output_ids)
+    : model_(model), output_ids_(std::move(output_ids)) {
   NoGradGuard no_grad;
-  if (!output_ids.empty()) output_rows_ = model.output_rows(output_ids);
+  if (!output_ids_.empty()) output_rows_ = model.output_rows(output_ids_);
   Tensor tokens = src.to(model.device());
   Tensor memory = model.encode(tokens);                                    // [B, S, C]
   src_mask_ = padding_mask(tokens, model.config().pad_id, memory.dtype());  // [B, 1, 1, S]
@@ -475,7 +467,7 @@ Tensor TransformerDecoder::step(const Tensor& tokens) {
   // No self-attention mask: the cache holds only past positions, all of them visible.
   Tensor h = model_.decoder->forward(y, Tensor(), Tensor(), src_mask_, &caches_);        // [N, 1, C]
   ++position_;
-  return (output_rows_ ? model_.project_output(h, *output_rows_) : model_.project_output(h)).squeeze(1);  // [N, V]
+  return (output_rows_ ? model_.project_output(h, *output_rows_) : model_.project_output(h)).squeeze(1);  // [N, V|K]
 }
 
 void TransformerDecoder::select_rows(const Tensor& index) {

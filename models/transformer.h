@@ -184,16 +184,14 @@ class Transformer : public nn::Module {
 
   /// The output projection's rows for some target ids only (a lexical shortlist's: text::Lexicon).
   struct OutputRows {
-    Tensor weight;           // [K, C]: float, or int8 values
-    Tensor scales;           // [K] float32 where the weight is int8, else undefined
-    Tensor bias;             // [K], or undefined
-    Tensor column_of_token;  // [V] int64: each id's column of the K logits, K (one of -inf) for the others
+    Tensor weight;  // [K, C]: float, or int8 values
+    Tensor scales;  // [K] float32 where the weight is int8, else undefined
+    Tensor bias;    // [K], or undefined
   };
   /// The rows of the target ids `ids` (ascending, each once, in [0, V)), on the model's device; throws
   /// mf::Error naming an id out of order or range.
   OutputRows output_rows(const std::vector<int64_t>& ids);
-  /// project_output computing only `rows`' ids: their logits have project_output's bits, every other
-  /// id's is -inf (probability 0).
+  /// Decoder states [..., C] -> the logits of `rows`' ids alone, [..., K], with project_output's bits.
   Tensor project_output(const Tensor& states, const OutputRows& rows);
 
   /// Decoder layer `layer`'s (1-based) cross-attention probabilities [B, H, T, S] for source tokens
@@ -234,11 +232,14 @@ class TransformerDecoder : public generation::IncrementalDecoder {
  public:
   /// Starts one row per source sentence (src [B, S] int64, on any device: it is moved to the model's).
   /// With `output_ids` (ascending target ids, each once) the steps score only those (a shortlist: see
-  /// Transformer::output_rows), every other id getting -inf; empty: the whole vocabulary.
-  TransformerDecoder(Transformer& model, const Tensor& src, const std::vector<int64_t>& output_ids = {});
-  /// tokens [N] -> the next token's logits [N, V] (scores(): the searches normalise only what they keep).
+  /// Transformer::output_rows; scored_ids()), the other ids having probability 0; empty: the whole
+  /// vocabulary.
+  TransformerDecoder(Transformer& model, const Tensor& src, std::vector<int64_t> output_ids = {});
+  /// tokens [N] -> the next token's logits [N, V], or [N, K] for K output_ids (scores(): the searches
+  /// normalise only what they keep).
   Tensor step(const Tensor& tokens) override;
   Scores scores() const override { return Scores::Logits; }
+  const std::vector<int64_t>* scored_ids() const override { return output_rows_ ? &output_ids_ : nullptr; }
   void select_rows(const Tensor& index) override;
 
  private:
@@ -251,7 +252,8 @@ class TransformerDecoder : public generation::IncrementalDecoder {
   std::vector<LayerCache> caches_;
   std::vector<int64_t> source_of_row_;  // which source sentence each row decodes
   int64_t position_ = 0;
-  std::optional<Transformer::OutputRows> output_rows_;  // the shortlist's, if any
+  std::vector<int64_t> output_ids_;                     // a shortlist's ids, or none
+  std::optional<Transformer::OutputRows> output_rows_;  // their rows, if any
 };
 
 /// Greedy translation of src [B, S] with the key/value cache (see generation::greedy_decode).

@@ -943,3 +943,88 @@ TEST_CASE("tokens the model gives probability 0 are never taken: beam search dro
                        "beam_search: sentence 0 has no token left to take: the model gives every token it may take "
                        "probability 0", Error);
 }
+
+namespace {
+
+/// A decoder scoring only `ids` (IncrementalDecoder::scored_ids): FakeDecoder's scores of those columns.
+class ShortlistDecoder : public IncrementalDecoder {
+ public:
+  ShortlistDecoder(Model model, std::vector<int64_t> sentences, std::vector<int64_t> ids, Scores kind)
+      : whole_(std::move(model), std::move(sentences)), ids_(std::move(ids)) {
+    whole_.gives = kind;
+  }
+  Tensor step(const Tensor& tokens) override {
+    return index_select(whole_.step(tokens), 1, from_vector(ids_, {size()}));
+  }
+  void select_rows(const Tensor& index) override { whole_.select_rows(index); }
+  Scores scores() const override { return whole_.gives; }
+  const std::vector<int64_t>* scored_ids() const override { return &ids_; }
+
+ private:
+  int64_t size() const { return static_cast<int64_t>(ids_.size()); }
+  FakeDecoder whole_;
+  std::vector<int64_t> ids_;
+};
+
+/// `model` with probability 0 for every token outside `ids`: what a decoder scoring only those means.
+Model outside_impossible(Model model, std::vector<int64_t> ids) {
+  return [model, ids](int64_t sentence, const std::vector<int64_t>& prefix) {
+    std::vector<double> out = model(sentence, prefix);
+    for (size_t v = 0; v < out.size(); ++v)
+      if (std::find(ids.begin(), ids.end(), static_cast<int64_t>(v)) == ids.end()) out[v] = -INFINITY;
+    return out;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("a decoder scoring part of the vocabulary is searched as one giving the rest probability 0") {
+  // The searches rank the decoder's columns and hand out their tokens: bans (one of them not scored),
+  // EOS held back, no repeated 2-gram and forced prefixes translate to columns and back, so each search
+  // finds what it finds over the whole vocabulary with the unscored tokens impossible.
+  const Model model = random_model(17, 12);
+  const std::vector<int64_t> ids{kEos, 3, 5, 6, 8, 9, 11};
+  const std::vector<std::vector<int64_t>> prefixes{{}, {6, 8}, {}};
+  for (IncrementalDecoder::Scores kind : {IncrementalDecoder::Scores::LogProbs, IncrementalDecoder::Scores::Logits}) {
+    CAPTURE(static_cast<int>(kind));
+    auto reference = [&] {
+      auto decoder = std::make_unique<FakeDecoder>(outside_impossible(model, ids), iota(3));
+      decoder->gives = kind;
+      return decoder;
+    };
+    ShortlistDecoder part(model, iota(3), ids, kind);
+    const GreedyOptions greedy_options{.max_new_tokens = 7, .banned_ids = {4, 5}, .min_new_tokens = 2,
+                                       .no_repeat_ngram_size = 2, .prefixes = prefixes};
+    const GreedyResult greedy = greedy_decode(part, 3, greedy_options);
+    const GreedyResult expected_greedy = greedy_decode(*reference(), 3, greedy_options);
+    CHECK(greedy.tokens.to_vector<int64_t>() == expected_greedy.tokens.to_vector<int64_t>());
+    CHECK(greedy.log_probs == expected_greedy.log_probs);
+
+    ShortlistDecoder beam_part(model, iota(3), ids, kind);
+    const BeamOptions beam_options{.beam_size = 3, .max_new_tokens = 7, .nbest = 3, .banned_ids = {4, 5},
+                                   .min_new_tokens = 2, .no_repeat_ngram_size = 2, .prefixes = prefixes};
+    const auto found = beam_search(beam_part, 3, beam_options);
+    const auto expected = beam_search(*reference(), 3, beam_options);
+    for (size_t s = 0; s < 3; ++s) {
+      CAPTURE(s);
+      REQUIRE(found[s].size() == expected[s].size());
+      for (size_t h = 0; h < found[s].size(); ++h) {
+        CHECK(found[s][h].tokens == expected[s][h].tokens);
+        CHECK(found[s][h].log_prob == expected[s][h].log_prob);
+      }
+    }
+
+    Generator first(5), second(5);
+    ShortlistDecoder sampled_part(model, iota(3), ids, kind);
+    GreedyOptions sampling = greedy_options;
+    sampling.sampling = {.do_sample = true, .generator = &first};
+    const GreedyResult drawn = greedy_decode(sampled_part, 3, sampling);
+    sampling.sampling.generator = &second;
+    const GreedyResult expected_drawn = greedy_decode(*reference(), 3, sampling);
+    CHECK(drawn.tokens.to_vector<int64_t>() == expected_drawn.tokens.to_vector<int64_t>());
+  }
+  // A forced token the decoder does not score cannot be taken.
+  ShortlistDecoder part(model, iota(1), ids, IncrementalDecoder::Scores::LogProbs);
+  CHECK_THROWS_WITH_AS(greedy_decode(part, 1, {.prefixes = {{7}}}),
+                       "greedy_decode: prefix token id 7 is not one of the 7 ids the decoder scores", Error);
+}

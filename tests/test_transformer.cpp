@@ -889,7 +889,7 @@ TEST_CASE("beam width 1 is greedy; beams come back best first") {
   CHECK(nbest[1][0].tokens == std::vector<int64_t>{9, 5, 12, 2});
 }
 
-TEST_CASE("the output projection over a shortlist's rows gives those ids' logits bit for bit, -inf elsewhere") {
+TEST_CASE("the output projection over a shortlist's rows gives those ids' logits bit for bit") {
   // Tied (no bias), untied (with bias), float32 and int8: each logit is one row of the weight times the
   // state in either product, so the subset's columns must equal the whole's exactly.
   for (bool tied : {true, false})
@@ -905,15 +905,14 @@ TEST_CASE("the output projection over a shortlist's rows gives those ids' logits
       NoGradGuard no_grad;
       const Tensor states = randn({2, 3, 16});
       const std::vector<int64_t> ids{2, 4, 5, 9, 12};
-      const Tensor whole = model.project_output(states);                             // [2, 3, 13]
-      const Tensor part = model.project_output(states, model.output_rows(ids));      // [2, 3, 13]
-      REQUIRE(part.shape() == whole.shape());
-      for (int64_t v = 0; v < 13; ++v) {
-        CAPTURE(v);
-        const bool listed = std::find(ids.begin(), ids.end(), v) != ids.end();
+      const Tensor whole = model.project_output(states);                       // [2, 3, 13]
+      const Tensor part = model.project_output(states, model.output_rows(ids));  // [2, 3, 5]
+      REQUIRE(part.shape() == Shape{2, 3, 5});
+      for (size_t c = 0; c < ids.size(); ++c) {
+        CAPTURE(c);
         for (int64_t b = 0; b < 2; ++b)
           for (int64_t t = 0; t < 3; ++t)
-            CHECK(part.at<float>({b, t, v}) == (listed ? whole.at<float>({b, t, v}) : -INFINITY));
+            CHECK(part.at<float>({b, t, static_cast<int64_t>(c)}) == whole.at<float>({b, t, ids[c]}));
       }
     }
   models::Transformer model(reference_config());
