@@ -28,10 +28,10 @@ int run(int argc, char** argv) {
   args.add("source", &source, "the corpus's source side, a sentence a line");
   args.add("target", &target, "its target side, line i translating line i of --source");
   args.add("output", &output, "the lexicon to write, atomically");
-  args.add("iterations", &options.iterations, "expectation-maximization passes of IBM Model 1 (default 5)");
-  args.add("keep", &options.keep, "translations kept per source unit, the most probable (default 100)");
+  args.add("iterations", &options.iterations, "expectation-maximization passes of IBM Model 1");
+  args.add("keep", &options.keep, "translations kept per source unit, the most probable");
   args.add("min-probability", &options.min_probability,
-           "translations less probable than this are dropped (default 0.001)");
+           "translations less probable than this are dropped");
   if (!args.parse(argc, argv)) return 0;
   for (const auto& [flag, value] : {std::pair{"--checkpoint", &checkpoint}, std::pair{"--source", &source},
                                     std::pair{"--target", &target}, std::pair{"--output", &output}})

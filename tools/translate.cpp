@@ -52,6 +52,13 @@
 // output holds it, and --nbest's scores count its tokens. An empty line of FILE leaves its translation
 // free; FILE is read in step with the input and must have as many lines.
 //
+// --shortlist LEXICON (Marian's lexical shortlist) scores only each batch's likely target units: the
+// target vocabulary's first --shortlist-first (100) ids, each source unit's --shortlist-best (100)
+// most probable translations in LEXICON (written by build_lexicon for this model), the source units
+// themselves where both sides share one vocabulary, and <eos>; the other units cannot be produced.
+// Faster (the output projection shrinks to those rows), and approximate: docs/translating.md says by
+// how much on Multi30k.
+//
 // --ensemble A,B,... decodes with the models of those checkpoints beside --checkpoint's, as one model
 // whose next-token probability is the mean of theirs (fairseq's ensembles; Marian's with equal
 // weights over probabilities): independently trained runs usually translate better together than any
