@@ -368,7 +368,7 @@ Transformer::OutputRows Transformer::output_rows(const std::vector<int64_t>& ids
 }
 
 Tensor Transformer::project_output(const Tensor& states, const OutputRows& rows) {
-  // Each logit is one row of the weight times the state, as in the whole product: the same bits.
+  // Each logit is one row of the weight times the state, as in the whole product.
   return rows.scales.defined() ? linear_int8(states, {rows.weight, rows.scales}, rows.bias)
          : rows.bias.defined() ? linear(states, rows.weight, rows.bias)
                                : matmul(states, rows.weight.t());

@@ -191,7 +191,9 @@ class Transformer : public nn::Module {
   /// The rows of the target ids `ids` (ascending, each once, in [0, V)), on the model's device; throws
   /// mf::Error naming an id out of order or range.
   OutputRows output_rows(const std::vector<int64_t>& ids);
-  /// Decoder states [..., C] -> the logits of `rows`' ids alone, [..., K], with project_output's bits.
+  /// Decoder states [..., C] -> the logits of `rows`' ids alone, [..., K]: project_output's bits on
+  /// miniflow's GEMMs, which sum each element in one order whatever the columns beside it (OpenBLAS,
+  /// on the baseline path, to rounding).
   Tensor project_output(const Tensor& states, const OutputRows& rows);
 
   /// Decoder layer `layer`'s (1-based) cross-attention probabilities [B, H, T, S] for source tokens
