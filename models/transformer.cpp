@@ -467,7 +467,8 @@ Tensor TransformerDecoder::step(const Tensor& tokens) {
   // No self-attention mask: the cache holds only past positions, all of them visible.
   Tensor h = model_.decoder->forward(y, Tensor(), Tensor(), src_mask_, &caches_);        // [N, 1, C]
   ++position_;
-  return (output_rows_ ? model_.project_output(h, *output_rows_) : model_.project_output(h)).squeeze(1);  // [N, V|K]
+  // [N, V], or [N, K] for a shortlist's K ids.
+  return (output_ids_.empty() ? model_.project_output(h) : model_.project_output(h, output_rows_)).squeeze(1);
 }
 
 void TransformerDecoder::select_rows(const Tensor& index) {

@@ -22,7 +22,6 @@
 #include "text/special_tokens.h"
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -241,7 +240,7 @@ class TransformerDecoder : public generation::IncrementalDecoder {
   /// normalise only what they keep).
   Tensor step(const Tensor& tokens) override;
   Scores scores() const override { return Scores::Logits; }
-  const std::vector<int64_t>* scored_ids() const override { return output_rows_ ? &output_ids_ : nullptr; }
+  const std::vector<int64_t>* scored_ids() const override { return output_ids_.empty() ? nullptr : &output_ids_; }
   void select_rows(const Tensor& index) override;
 
  private:
@@ -254,8 +253,8 @@ class TransformerDecoder : public generation::IncrementalDecoder {
   std::vector<LayerCache> caches_;
   std::vector<int64_t> source_of_row_;  // which source sentence each row decodes
   int64_t position_ = 0;
-  std::vector<int64_t> output_ids_;                     // a shortlist's ids, or none
-  std::optional<Transformer::OutputRows> output_rows_;  // their rows, if any
+  std::vector<int64_t> output_ids_;     // a shortlist's ids, or none: the whole vocabulary
+  Transformer::OutputRows output_rows_;  // their rows (undefined tensors without a shortlist)
 };
 
 /// Greedy translation of src [B, S] with the key/value cache (see generation::greedy_decode).

@@ -74,13 +74,14 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
            "Lexicon::train: min_probability must be in (0, 1], got {}", options.min_probability);
   MF_CHECK(sources.size() == targets.size(), "Lexicon::train: {} source sentences but {} target sentences",
            sources.size(), targets.size());
-  int64_t source_rows = 0;
-  for (size_t i = 0; i < sources.size(); ++i)
-    for (const std::vector<int64_t>* side : {&sources[i], &targets[i]})
-      for (int64_t id : *side) {
-        MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
-        if (side == &sources[i]) source_rows = std::max(source_rows, id + 1);
-      }
+  int64_t source_rows = 0;  // one past the largest source id
+  for (size_t i = 0; i < sources.size(); ++i) {
+    for (int64_t id : targets[i]) MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
+    for (int64_t id : sources[i]) {
+      MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
+      source_rows = std::max(source_rows, id + 1);
+    }
+  }
   const CoOccurrences pairs = co_occurrences(sources, targets, source_rows, options.null_word);
   const int64_t null_row = source_rows;
 
