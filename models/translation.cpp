@@ -172,7 +172,7 @@ text::Lexicon Translator::train_lexicon(const text::Corpus& corpus, const text::
   std::vector<std::vector<int64_t>> sources, targets;
   for (const std::string& line : corpus.source_text) sources.push_back(source_.encode(line));
   for (const std::string& line : corpus.target_text) targets.push_back(target_.encode(line));
-  return text::Lexicon::train(sources, targets, options);
+  return text::Lexicon::train(sources, targets, options, target_.ids_by_frequency());
 }
 
 void Translator::save(const std::filesystem::path& path, const optim::TrainingState& training,

@@ -90,7 +90,8 @@ class Translator {
                                    const std::vector<std::vector<int64_t>>& targets, int64_t layer = -1,
                                    const ScoringOptions& batching = {});
   /// The lexical translation table (text::Lexicon::train, IBM Model 1) of `corpus`'s lines as the
-  /// codecs encode them: what DecodingOptions::shortlist takes.
+  /// codecs encode them, its shortlists' first ids the target codec's most frequent (ids_by_frequency):
+  /// what DecodingOptions::shortlist takes.
   text::Lexicon train_lexicon(const text::Corpus& corpus, const text::LexiconOptions& options = {}) const;
   /// Greedy translations of `sentences`, one each (translate with beam_size 1).
   std::vector<std::string> translate_greedy(const std::vector<std::string>& sentences, int64_t max_new_tokens);

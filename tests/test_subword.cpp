@@ -8,6 +8,7 @@
 #include "helpers.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -104,6 +105,34 @@ TEST_CASE("byte fallback spells unseen characters as bytes; without it they are 
   const std::vector<int64_t> unk_ids = without.encode("Жук");
   CHECK(std::find(unk_ids.begin(), unk_ids.end(), kUnkId) != unk_ids.end());
   CHECK(without.decode(unk_ids).find("\xE2\x81\x87") != std::string::npos);  // SentencePiece's " ⁇ "
+}
+
+TEST_CASE("ids_by_frequency: the specials, the learned pieces in SentencePiece's order, then the 256 byte pieces") {
+  for (const SubwordAlgorithm algorithm : {SubwordAlgorithm::Unigram, SubwordAlgorithm::Bpe}) {
+    const SubwordModel model = small_model(algorithm);
+    const std::vector<int64_t> ranked = model.ids_by_frequency();
+    REQUIRE(static_cast<int64_t>(ranked.size()) == model.size());
+    // SentencePiece spells its byte pieces <0x00> ... <0xFF>, the bytes' values in order.
+    auto is_byte_piece = [&](int64_t id) {
+      const std::string& piece = model.piece(id);
+      return piece.size() == 6 && piece.starts_with("<0x") && piece.back() == '>';
+    };
+    const size_t bytes_start = ranked.size() - 256;
+    for (size_t rank = 0; rank < ranked.size(); ++rank) {
+      CAPTURE(rank);
+      if (rank < static_cast<size_t>(kSpecialTokenCount)) {
+        CHECK(ranked[rank] == static_cast<int64_t>(rank));
+      } else if (rank < bytes_start) {
+        CHECK_FALSE(is_byte_piece(ranked[rank]));
+        if (rank > static_cast<size_t>(kSpecialTokenCount)) CHECK(ranked[rank - 1] < ranked[rank]);
+      } else {
+        CHECK(model.piece(ranked[rank]) == fmt::format("<0x{:02X}>", rank - bytes_start));
+      }
+    }
+  }
+  // Without byte fallback there is nothing to move: id order.
+  const std::vector<int64_t> ranked = small_model(SubwordAlgorithm::Unigram, false).ids_by_frequency();
+  for (size_t rank = 0; rank < ranked.size(); ++rank) CHECK(ranked[rank] == static_cast<int64_t>(rank));
 }
 
 TEST_CASE("a model's bytes load back into the same model, from memory and from a file") {

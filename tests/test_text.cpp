@@ -419,6 +419,13 @@ TEST_CASE("a lexicon keeps each source unit's most probable translations, and it
   CHECK(all.shortlist(batch, 0, 0, false).empty());
   CHECK_THROWS_WITH_AS(all.shortlist(batch, -1, 1, false), doctest::Contains("first and best must be at least 0"),
                        mf::Error);
+
+  // With the target vocabulary ranked (TextCodec::ids_by_frequency), `first` counts in that order.
+  const mf::text::Lexicon ranked = mf::text::Lexicon::train(sources, targets, {.iterations = 3, .null_word = false},
+                                                            {0, 1, 2, 3, 12, 10, 4, 5});
+  CHECK(ranked.shortlist(batch, 5, 1, false) == std::vector<int64_t>{0, 1, 2, 3, 12, 13});
+  CHECK(ranked.shortlist(batch, 6, 0, false) == std::vector<int64_t>{0, 1, 2, 3, 10, 12});
+  CHECK(ranked.shortlist(batch, 100, 0, false) == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 10, 12});  // all 8
 }
 
 TEST_CASE("a lexicon refuses bad training input") {
@@ -443,7 +450,8 @@ TEST_CASE("a lexicon round-trips through Marian's lex.s2t text, and names what i
   std::vector<std::vector<int64_t>> sources, targets;
   for (const char* line : {"das haus", "das buch", "ein buch"}) sources.push_back(german.encode(line));
   for (const char* line : {"the house", "the book", "a book"}) targets.push_back(english.encode(line));
-  const mf::text::Lexicon lexicon = mf::text::Lexicon::train(sources, targets, {.iterations = 4});
+  const mf::text::Lexicon lexicon =
+      mf::text::Lexicon::train(sources, targets, {.iterations = 4}, english.ids_by_frequency());
   const fs::path path = dir.path / "lex.s2t";
   lexicon.save(path, german, english);
   std::ifstream file(path);

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <numeric>
+
 namespace mf::text {
 namespace {
 
@@ -85,6 +87,13 @@ int64_t TextCodec::size() const {
 }
 
 bool TextCodec::spells_everything() const { return subwords() != nullptr && subwords()->byte_fallback(); }
+
+std::vector<int64_t> TextCodec::ids_by_frequency() const {
+  if (const SubwordModel* model = subwords()) return model->ids_by_frequency();
+  std::vector<int64_t> ids(static_cast<size_t>(size()));
+  std::iota(ids.begin(), ids.end(), int64_t{0});
+  return ids;
+}
 
 const Vocab* TextCodec::words() const {
   const Words* words = std::get_if<Words>(&codec_);

@@ -40,6 +40,9 @@ class TextCodec {
   int64_t size() const;
   /// True when no text encodes to <unk> (a subword model with byte fallback), so no output needs it.
   bool spells_everything() const;
+  /// Every id once, the most frequent units first: a word vocabulary's id order (Vocab::build's),
+  /// SubwordModel::ids_by_frequency for subwords (byte pieces last).
+  std::vector<int64_t> ids_by_frequency() const;
 
   /// The word vocabulary and tokenizer, or null for a subword codec.
   const Vocab* words() const;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace mf::text {
 
@@ -67,7 +68,8 @@ std::unordered_map<std::string, int64_t> ids_by_unit(const TextCodec& codec) {
 }  // namespace
 
 Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
-                       const std::vector<std::vector<int64_t>>& targets, const LexiconOptions& options) {
+                       const std::vector<std::vector<int64_t>>& targets, const LexiconOptions& options,
+                       std::vector<int64_t> targets_by_frequency) {
   MF_CHECK(options.iterations >= 1, "Lexicon::train: iterations must be at least 1, got {}", options.iterations);
   MF_CHECK(options.keep >= 1, "Lexicon::train: keep must be at least 1, got {}", options.keep);
   MF_CHECK(options.min_probability > 0 && options.min_probability <= 1,
@@ -114,6 +116,7 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
   }
 
   Lexicon lexicon;
+  lexicon.targets_by_frequency_ = std::move(targets_by_frequency);
   lexicon.translations_.resize(static_cast<size_t>(source_rows));
   for (int64_t f = 0; f < source_rows; ++f) {
     std::vector<LexicalEntry>& entries = lexicon.translations_[static_cast<size_t>(f)];
@@ -137,7 +140,11 @@ std::vector<int64_t> Lexicon::shortlist(std::span<const std::vector<int64_t>> so
   MF_CHECK(first >= 0 && best >= 0, "Lexicon::shortlist: first and best must be at least 0, got {} and {}", first,
            best);
   std::vector<int64_t> ids;
-  for (int64_t id = 0; id < first; ++id) ids.push_back(id);
+  if (targets_by_frequency_.empty())
+    for (int64_t id = 0; id < first; ++id) ids.push_back(id);
+  else
+    ids.assign(targets_by_frequency_.begin(),
+               targets_by_frequency_.begin() + std::min(first, static_cast<int64_t>(targets_by_frequency_.size())));
   for (const std::vector<int64_t>& sentence : sources)
     for (int64_t f : sentence) {
       if (shared_vocabulary) ids.push_back(f);
@@ -176,6 +183,7 @@ Lexicon Lexicon::load(const std::filesystem::path& path, const TextCodec& source
   std::ifstream in = detail::open_input(path, "lexicon");
   const std::unordered_map<std::string, int64_t> source_ids = ids_by_unit(source), target_ids = ids_by_unit(target);
   Lexicon lexicon;
+  lexicon.targets_by_frequency_ = target.ids_by_frequency();
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();

@@ -2,7 +2,7 @@
 // vocabulary map): t(target unit | source unit) learned from a parallel corpus's ids by IBM Model 1
 // (Brown et al. 1993, "The Mathematics of Statistical Machine Translation"), kept as each source
 // unit's most probable translations. Decoding a batch then scores only the target units its sources'
-// translations, the most frequent units and (with one vocabulary for both sides) the sources' own units
+// translations, the most frequent target units and (with one vocabulary for both sides) the sources' own units
 // hold, instead of the whole vocabulary: an approximation, usually BLEU-neutral, that makes the output
 // projection a fraction of its size.
 #pragma once
@@ -38,20 +38,23 @@ struct LexicalEntry {
 class Lexicon {
  public:
   /// IBM Model 1 trained on sources[i] translating to targets[i] (ids without specials; pairs with an
-  /// empty side are skipped), starting from uniform t. Throws mf::Error for options out of range,
-  /// different pair counts, or a negative id.
+  /// empty side are skipped), starting from uniform t. `targets_by_frequency` ranks the target
+  /// vocabulary for shortlist()'s `first` (TextCodec::ids_by_frequency); empty: id order. Throws
+  /// mf::Error for options out of range, different pair counts, or a negative id.
   static Lexicon train(const std::vector<std::vector<int64_t>>& sources,
-                       const std::vector<std::vector<int64_t>>& targets, const LexiconOptions& options = {});
+                       const std::vector<std::vector<int64_t>>& targets, const LexiconOptions& options = {},
+                       std::vector<int64_t> targets_by_frequency = {});
 
   /// The kept translations of `source`, most probable first (ties: lower target id first); empty for a
   /// source unit the corpus did not hold.
   std::span<const LexicalEntry> translations(int64_t source) const;
 
   /// The target ids decoding `sources` (a batch's source ids) may produce under Marian's shortlist
-  /// rule: ids [0, first) of the target vocabulary (the specials, then the units SentencePiece scores
-  /// highest, which are the most frequent), each source unit's `best` most probable translations, and,
-  /// with `shared_vocabulary`, the source ids themselves (names and numbers copied through). Ascending,
-  /// each once. Throws mf::Error for first or best below 0.
+  /// rule: the target vocabulary's `first` most frequent ids (the specials, then its most frequent
+  /// units: the first of the ranking train() or load() was given, so not SentencePiece's byte pieces,
+  /// which come first in its ids), each source unit's `best` most probable translations, and, with
+  /// `shared_vocabulary`, the source ids themselves (names and numbers copied through). Ascending, each
+  /// once. Throws mf::Error for first or best below 0.
   std::vector<int64_t> shortlist(std::span<const std::vector<int64_t>> sources, int64_t first, int64_t best,
                                  bool shared_vocabulary) const;
 
@@ -59,8 +62,9 @@ class Lexicon {
   /// codecs spell them, atomically. Throws mf::Error for a unit holding white space, or an id outside
   /// its codec.
   void save(const std::filesystem::path& path, const TextCodec& source, const TextCodec& target) const;
-  /// Reads a file in save()'s format, looking each unit up in the codecs; errors name the file, the line
-  /// and what is wrong (a unit neither codec holds, a malformed line or probability).
+  /// Reads a file in save()'s format, looking each unit up in the codecs (the target codec's
+  /// ids_by_frequency ranks the target vocabulary); errors name the file, the line and what is wrong (a
+  /// unit neither codec holds, a malformed line or probability).
   static Lexicon load(const std::filesystem::path& path, const TextCodec& source, const TextCodec& target);
 
   /// Source units with at least one translation.
@@ -70,6 +74,7 @@ class Lexicon {
 
  private:
   std::vector<std::vector<LexicalEntry>> translations_;  // by source id
+  std::vector<int64_t> targets_by_frequency_;            // empty: id order
 };
 
 }  // namespace mf::text

@@ -6,9 +6,11 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <iterator>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <unordered_map>
 
@@ -121,6 +123,16 @@ SubwordModel::SubwordModel(std::string bytes, std::string_view origin) : bytes_(
 const std::string& SubwordModel::piece(int64_t id) const {
   MF_CHECK(id >= 0 && id < size(), "subword model: id {} is outside its {} pieces", id, size());
   return pieces_[static_cast<size_t>(id)];
+}
+
+std::vector<int64_t> SubwordModel::ids_by_frequency() const {
+  std::vector<int64_t> ids(pieces_.size());
+  std::iota(ids.begin(), ids.end(), int64_t{0});
+  // SentencePiece numbers its byte pieces right after its specials, ahead of every learned piece.
+  std::stable_partition(ids.begin() + kSpecialTokenCount, ids.end(), [&](int64_t id) {
+    return !processor_->IsByte(to_sentencepiece_[static_cast<size_t>(id)]);
+  });
+  return ids;
 }
 
 std::vector<int64_t> SubwordModel::from_sentencepiece(std::span<const int> ids) const {

@@ -70,6 +70,10 @@ class SubwordModel {
   bool byte_fallback() const { return byte_fallback_; }
   /// The piece of `id` ("▁the", "<0xC3>", "<eos>"); throws mf::Error when it is out of range.
   const std::string& piece(int64_t id) const;
+  /// Every id once, the most frequent units first as the model ranks them: miniflow's four specials,
+  /// then SentencePiece's pieces in its order (by score: a unigram model's log-probability, a BPE
+  /// model's merge order), then the byte pieces, which spell only the characters no piece holds.
+  std::vector<int64_t> ids_by_frequency() const;
 
   /// Ids of the pieces of `text`, without <sos>/<eos>. Invalid UTF-8 never throws: SentencePiece
   /// replaces each bad byte with U+FFFD first.

@@ -53,7 +53,8 @@
 // free; FILE is read in step with the input and must have as many lines.
 //
 // --shortlist LEXICON (Marian's lexical shortlist) scores only each batch's likely target units: the
-// target vocabulary's first --shortlist-first (100) ids, each source unit's --shortlist-best (100)
+// target vocabulary's --shortlist-first (100) most frequent ids (specials, then pieces; SentencePiece's
+// byte pieces come last in that order, not first as in its ids), each source unit's --shortlist-best (100)
 // most probable translations in LEXICON (written by build_lexicon for this model), the source units
 // themselves where both sides share one vocabulary, and <eos>; the other units cannot be produced.
 // Faster (the output projection shrinks to those rows), and approximate: docs/translating.md says by
@@ -181,7 +182,7 @@ bool parse_options(int argc, char** argv, Options& o) {
            "score only the likely target units of each batch (Marian's --shortlist): a lexicon written by "
            "build_lexicon for this model; faster, approximate");
   args.add("shortlist-first", &o.shortlist_first,
-           "--shortlist: the target vocabulary's first (most frequent) units always scored");
+           "--shortlist: the target vocabulary's most frequent units (byte pieces aside) always scored");
   args.add("shortlist-best", &o.shortlist_best, "--shortlist: the most probable translations of each source unit");
   args.add("buffer-lines", &o.buffer_lines,
            fmt::format("input lines read and translated together, their output written before more is read "
