@@ -23,6 +23,11 @@ best candidate has), where miniflow stops when no live hypothesis can still ente
 timed at the same --length-penalty alpha; the beam agreement is measured on an extra, untimed pair of
 runs with alpha 0 (plain sums of log-probabilities), where the two searches rank alike.
 
+With --shortlist LEXICON both decode over Marian's lexical shortlists from the same lex.s2t file: miniflow
+with translate --shortlist, CTranslate2 with the same rule written into the converted model as its
+vocabulary map (use_vmap). Each takes the union of a batch's candidates, so the two engines' different
+batches give somewhat different sets.
+
 The length cap differs too: miniflow caps each of its batches at 1.5 x the batch's longest source + 10
 tokens (models::output_budget), CTranslate2 takes one max_decoding_length for the whole set (that
 formula on the longest source of the set), so a translation that runs away to the cap is cut at
@@ -38,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 
 import ctranslate2
 import numpy as np
@@ -74,6 +80,9 @@ class Vocabulary:
             self.pieces.append(self.sp.id_to_piece(sp_id))
         self.index = {piece: mf_id for mf_id, piece in enumerate(self.pieces)}
         self.byte_fallback = any(self.sp.is_byte(i) for i in range(self.sp.get_piece_size()))
+        # TextCodec::ids_by_frequency: the specials, the learned pieces in SentencePiece's order, the bytes.
+        is_byte = [mf_id >= len(SPECIALS) and self.sp.is_byte(self.to_sp[mf_id]) for mf_id in range(len(self.pieces))]
+        self.ids_by_frequency = sorted(range(len(self.pieces)), key=lambda mf_id: is_byte[mf_id])
 
     def encode(self, text, limit):
         """The pieces of `text` as miniflow's vocabulary spells them, at most `limit` of them."""
@@ -151,8 +160,9 @@ def set_self_attention_and_ffn(layer, tensors, prefix, ffn_norm):
     set_norm(layer.ffn.layer_norm, tensors, f"{prefix}.{ffn_norm}")
 
 
-def convert(config, source, target, tensors, output_dir):
-    """Writes the checkpoint as a CTranslate2 TransformerSpec model into output_dir.
+def convert(config, source, target, tensors, output_dir, vocabulary_map=None):
+    """Writes the checkpoint as a CTranslate2 TransformerSpec model into output_dir, with the
+    vocabulary_map file (write_vocabulary_map's) as the model's vmap.txt when one is given.
 
     Post-norm CTranslate2 layers apply each sublayer's layer_norm after its residual sum, pre-norm
     ones before the sublayer, as miniflow's norm1/2/3 do; the pre-norm stacks' final norm is the
@@ -195,9 +205,36 @@ def convert(config, source, target, tensors, output_dir):
     spec.config.decoder_start_token = SPECIALS[SOS]
     spec.config.add_source_eos = True  # miniflow's encoder reads the tokens + <eos>, no <sos>
     spec.config.layer_norm_epsilon = config["layer_norm_eps"]
+    if vocabulary_map:
+        spec.register_vocabulary_mapping(vocabulary_map)
     spec.validate()
     spec.optimize(quantization="float32")  # also stores the tied embedding / projection once
     spec.save(output_dir)
+
+
+def write_vocabulary_map(lexicon_path, source, target, first, best, path):
+    """Writes the shortlists translate --shortlist takes from a lex.s2t lexicon (Lexicon::shortlist, Marian's
+    rule) as a CTranslate2 vocabulary map at `path`: the empty n-gram's line lists the target vocabulary's
+    `first` most frequent pieces (always candidates), and each source piece's line its `best` most probable
+    translations (ties: the lower target id first) and, where one vocabulary serves both sides, the piece
+    itself. CTranslate2 adds its specials to a batch's candidates, as miniflow adds <eos>."""
+    translations = {}
+    with open(lexicon_path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            fields = line.split()
+            if len(fields) != 3 or fields[0] not in target.index or fields[1] not in source.index:
+                sys.exit(f"bench_ctranslate2.py: {lexicon_path}:{number}: not a 'target source probability' line "
+                         "over this checkpoint's pieces")
+            translations.setdefault(fields[1], []).append((-float(fields[2]), target.index[fields[0]]))
+    shared = source is target
+    lines = ["\t" + " ".join(target.pieces[i] for i in target.ids_by_frequency[:first])]
+    for piece in source.pieces[len(SPECIALS):]:
+        candidates = [target.pieces[t] for _, t in sorted(translations.get(piece, []))[:best]]
+        if shared:
+            candidates.append(piece)
+        if candidates:
+            lines.append(piece + "\t" + " ".join(candidates))
+    write_lines(path, lines)
 
 
 def output_budget(longest_source, max_len):
@@ -206,17 +243,26 @@ def output_budget(longest_source, max_len):
     return min(MINIFLOW_MAX_LEN, max_len - 1, longest_source * 3 // 2 + 10)
 
 
-def ct2_translate(translator, sources, beam, length_penalty, batching, max_decoding_length, disable_unk):
-    """Translates pre-tokenized sources with CTranslate2; returns the best hypotheses' pieces and the
-    seconds translate_batch took."""
+class Ct2Limits(typing.NamedTuple):
+    """What every CTranslate2 call of the benchmark shares: the length cap, whether <unk> is banned, and
+    whether each batch decodes over its vocabulary map's candidates only."""
+    max_decoding_length: int
+    disable_unk: bool
+    use_vmap: bool
+
+
+def ct2_translate(translator, sources, beam, length_penalty, batching, limits, use_vmap=None):
+    """Translates pre-tokenized sources with CTranslate2 within `limits` (use_vmap, when given, instead of
+    the limits' own); returns the best hypotheses' pieces and the seconds translate_batch took."""
     max_batch_size, batch_type = batching
     todo = [i for i, pieces in enumerate(sources) if pieces]  # miniflow prints an empty line for an empty one
     batch = [sources[i] for i in todo]
     start = time.perf_counter()
     results = translator.translate_batch(
         batch, beam_size=beam, length_penalty=length_penalty, max_batch_size=max_batch_size,
-        batch_type=batch_type, disable_unk=disable_unk, max_input_length=0,
-        max_decoding_length=max_decoding_length)
+        batch_type=batch_type, disable_unk=limits.disable_unk, max_input_length=0,
+        max_decoding_length=limits.max_decoding_length,
+        use_vmap=limits.use_vmap if use_vmap is None else use_vmap)
     seconds = time.perf_counter() - start
     best = [[] for _ in sources]
     for i, result in zip(todo, results):
@@ -228,17 +274,21 @@ class Miniflow:
     """Runs build/tools/translate on a file (with --timing and the given extra flags) and reads its
     timing line."""
 
-    def __init__(self, binary, checkpoint, extra_flags, precision):
+    def __init__(self, binary, checkpoint, extra_flags, precision, shortlist_flags):
         if not os.access(binary, os.X_OK):
             sys.exit(f"bench_ctranslate2.py: no miniflow translate binary at '{binary}' (ninja -C build)")
         self.binary, self.checkpoint, self.extra_flags, self.precision = binary, checkpoint, extra_flags, precision
+        self.shortlist_flags = shortlist_flags
 
-    def translate(self, input_path, threads, beam, length_penalty, precision=None):
+    def translate(self, input_path, threads, beam, length_penalty, precision=None, shortlist=True):
         """Returns (output lines, tokens, seconds), tokens and seconds as --timing prints them; in the
-        benchmark's --miniflow-precision unless `precision` says otherwise."""
+        benchmark's --miniflow-precision unless `precision` says otherwise, over the benchmark's shortlist
+        (if any) unless `shortlist` is False."""
         command = [self.binary, "--checkpoint", self.checkpoint, "--input", input_path, "--threads", str(threads),
                    "--beam", str(beam), "--length-penalty", str(length_penalty), "--timing",
                    "--precision", precision or self.precision] + self.extra_flags
+        if shortlist:
+            command += self.shortlist_flags
         run = subprocess.run(command, capture_output=True, text=True)
         if run.returncode != 0:
             sys.exit(f"bench_ctranslate2.py: {' '.join(command)} failed ({run.returncode}):\n{run.stderr}")
@@ -295,11 +345,10 @@ def write_lines(path, lines):
         f.write("".join(line + "\n" for line in lines))
 
 
-def choose_batching(translator, sources, beam, length_penalty, max_decoding_length, disable_unk):
+def choose_batching(translator, sources, beam, length_penalty, limits):
     """The fastest of BATCHINGS for this beam on the first BATCHING_SAMPLE sources."""
     sample = sources[:BATCHING_SAMPLE]
-    times = {b: ct2_translate(translator, sample, beam, length_penalty, b, max_decoding_length, disable_unk)[1]
-             for b in BATCHINGS}
+    times = {b: ct2_translate(translator, sample, beam, length_penalty, b, limits)[1] for b in BATCHINGS}
     best = min(times, key=times.get)
     tried = ", ".join(f"{size} {kind} {seconds:.3f} s" for (size, kind), seconds in times.items())
     print(f"beam {beam}: CTranslate2 batching tried on {len(sample)} sentences: {tried}; "
@@ -307,14 +356,15 @@ def choose_batching(translator, sources, beam, length_penalty, max_decoding_leng
     return best
 
 
-def verify(miniflow, translator, lines, sources, target, output_dir, max_decoding_length, disable_unk):
+def verify(miniflow, translator, lines, sources, target, output_dir, limits):
     """Exits unless CTranslate2's greedy translations of the first VERIFY_SENTENCES sources are the text
-    miniflow prints for them, both in float32: the converted model must compute what miniflow computes."""
+    miniflow prints for them, both in float32 over the whole vocabulary: the converted model must compute
+    what miniflow computes."""
     path = os.path.join(output_dir, "verify.src")
     write_lines(path, lines[:VERIFY_SENTENCES])
-    expected, _, _ = miniflow.translate(path, 1, 1, 0.0, precision="fp32")
-    pieces, _ = ct2_translate(translator, sources[:VERIFY_SENTENCES], 1, 0.0, (64, "examples"),
-                              max_decoding_length, disable_unk)
+    expected, _, _ = miniflow.translate(path, 1, 1, 0.0, precision="fp32", shortlist=False)
+    pieces, _ = ct2_translate(translator, sources[:VERIFY_SENTENCES], 1, 0.0, (64, "examples"), limits,
+                              use_vmap=False)
     got = [target.decode(p) for p in pieces]
     wrong = [(i, e, g) for i, (e, g) in enumerate(zip(expected, got)) if e != g]
     if wrong:
@@ -325,7 +375,7 @@ def verify(miniflow, translator, lines, sources, target, output_dir, max_decodin
           file=sys.stderr)
 
 
-def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_length, disable_unk):
+def benchmark(args, miniflow, model_dir, lines, sources, target, limits):
     """One row per (threads, beam): the fastest of --repeat alternated runs of each, and the agreement."""
     input_path = os.path.join(args.output_dir, "source.txt")
     write_lines(input_path, lines)
@@ -341,15 +391,14 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_le
         for beam in args.beams:
             lp = args.length_penalty if beam > 1 else 0.0
             if beam not in batchings:
-                batchings[beam] = choose_batching(translator, sources, beam, lp, max_decoding_length, disable_unk)
+                batchings[beam] = choose_batching(translator, sources, beam, lp, limits)
             best_mf, best_ct2 = None, {}  # best_ct2: per split, (tokens, seconds)
             for _ in range(args.repeat):
                 mf_lines, mf_tokens, mf_seconds = miniflow.translate(input_path, threads, beam, lp)
                 if best_mf is None or mf_seconds < best_mf[1]:
                     best_mf = (mf_tokens, mf_seconds)
                 for split, candidate in translators.items():
-                    pieces, ct2_seconds = ct2_translate(candidate, sources, beam, lp, batchings[beam],
-                                                        max_decoding_length, disable_unk)
+                    pieces, ct2_seconds = ct2_translate(candidate, sources, beam, lp, batchings[beam], limits)
                     if split not in best_ct2 or ct2_seconds < best_ct2[split][1]:
                         best_ct2[split] = (sum(len(p) for p in pieces), ct2_seconds)
             fastest = min(best_ct2, key=lambda split: best_ct2[split][1])
@@ -358,8 +407,7 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_le
             if beam > 1 and lp != 0:  # the two penalties differ: compare the searches at alpha 0
                 agree_lp = 0.0
                 mf_lines = miniflow.translate(input_path, threads, beam, 0.0)[0]
-                pieces, _ = ct2_translate(translator, sources, beam, 0.0, batchings[beam], max_decoding_length,
-                                          disable_unk)
+                pieces, _ = ct2_translate(translator, sources, beam, 0.0, batchings[beam], limits)
                 ct2_lines = [target.decode(p) for p in pieces]
             tag = f"t{threads}.b{beam}"
             write_lines(os.path.join(args.output_dir, f"miniflow.{tag}.txt"), mf_lines)
@@ -444,39 +492,59 @@ def main():
                         help="CTranslate2's compute type for the timed runs (float32, int8, int8_float32: "
                              "ctranslate2.get_supported_compute_types('cpu') lists this CPU's); the conversion is "
                              "checked in float32 either way")
+    parser.add_argument("--shortlist", metavar="LEXICON",
+                        help="decode both over lexical shortlists from this lex.s2t (build_lexicon's): miniflow "
+                             "with translate --shortlist, CTranslate2 with the same rule written as its vocabulary "
+                             "map (use_vmap); the conversion is checked over the whole vocabulary either way")
+    parser.add_argument("--shortlist-first", type=int, default=100,
+                        help="with --shortlist: the target vocabulary's first ids always kept (default 100)")
+    parser.add_argument("--shortlist-best", type=int, default=100,
+                        help="with --shortlist: each source piece's most probable translations kept (default 100)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement, the fastest kept (default 3)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown, for BENCHMARKS.md")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.shortlist_first < 0 or args.shortlist_best < 0:
+        parser.error("--shortlist-first and --shortlist-best must be at least 0")
+    if args.shortlist and not os.path.isfile(args.shortlist):
+        sys.exit(f"bench_ctranslate2.py: no lexicon at '{args.shortlist}'")
+    shortlist_flags = ["--shortlist", args.shortlist, "--shortlist-first", str(args.shortlist_first),
+                       "--shortlist-best", str(args.shortlist_best)] if args.shortlist else []
     lines = read_lines(args.source, "source")
     if len(read_lines(args.reference, "reference")) != len(lines):
         sys.exit(f"bench_ctranslate2.py: {args.reference} and {args.source} have different line counts")
     if not os.path.isfile(args.checkpoint):
         sys.exit(f"bench_ctranslate2.py: no checkpoint at '{args.checkpoint}'")
-    miniflow = Miniflow(args.miniflow_translate, args.checkpoint, args.miniflow_flags.split(), args.miniflow_precision)
+    miniflow = Miniflow(args.miniflow_translate, args.checkpoint, args.miniflow_flags.split(), args.miniflow_precision,
+                        shortlist_flags)
 
     with tempfile.TemporaryDirectory(prefix="bench_ctranslate2.") as scratch:
         args.output_dir = args.output_dir or scratch
         model_dir = os.path.join(args.output_dir, "ctranslate2_model")
         os.makedirs(model_dir, exist_ok=True)
         config, source, target, tensors = read_checkpoint(args.checkpoint)
-        convert(config, source, target, tensors, model_dir)
+        vocabulary_map = None
+        if args.shortlist:
+            vocabulary_map = os.path.join(args.output_dir, "vmap.txt")
+            write_vocabulary_map(args.shortlist, source, target, args.shortlist_first, args.shortlist_best,
+                                 vocabulary_map)
+        convert(config, source, target, tensors, model_dir, vocabulary_map)
         del tensors
         sources = [source.encode(line, config["max_len"] - 1) for line in lines]
-        max_decoding_length = output_budget(max(len(s) for s in sources) + 1, config["max_len"])
-        disable_unk = target.byte_fallback  # miniflow bans <unk> only when the target spells every text
-        print(f"converted to {model_dir}; max_decoding_length {max_decoding_length}, disable_unk {disable_unk}",
-              file=sys.stderr)
+        # miniflow bans <unk> only when the target spells every text
+        limits = Ct2Limits(max_decoding_length=output_budget(max(len(s) for s in sources) + 1, config["max_len"]),
+                           disable_unk=target.byte_fallback, use_vmap=vocabulary_map is not None)
+        print(f"converted to {model_dir}; {limits}", file=sys.stderr)
         verify_translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32", intra_threads=1)
-        verify(miniflow, verify_translator, lines, sources, target, args.output_dir, max_decoding_length,
-               disable_unk)
+        verify(miniflow, verify_translator, lines, sources, target, args.output_dir, limits)
         del verify_translator
         backend = ct2_backend(model_dir)
-        rows = benchmark(args, miniflow, model_dir, lines, sources, target, max_decoding_length, disable_unk)
+        rows = benchmark(args, miniflow, model_dir, lines, sources, target, limits)
 
     cpu, flags = cpu_description()
-    timing = " ".join(["translate --timing --precision", args.miniflow_precision] + miniflow.extra_flags)
+    timing = " ".join(["translate --timing --precision", args.miniflow_precision] + miniflow.extra_flags +
+                      shortlist_flags)
     batching = ", ".join(f"beam {r['beam']}: {r['batching'][0]} {r['batching'][1]}"
                          for r in rows if r["threads"] == args.threads[0])
     beam_agreement = "; beam agreement measured at alpha 0" if args.length_penalty != 0 else ""
@@ -485,7 +553,9 @@ def main():
              f"{args.length_penalty:g} for beam > 1 (miniflow GNMT ((5 + len) / 6)^alpha, CTranslate2 "
              f"len^alpha){beam_agreement}",
              f"miniflow timed by {timing}; CTranslate2 {ctranslate2.__version__}, {args.ct2_compute_type} ({backend}), "
-             f"translate_batch only, batching {batching}",
+             f"translate_batch only, batching {batching}" + (
+                 f", use_vmap over the same shortlists ({args.shortlist_first} first pieces, each source piece's "
+                 f"{args.shortlist_best} best translations)" if args.shortlist else ""),
              "miniflow/CT2 = miniflow's sentences/s / CTranslate2's at its faster use of the threads (CT2 "
              "threads), and in the last column / CTranslate2's at intra_threads = threads; agreement = output "
              "lines equal"]

@@ -7,13 +7,14 @@
 #
 #   bash tools/bench_ctranslate2.sh --checkpoint CKPT [--threads 1,2] [--beams 1,4] [--repeat 3] [--markdown]
 #     [--miniflow-precision int8 --ct2-compute-type int8]   (int8 beside int8)
+#     [--shortlist LEXICON]   (both over the same lexical shortlists: translate --shortlist, CTranslate2's vmap)
 #   (every argument goes to tools/bench_ctranslate2.py; --help lists them once .venv-ct2 exists)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 venv=.venv-ct2
 if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
-  sed -n '2,10p' "$0"
+  sed -n '2,11p' "$0"
   if [[ -x "$venv/bin/python" ]]; then echo; "$venv/bin/python" tools/bench_ctranslate2.py --help; fi
   exit 0
 fi
