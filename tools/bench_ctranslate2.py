@@ -251,9 +251,9 @@ class Ct2Limits(typing.NamedTuple):
     use_vmap: bool
 
 
-def ct2_translate(translator, sources, beam, length_penalty, batching, limits, use_vmap=None):
-    """Translates pre-tokenized sources with CTranslate2 within `limits` (use_vmap, when given, instead of
-    the limits' own); returns the best hypotheses' pieces and the seconds translate_batch took."""
+def ct2_translate(translator, sources, beam, length_penalty, batching, limits):
+    """Translates pre-tokenized sources with CTranslate2 within `limits`; returns the best hypotheses'
+    pieces and the seconds translate_batch took."""
     max_batch_size, batch_type = batching
     todo = [i for i, pieces in enumerate(sources) if pieces]  # miniflow prints an empty line for an empty one
     batch = [sources[i] for i in todo]
@@ -262,7 +262,7 @@ def ct2_translate(translator, sources, beam, length_penalty, batching, limits, u
         batch, beam_size=beam, length_penalty=length_penalty, max_batch_size=max_batch_size,
         batch_type=batch_type, disable_unk=limits.disable_unk, max_input_length=0,
         max_decoding_length=limits.max_decoding_length,
-        use_vmap=limits.use_vmap if use_vmap is None else use_vmap)
+        use_vmap=limits.use_vmap)
     seconds = time.perf_counter() - start
     best = [[] for _ in sources]
     for i, result in zip(todo, results):
@@ -363,8 +363,8 @@ def verify(miniflow, translator, lines, sources, target, output_dir, limits):
     path = os.path.join(output_dir, "verify.src")
     write_lines(path, lines[:VERIFY_SENTENCES])
     expected, _, _ = miniflow.translate(path, 1, 1, 0.0, precision="fp32", shortlist=False)
-    pieces, _ = ct2_translate(translator, sources[:VERIFY_SENTENCES], 1, 0.0, (64, "examples"), limits,
-                              use_vmap=False)
+    pieces, _ = ct2_translate(translator, sources[:VERIFY_SENTENCES], 1, 0.0, (64, "examples"),
+                              limits._replace(use_vmap=False))
     got = [target.decode(p) for p in pieces]
     wrong = [(i, e, g) for i, (e, g) in enumerate(zip(expected, got)) if e != g]
     if wrong:
