@@ -391,6 +391,68 @@ TEST_CASE("IBM Model 1's NULL word takes the unit every pair holds") {
   CHECK(probability(with_null, 0, 9) < probability(without, 0, 9));
 }
 
+TEST_CASE("fast_align's diagonal prior credits the source unit across from each target unit") {
+  // One pair, "a b" -> "A B", no NULL, tension 4, one pass from uniform t (so the posterior is the
+  // prior): target position 1 of 2 weighs source position 1 by exp(-4 |1/2 - 1/2|) = 1 and position 2
+  // by exp(-4 |1/2 - 2/2|) = e^-2, and position 2 the other way round; so t(A | a) = t(B | b) =
+  // 1 / (1 + e^-2) = 0.8808, where IBM Model 1 leaves both at 1/2 however long it runs.
+  const std::vector<std::vector<int64_t>> one_pair{{0, 1}};
+  const mf::text::LexiconOptions diagonal{.iterations = 1, .null_word = false, .diagonal_tension = 4,
+                                          .min_probability = 1e-9};
+  const mf::text::Lexicon first_pass = mf::text::Lexicon::train(one_pair, one_pair, diagonal);
+  CHECK(probability(first_pass, 0, 0) == doctest::Approx(1 / (1 + std::exp(-2.0))));
+  CHECK(probability(first_pass, 0, 1) == doctest::Approx(std::exp(-2.0) / (1 + std::exp(-2.0))));
+  CHECK(probability(first_pass, 1, 1) == doctest::Approx(1 / (1 + std::exp(-2.0))));
+  const mf::text::Lexicon model1 = mf::text::Lexicon::train(one_pair, one_pair, {.iterations = 10, .null_word = false});
+  CHECK(probability(model1, 0, 0) == doctest::Approx(0.5));
+
+  // Every ordered pair of five units, translated in the same order and reversed. IBM Model 1 ignores
+  // order, so it learns the same table from both. A fixed tension helps the first and hurts the second;
+  // re-estimated, it rises on the first (each unit's own translation gains more) and falls on the second
+  // (it loses less).
+  std::vector<std::vector<int64_t>> pairs, reversed;
+  for (int64_t a = 0; a < 5; ++a)
+    for (int64_t b = 0; b < 5; ++b)
+      if (a != b) {
+        pairs.push_back({a, b});
+        reversed.push_back({b, a});
+      }
+  const mf::text::LexiconOptions plain{.iterations = 4, .null_word = false, .min_probability = 1e-9};
+  mf::text::LexiconOptions fixed = plain, optimized = plain;
+  fixed.diagonal_tension = optimized.diagonal_tension = 1;
+  optimized.optimize_tension = true;
+  const auto own = [&](const std::vector<std::vector<int64_t>>& targets, const mf::text::LexiconOptions& options) {
+    return probability(mf::text::Lexicon::train(pairs, targets, options), 0, 0);
+  };
+  CHECK(own(reversed, plain) == doctest::Approx(own(pairs, plain)));
+  CHECK(own(pairs, plain) < own(pairs, fixed));
+  CHECK(own(pairs, fixed) < own(pairs, optimized));
+  CHECK(own(reversed, fixed) < own(reversed, optimized));
+  CHECK(own(reversed, optimized) < own(reversed, plain));
+}
+
+TEST_CASE("variational Bayes gives Koehn's first pass the digamma function's values") {
+  // Pass 1 counts for "das": the 1, house 1/2, book 1/2 (total 2, three entries). With alpha = 1,
+  // t(e | das) = exp(psi(count + 1) - psi(2 + 3)), and psi at these points is known in closed form:
+  // psi(5) = 1 + 1/2 + 1/3 + 1/4 - gamma, psi(2) = 1 - gamma, psi(3/2) = 2 - 2 ln 2 - gamma. So
+  // t(the | das) = exp(1 - 25/12) = exp(-13/12) and t(house | das) = exp(2 - 2 ln 2 - 25/12) = exp(-1/12) / 4.
+  const mf::text::Lexicon bayes = mf::text::Lexicon::train(
+      kKoehnSources, kKoehnTargets,
+      {.iterations = 1, .null_word = false, .dirichlet_alpha = 1, .min_probability = 1e-9});
+  CHECK(probability(bayes, 0, 0) == doctest::Approx(std::exp(-13.0 / 12)).epsilon(1e-9));
+  CHECK(probability(bayes, 0, 1) == doctest::Approx(std::exp(-1.0 / 12) / 4).epsilon(1e-9));
+  CHECK(probability(bayes, 0, 2) == doctest::Approx(std::exp(-1.0 / 12) / 4).epsilon(1e-9));
+  // A small alpha drives the counts well below one unit to nothing: on the corpus above, after a few
+  // passes each source unit keeps fewer translations above min_probability than under plain EM.
+  const std::vector<std::vector<int64_t>> sources{{0, 1, 4}, {0, 2, 4}, {3, 2, 5}, {3, 1, 5}};
+  const std::vector<std::vector<int64_t>> targets{{0, 1, 4}, {0, 2, 4}, {3, 2, 5}, {3, 1, 5}};
+  const mf::text::Lexicon sparse =
+      mf::text::Lexicon::train(sources, targets, {.iterations = 5, .dirichlet_alpha = 0.01});
+  const mf::text::Lexicon dense = mf::text::Lexicon::train(sources, targets, {.iterations = 5});
+  for (int64_t unit = 0; unit < 6; ++unit) CHECK(sparse.translations(unit).size() <= dense.translations(unit).size());
+  CHECK(sparse.translations(0).size() < dense.translations(0).size());
+}
+
 TEST_CASE("a lexicon keeps each source unit's most probable translations, and its shortlists follow Marian") {
   const std::vector<std::vector<int64_t>> sources{{4, 5}, {4, 6}, {7, 6}};
   const std::vector<std::vector<int64_t>> targets{{10, 11}, {10, 12}, {13, 12}};
@@ -439,6 +501,17 @@ TEST_CASE("a lexicon refuses bad training input") {
                        mf::Error);
   CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {.min_probability = 0}),
                        doctest::Contains("min_probability must be in (0, 1]"), mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {.diagonal_tension = -1}),
+                       doctest::Contains("diagonal_tension must be 0 or more, got -1"), mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {.null_probability = 1}),
+                       doctest::Contains("null_probability must be in [0, 1), got 1"), mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {.dirichlet_alpha = -0.5}),
+                       doctest::Contains("dirichlet_alpha must be 0 or more, got -0.5"), mf::Error);
+  // The target ranking orders ids once each: shortlist()'s `first` would count a repeated id twice.
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {}, {0, 2, 1, 2}),
+                       doctest::Contains("the target ranking holds the id 2 more than once"), mf::Error);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train({{1}}, {{1}}, {}, {0, -3, 1}),
+                       doctest::Contains("the target ranking holds the negative id -3"), mf::Error);
   // Pairs with an empty side teach nothing.
   CHECK(mf::text::Lexicon::train({{}, {5}}, {{6}, {}}).sources() == 0);
 }

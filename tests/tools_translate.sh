@@ -540,6 +540,19 @@ expect "--shortlist of another model's lexicon" 1 "line 1: the source unit 'katz
   "$translate" --checkpoint "$ckpt" --shortlist "$dir/alien.s2t"
 expect "build_lexicon without --output" 2 "--output is required" \
   "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt"
+# fast_align's options: the toy pairs' lexicon again, and the shortlists still hold every word needed.
+expect "build_lexicon as fast_align -d -o -v" 0 "" \
+  "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex_fa.s2t" \
+  --diagonal-tension 4 --optimize-tension --dirichlet-alpha 0.01
+"$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --shortlist "$dir/lex_fa.s2t" --shortlist-first 4 \
+  --shortlist-best 10 >"$dir/shortlist_fa.txt"
+same_file "... and --shortlist with it translates the memorised pairs alike" "$dir/ref.txt" "$dir/shortlist_fa.txt"
+expect "build_lexicon --optimize-tension alone" 2 "--optimize-tension needs a --diagonal-tension" \
+  "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex2.s2t" \
+  --optimize-tension
+expect "build_lexicon --null-probability 1" 2 "--null-probability must be in [0, 1), not 1" \
+  "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex2.s2t" \
+  --diagonal-tension 4 --null-probability 1
 head -3 "$dir/ref.txt" >"$dir/ref3.txt"
 expect "build_lexicon of files of different lengths" 1 "ref3.txt" \
   "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref3.txt" --output "$dir/lex2.s2t"

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -54,6 +55,67 @@ CoOccurrences co_occurrences(const std::vector<std::vector<int64_t>>& sources,
   return out;
 }
 
+/// psi(x), the digamma function, for x > 0: the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 6,
+/// then the asymptotic series ln x - 1/(2x) - sum B_2k / (2k x^2k) (Abramowitz and Stegun 6.3.18),
+/// whose first omitted term is below 1e-11 there.
+double digamma(double x) {
+  double shift = 0;
+  for (; x < 6; x += 1) shift -= 1 / x;
+  const double r = 1 / (x * x);
+  return shift + std::log(x) - 0.5 / x - r * (1.0 / 12 - r * (1.0 / 120 - r * (1.0 / 252 - r * (1.0 / 240 - r / 132))));
+}
+
+/// fast_align's alignment feature: minus the distance from the diagonal of source position j (of n)
+/// for target position i (of m), both counted from 1.
+double diagonal_feature(int64_t i, int64_t m, int64_t j, int64_t n) {
+  return -std::abs(static_cast<double>(i) / static_cast<double>(m) - static_cast<double>(j) / static_cast<double>(n));
+}
+
+/// The mean and variance of diagonal_feature over source positions j = 1..n weighted by
+/// exp(tension * feature): what the alignment prior expects at target position i of m.
+std::pair<double, double> diagonal_moments(int64_t i, int64_t m, int64_t n, double tension) {
+  double z = 0, first = 0, second = 0;
+  for (int64_t j = 1; j <= n; ++j) {
+    const double h = diagonal_feature(i, m, j, n), w = std::exp(tension * h);
+    z += w;
+    first += w * h;
+    second += w * h * h;
+  }
+  const double mean = first / z;
+  return {mean, std::max(0.0, second / z - mean * mean)};
+}
+
+/// What a pass's alignments say of the tension: the expected feature summed over every target unit's
+/// posterior (NULL aside), and per (target length, source length) and target position the posterior
+/// mass off NULL, which the prior's expectation is weighed by.
+struct TensionEvidence {
+  double feature = 0;
+  std::map<std::pair<int64_t, int64_t>, std::vector<double>> aligned_mass;
+};
+
+/// The tension maximizing the pass's expected log-likelihood of its alignments, sum over units of
+/// tension * feature - log Z(tension) weighed by the aligned mass: concave in the tension, so Newton's
+/// method from `tension`, kept within [0, kMaxTension].
+double optimized_tension(const TensionEvidence& evidence, double tension) {
+  constexpr double kMaxTension = 100;  // exp(-100) already leaves the far positions nothing
+  for (int step = 0; step < 50; ++step) {
+    double gradient = evidence.feature, curvature = 0;
+    for (const auto& [lengths, masses] : evidence.aligned_mass)
+      for (size_t i = 0; i < masses.size(); ++i) {
+        const auto [mean, variance] = diagonal_moments(static_cast<int64_t>(i) + 1, lengths.first, lengths.second,
+                                                       tension);
+        gradient -= masses[i] * mean;
+        curvature += masses[i] * variance;
+      }
+    if (curvature <= 0) break;  // every sentence one source unit long: the tension changes nothing
+    const double next = std::clamp(tension + gradient / curvature, 0.0, kMaxTension);
+    const bool settled = std::abs(next - tension) < 1e-9 * std::max(1.0, tension);
+    tension = next;
+    if (settled) break;
+  }
+  return tension;
+}
+
 bool holds_space(const std::string& unit) {
   return std::any_of(unit.begin(), unit.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
 }
@@ -74,8 +136,21 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
   MF_CHECK(options.keep >= 1, "Lexicon::train: keep must be at least 1, got {}", options.keep);
   MF_CHECK(options.min_probability > 0 && options.min_probability <= 1,
            "Lexicon::train: min_probability must be in (0, 1], got {}", options.min_probability);
+  MF_CHECK(options.diagonal_tension >= 0 && std::isfinite(options.diagonal_tension),
+           "Lexicon::train: diagonal_tension must be 0 or more, got {}", options.diagonal_tension);
+  MF_CHECK(options.null_probability >= 0 && options.null_probability < 1,
+           "Lexicon::train: null_probability must be in [0, 1), got {}", options.null_probability);
+  MF_CHECK(options.dirichlet_alpha >= 0 && std::isfinite(options.dirichlet_alpha),
+           "Lexicon::train: dirichlet_alpha must be 0 or more, got {}", options.dirichlet_alpha);
   MF_CHECK(sources.size() == targets.size(), "Lexicon::train: {} source sentences but {} target sentences",
            sources.size(), targets.size());
+  std::vector<int64_t> ranked(targets_by_frequency);
+  std::sort(ranked.begin(), ranked.end());
+  MF_CHECK(ranked.empty() || ranked.front() >= 0, "Lexicon::train: the target ranking holds the negative id {}",
+           ranked.empty() ? 0 : ranked.front());
+  const auto repeated = std::adjacent_find(ranked.begin(), ranked.end());
+  MF_CHECK(repeated == ranked.end(), "Lexicon::train: the target ranking holds the id {} more than once",
+           repeated == ranked.end() ? 0 : *repeated);
   int64_t source_rows = 0;  // one past the largest source id
   for (size_t i = 0; i < sources.size(); ++i) {
     for (int64_t id : targets[i]) MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
@@ -86,33 +161,76 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
   }
   const CoOccurrences pairs = co_occurrences(sources, targets, source_rows, options.null_word);
   const int64_t null_row = source_rows;
+  const bool diagonal = options.diagonal_tension > 0;
+  const double null_prior = options.null_word ? options.null_probability : 0.0;
 
   // EM (Koehn, "Statistical Machine Translation", fig. 4.3): each target unit e of a pair is shared out
-  // over the pair's source units f (and NULL) in proportion to t(e | f); t(e | f) becomes f's share of
-  // e over f's shares of all units. Uniform t to start: the first pass counts co-occurrences.
+  // over the pair's source units f (and NULL) in proportion to prior(position of f) * t(e | f); t(e | f)
+  // becomes f's share of e over f's shares of all units. IBM Model 1's prior is uniform; fast_align's
+  // favours the diagonal and gives NULL null_probability. Uniform t to start.
   std::vector<double> t(pairs.targets.size(), 1.0), counts(pairs.targets.size());
   std::vector<double> totals(static_cast<size_t>(source_rows) + 1);
   std::vector<int64_t> slots;
+  std::vector<double> weights;
+  double tension = options.diagonal_tension;
   for (int64_t iteration = 0; iteration < options.iterations; ++iteration) {
     std::fill(counts.begin(), counts.end(), 0.0);
     std::fill(totals.begin(), totals.end(), 0.0);
+    TensionEvidence evidence;
     for (size_t i = 0; i < sources.size(); ++i) {
       if (sources[i].empty() || targets[i].empty()) continue;
-      for (int64_t e : targets[i]) {
+      const auto m = static_cast<int64_t>(targets[i].size()), n = static_cast<int64_t>(sources[i].size());
+      std::vector<double>* aligned_mass = nullptr;
+      if (diagonal && options.optimize_tension) {
+        aligned_mass = &evidence.aligned_mass[{m, n}];
+        aligned_mass->resize(static_cast<size_t>(m));
+      }
+      for (int64_t position = 0; position < m; ++position) {
+        const int64_t e = targets[i][static_cast<size_t>(position)];
         slots.clear();
+        weights.clear();
         for (int64_t f : sources[i]) slots.push_back(pairs.slot(f, e));
-        if (options.null_word) slots.push_back(pairs.slot(null_row, e));
+        if (diagonal) {
+          double z = 0;
+          for (int64_t j = 1; j <= n; ++j)
+            z += weights.emplace_back(std::exp(tension * diagonal_feature(position + 1, m, j, n)));
+          for (double& w : weights) w *= (1 - null_prior) / z;
+        } else {
+          weights.assign(slots.size(), 1.0);
+        }
+        if (options.null_word) {
+          slots.push_back(pairs.slot(null_row, e));
+          weights.push_back(diagonal ? null_prior : 1.0);
+        }
         double sum = 0;
-        for (int64_t s : slots) sum += t[static_cast<size_t>(s)];
-        for (int64_t s : slots) counts[static_cast<size_t>(s)] += t[static_cast<size_t>(s)] / sum;
+        for (size_t k = 0; k < slots.size(); ++k) sum += weights[k] *= t[static_cast<size_t>(slots[k])];
+        for (size_t k = 0; k < slots.size(); ++k) counts[static_cast<size_t>(slots[k])] += weights[k] / sum;
+        if (aligned_mass) {
+          for (int64_t j = 1; j <= n; ++j) {
+            const double posterior = weights[static_cast<size_t>(j - 1)] / sum;
+            evidence.feature += posterior * diagonal_feature(position + 1, m, j, n);
+            (*aligned_mass)[static_cast<size_t>(position)] += posterior;
+          }
+        }
       }
     }
     for (int64_t f = 0; f <= null_row; ++f)
       for (int64_t s = pairs.row_start[static_cast<size_t>(f)]; s < pairs.row_start[static_cast<size_t>(f) + 1]; ++s)
         totals[static_cast<size_t>(f)] += counts[static_cast<size_t>(s)];
-    for (int64_t f = 0; f <= null_row; ++f)
-      for (int64_t s = pairs.row_start[static_cast<size_t>(f)]; s < pairs.row_start[static_cast<size_t>(f) + 1]; ++s)
-        t[static_cast<size_t>(s)] = counts[static_cast<size_t>(s)] / totals[static_cast<size_t>(f)];
+    const double alpha = options.dirichlet_alpha;
+    for (int64_t f = 0; f <= null_row; ++f) {
+      const auto first = static_cast<size_t>(pairs.row_start[static_cast<size_t>(f)]);
+      const auto last = static_cast<size_t>(pairs.row_start[static_cast<size_t>(f) + 1]);
+      const double total = totals[static_cast<size_t>(f)];
+      if (alpha == 0) {
+        for (size_t s = first; s < last; ++s) t[s] = counts[s] / total;
+        continue;
+      }
+      // Variational Bayes (fast_align's -v): t = exp(psi(count + alpha) - psi(total + alpha * entries)).
+      const double psi_total = digamma(total + alpha * static_cast<double>(last - first));
+      for (size_t s = first; s < last; ++s) t[s] = std::exp(digamma(counts[s] + alpha) - psi_total);
+    }
+    if (diagonal && options.optimize_tension) tension = optimized_tension(evidence, tension);
   }
 
   Lexicon lexicon;

@@ -1,7 +1,9 @@
 // A lexical translation table and the output shortlists it gives (Marian's --shortlist, CTranslate2's
 // vocabulary map): t(target unit | source unit) learned from a parallel corpus's ids by IBM Model 1
-// (Brown et al. 1993, "The Mathematics of Statistical Machine Translation"), kept as each source
-// unit's most probable translations. Decoding a batch then scores only the target units its sources'
+// (Brown et al. 1993, "The Mathematics of Statistical Machine Translation"), or by fast_align's
+// reparameterization of IBM Model 2 (Dyer, Chahuneau and Smith 2013, "A Simple, Fast, and Effective
+// Reparameterization of IBM Model 2"), which Marian's recipes align with, kept as each source unit's
+// most probable translations. Decoding a batch then scores only the target units its sources'
 // translations, the most frequent target units and (with one vocabulary for both sides) the sources' own units
 // hold, instead of the whole vocabulary: an approximation, usually BLEU-neutral, that makes the output
 // projection a fraction of its size.
@@ -22,6 +24,20 @@ struct LexiconOptions {
   /// A source NULL every target unit may also come from (IBM Model 1's empty word), so that units no
   /// source unit explains (articles, punctuation) do not crowd the translations of the others.
   bool null_word = true;
+  /// fast_align's preference for the diagonal (its -d): the unit at target position i of m comes from
+  /// source position j of n with a weight proportional to exp(-tension |i/m - j/n|), so that a unit is
+  /// credited mostly to the source units across from it. 0: IBM Model 1, every position alike.
+  double diagonal_tension = 0;
+  /// With a diagonal_tension: the tension re-estimated after each pass (fast_align's -o), by Newton's
+  /// method on the expected log-likelihood of the pass's alignments; the tension given is the start.
+  bool optimize_tension = false;
+  /// With a diagonal_tension and null_word: the prior probability that a target unit comes from NULL
+  /// (fast_align's -p0), in [0, 1).
+  double null_probability = 0.08;
+  /// Variational Bayes under a symmetric Dirichlet prior of this concentration on each t(. | source)
+  /// (fast_align's -v with its -a): counts well below one unit are driven to nothing, so each unit keeps
+  /// fewer, likelier translations; its t then sums to less than 1. 0: maximum likelihood (plain EM).
+  double dirichlet_alpha = 0;
   /// Translations kept per source unit, the most probable first; at least 1.
   int64_t keep = 100;
   /// Translations less probable than this are dropped, in (0, 1].
@@ -37,10 +53,11 @@ struct LexicalEntry {
 
 class Lexicon {
  public:
-  /// IBM Model 1 trained on sources[i] translating to targets[i] (ids without specials; pairs with an
-  /// empty side are skipped), starting from uniform t. `targets_by_frequency` ranks the target
-  /// vocabulary for shortlist()'s `first` (TextCodec::ids_by_frequency); empty: id order. Throws
-  /// mf::Error for options out of range, different pair counts, or a negative id.
+  /// IBM Model 1 (or, with options.diagonal_tension, fast_align's Model 2) trained on sources[i]
+  /// translating to targets[i] (ids without specials; pairs with an empty side are skipped), starting
+  /// from uniform t. `targets_by_frequency` ranks the target vocabulary for shortlist()'s `first`
+  /// (TextCodec::ids_by_frequency); empty: id order. Throws mf::Error for options out of range,
+  /// different pair counts, a negative id, or a ranking holding a negative id or an id twice.
   static Lexicon train(const std::vector<std::vector<int64_t>>& sources,
                        const std::vector<std::vector<int64_t>>& targets, const LexiconOptions& options = {},
                        std::vector<int64_t> targets_by_frequency = {});
