@@ -380,6 +380,36 @@ TEST_CASE("IBM Model 1 gives Koehn's worked example its probabilities, pass by p
   CHECK(total == doctest::Approx(1.0));
 }
 
+TEST_CASE("each pass reports the corpus's likelihood, which plain EM never lowers") {
+  std::vector<mf::text::LexiconPass> passes;
+  mf::text::LexiconOptions options{.iterations = 2, .null_word = false};
+  options.on_pass = [&](const mf::text::LexiconPass& pass) { passes.push_back(pass); };
+  mf::text::Lexicon::train(kKoehnSources, kKoehnTargets, options);
+  REQUIRE(passes.size() == 2);
+  // Pass 1 from t uniform over the 4 target words: every word has probability 1/4, perplexity 4.
+  CHECK(passes[0].pass == 1);
+  CHECK(passes[0].perplexity == doctest::Approx(4));
+  // Pass 2 under pass 1's table (the test above): p(e | pair) = the mean of t(e | f) over the pair's two
+  // words: the 1/2 and house 3/8 in pair 1, the 3/8 and book 3/8 in pair 2, a 3/8 and book 1/2 in pair 3.
+  CHECK(passes[1].log_likelihood == doctest::Approx((2 * std::log(0.5) + 4 * std::log(0.375)) / 6));
+  CHECK(passes[1].perplexity == doctest::Approx(std::exp(-passes[1].log_likelihood)));
+  CHECK(passes[1].diagonal_tension == 0);
+
+  // On a corpus with NULL, and with fast_align's prior and its tension re-estimated (a generalized EM:
+  // Newton's step maximizes the same expected log-likelihood), the likelihood never falls.
+  const std::vector<std::vector<int64_t>> sources{{0, 1, 4}, {0, 2}, {3, 2, 4}, {1, 3}, {2, 0, 1}};
+  const std::vector<std::vector<int64_t>> targets{{0, 1, 9}, {0, 2, 9}, {3, 9, 2, 4}, {1, 3}, {2, 0, 1, 9}};
+  for (const double tension : {0.0, 4.0}) {
+    CAPTURE(tension);
+    passes.clear();
+    options = {.iterations = 8, .diagonal_tension = tension, .optimize_tension = tension > 0};
+    options.on_pass = [&](const mf::text::LexiconPass& pass) { passes.push_back(pass); };
+    mf::text::Lexicon::train(sources, targets, options);
+    REQUIRE(passes.size() == 8);
+    for (size_t k = 1; k < passes.size(); ++k) CHECK(passes[k].log_likelihood >= passes[k - 1].log_likelihood - 1e-12);
+  }
+}
+
 TEST_CASE("IBM Model 1's NULL word takes the unit every pair holds") {
   // "." ends every target sentence (id 9) and no source unit holds it more than another: with the NULL
   // word it goes there, and each source word's best translation is its own word.
@@ -429,6 +459,20 @@ TEST_CASE("fast_align's diagonal prior credits the source unit across from each 
   CHECK(own(pairs, fixed) < own(pairs, optimized));
   CHECK(own(reversed, fixed) < own(reversed, optimized));
   CHECK(own(reversed, optimized) < own(reversed, plain));
+  // The tension each pass leaves: after pass 1 (its posterior is the prior) it stays; then it rises on
+  // the ordered pairs and falls on the reversed ones.
+  const auto tensions = [&](const std::vector<std::vector<int64_t>>& targets) {
+    std::vector<double> after;
+    mf::text::LexiconOptions options = optimized;
+    options.on_pass = [&](const mf::text::LexiconPass& pass) { after.push_back(pass.diagonal_tension); };
+    mf::text::Lexicon::train(pairs, targets, options);
+    return after;
+  };
+  const std::vector<double> rising = tensions(pairs), falling = tensions(reversed);
+  CHECK(rising[0] == doctest::Approx(1));
+  CHECK(falling[0] == doctest::Approx(1));
+  CHECK(rising[1] > 1);
+  CHECK(falling[1] < 1);
 }
 
 TEST_CASE("variational Bayes gives Koehn's first pass the digamma function's values") {

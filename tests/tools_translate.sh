@@ -544,6 +544,8 @@ expect "build_lexicon without --output" 2 "--output is required" \
 expect "build_lexicon as fast_align -d -o -v" 0 "" \
   "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex_fa.s2t" \
   --diagonal-tension 4 --optimize-tension --dirichlet-alpha 0.01
+grep -qE '^pass 5: perplexity [0-9.]+, diagonal tension [0-9.]+ next$' "$dir/stdout" &&
+  pass "... printing each pass's perplexity and tension" || { fail "no pass 5 line"; cat "$dir/stdout"; }
 "$translate" --checkpoint "$ckpt" --input "$dir/src.txt" --shortlist "$dir/lex_fa.s2t" --shortlist-first 4 \
   --shortlist-best 10 >"$dir/shortlist_fa.txt"
 same_file "... and --shortlist with it translates the memorised pairs alike" "$dir/ref.txt" "$dir/shortlist_fa.txt"

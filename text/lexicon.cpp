@@ -167,8 +167,13 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
   // EM (Koehn, "Statistical Machine Translation", fig. 4.3): each target unit e of a pair is shared out
   // over the pair's source units f (and NULL) in proportion to prior(position of f) * t(e | f); t(e | f)
   // becomes f's share of e over f's shares of all units. IBM Model 1's prior is uniform; fast_align's
-  // favours the diagonal and gives NULL null_probability. Uniform t to start.
-  std::vector<double> t(pairs.targets.size(), 1.0), counts(pairs.targets.size());
+  // favours the diagonal and gives NULL null_probability. Uniform t over the corpus's target units to
+  // start.
+  std::vector<int64_t> target_units = pairs.targets;
+  std::sort(target_units.begin(), target_units.end());
+  const auto distinct_targets = std::unique(target_units.begin(), target_units.end()) - target_units.begin();
+  std::vector<double> t(pairs.targets.size(), 1.0 / static_cast<double>(std::max<int64_t>(1, distinct_targets)));
+  std::vector<double> counts(pairs.targets.size());
   std::vector<double> totals(static_cast<size_t>(source_rows) + 1);
   std::vector<int64_t> slots;
   std::vector<double> weights;
@@ -177,6 +182,8 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
     std::fill(counts.begin(), counts.end(), 0.0);
     std::fill(totals.begin(), totals.end(), 0.0);
     TensionEvidence evidence;
+    double log_likelihood = 0;
+    int64_t target_units_seen = 0;
     for (size_t i = 0; i < sources.size(); ++i) {
       if (sources[i].empty() || targets[i].empty()) continue;
       const auto m = static_cast<int64_t>(targets[i].size()), n = static_cast<int64_t>(sources[i].size());
@@ -205,6 +212,9 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
         double sum = 0;
         for (size_t k = 0; k < slots.size(); ++k) sum += weights[k] *= t[static_cast<size_t>(slots[k])];
         for (size_t k = 0; k < slots.size(); ++k) counts[static_cast<size_t>(slots[k])] += weights[k] / sum;
+        // IBM Model 1's weights are 1 for each of its n (+ NULL) positions: its prior is 1 / their count.
+        log_likelihood += std::log(diagonal ? sum : sum / static_cast<double>(slots.size()));
+        ++target_units_seen;
         if (aligned_mass) {
           for (int64_t j = 1; j <= n; ++j) {
             const double posterior = weights[static_cast<size_t>(j - 1)] / sum;
@@ -231,6 +241,11 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
       for (size_t s = first; s < last; ++s) t[s] = std::exp(digamma(counts[s] + alpha) - psi_total);
     }
     if (diagonal && options.optimize_tension) tension = optimized_tension(evidence, tension);
+    if (options.on_pass) {
+      const double mean = target_units_seen ? log_likelihood / static_cast<double>(target_units_seen) : 0.0;
+      options.on_pass({.pass = iteration + 1, .log_likelihood = mean, .perplexity = std::exp(-mean),
+                       .diagonal_tension = tension});
+    }
   }
 
   Lexicon lexicon;

@@ -13,10 +13,26 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <vector>
 
 namespace mf::text {
+
+/// What one expectation-maximization pass of Lexicon::train found, for LexiconOptions::on_pass: what
+/// fast_align and GIZA++ print after each pass.
+struct LexiconPass {
+  int64_t pass = 0;  // from 1
+  /// The mean over the corpus's target units of ln p(unit | its source sentence) under the table and
+  /// tension the pass started from (the alignment prior times t, summed over the source positions and
+  /// NULL; t starts uniform over the target units the corpus holds). Plain EM never lowers it from one
+  /// pass to the next, re-estimating the tension included; variational Bayes may.
+  double log_likelihood = 0;
+  /// exp(-log_likelihood): the perplexity of the target units.
+  double perplexity = 0;
+  /// The tension the next pass starts from (re-estimated with optimize_tension); 0 for IBM Model 1.
+  double diagonal_tension = 0;
+};
 
 struct LexiconOptions {
   /// Expectation-maximization passes over the corpus; at least 1.
@@ -42,6 +58,8 @@ struct LexiconOptions {
   int64_t keep = 100;
   /// Translations less probable than this are dropped, in (0, 1].
   double min_probability = 1e-3;
+  /// Called after each pass, or not at all when empty.
+  std::function<void(const LexiconPass&)> on_pass;
 };
 
 /// One entry of a source unit's translations.

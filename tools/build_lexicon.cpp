@@ -62,6 +62,11 @@ int run(int argc, char** argv) {
   if (!(options.dirichlet_alpha >= 0))
     throw mf::tools::UsageError(fmt::format("--dirichlet-alpha must be 0 or more, not {}", options.dirichlet_alpha));
 
+  options.on_pass = [&](const mf::text::LexiconPass& pass) {
+    fmt::print("pass {}: perplexity {:.2f}", pass.pass, pass.perplexity);
+    if (options.diagonal_tension > 0) fmt::print(", diagonal tension {:.3f} next", pass.diagonal_tension);
+    fmt::print("\n");
+  };
   const auto start = std::chrono::steady_clock::now();
   const mf::models::Translator translator = mf::models::Translator::load(checkpoint);
   const mf::text::Corpus corpus = mf::text::read_parallel_corpus(source, target, {.skip_empty = true});
