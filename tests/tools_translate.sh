@@ -552,6 +552,9 @@ same_file "... and --shortlist with it translates the memorised pairs alike" "$d
 expect "build_lexicon --optimize-tension alone" 2 "--optimize-tension needs a --diagonal-tension" \
   "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex2.s2t" \
   --optimize-tension
+expect "build_lexicon --diagonal-tension inf" 2 "--diagonal-tension must be 0 or more, not inf" \
+  "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex2.s2t" \
+  --diagonal-tension inf
 expect "build_lexicon --null-probability 1" 2 "--null-probability must be in [0, 1), not 1" \
   "$build_lexicon" --checkpoint "$ckpt" --source "$dir/src.txt" --target "$dir/ref.txt" --output "$dir/lex2.s2t" \
   --diagonal-tension 4 --null-probability 1

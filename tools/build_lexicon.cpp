@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 
 namespace {
 
@@ -53,13 +54,13 @@ int run(int argc, char** argv) {
   if (options.keep < 1) throw mf::tools::UsageError(fmt::format("--keep must be at least 1, not {}", options.keep));
   if (!(options.min_probability > 0 && options.min_probability <= 1))
     throw mf::tools::UsageError(fmt::format("--min-probability must be in (0, 1], not {}", options.min_probability));
-  if (!(options.diagonal_tension >= 0))
+  if (!(options.diagonal_tension >= 0 && std::isfinite(options.diagonal_tension)))
     throw mf::tools::UsageError(fmt::format("--diagonal-tension must be 0 or more, not {}", options.diagonal_tension));
   if (options.optimize_tension && options.diagonal_tension == 0)
     throw mf::tools::UsageError("--optimize-tension needs a --diagonal-tension to start from");
   if (!(options.null_probability >= 0 && options.null_probability < 1))
     throw mf::tools::UsageError(fmt::format("--null-probability must be in [0, 1), not {}", options.null_probability));
-  if (!(options.dirichlet_alpha >= 0))
+  if (!(options.dirichlet_alpha >= 0 && std::isfinite(options.dirichlet_alpha)))
     throw mf::tools::UsageError(fmt::format("--dirichlet-alpha must be 0 or more, not {}", options.dirichlet_alpha));
 
   options.on_pass = [&](const mf::text::LexiconPass& pass) {
