@@ -495,6 +495,16 @@ TEST_CASE("variational Bayes gives Koehn's first pass the digamma function's val
   const mf::text::Lexicon dense = mf::text::Lexicon::train(sources, targets, {.iterations = 5});
   for (int64_t unit = 0; unit < 6; ++unit) CHECK(sparse.translations(unit).size() <= dense.translations(unit).size());
   CHECK(sparse.translations(0).size() < dense.translations(0).size());
+  // One pair of 800 units a side: pass 1 shares each target unit out 1/801 to each position, and with
+  // alpha 1e-5 t = exp(psi(1/801 + 1e-5) - psi(total)), about exp(-794), is 0 in a double. Pass 2 then
+  // has nothing to share out: an error that says so, rather than NaN tables.
+  std::vector<std::vector<int64_t>> long_pair(1);
+  for (int64_t unit = 0; unit < 800; ++unit) long_pair[0].push_back(unit);
+  CHECK_THROWS_WITH_AS(mf::text::Lexicon::train(long_pair, long_pair, {.iterations = 2, .dirichlet_alpha = 1e-5}),
+                       doctest::Contains("pass 2: every source unit's t of target unit 0 in pair 1 (800 source "
+                                         "units) underflowed to 0; dirichlet_alpha 1e-05 is too small"),
+                       mf::Error);
+  CHECK_NOTHROW(mf::text::Lexicon::train(long_pair, long_pair, {.iterations = 2, .dirichlet_alpha = 0.01}));
 }
 
 TEST_CASE("a lexicon keeps each source unit's most probable translations, and its shortlists follow Marian") {

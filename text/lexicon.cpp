@@ -211,6 +211,12 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
         }
         double sum = 0;
         for (size_t k = 0; k < slots.size(); ++k) sum += weights[k] *= t[static_cast<size_t>(slots[k])];
+        // Variational Bayes takes a count c far below alpha to about exp(-1 / (c + alpha)), which is 0 in
+        // a double below about 1/745: a long sentence's shares of one unit can all get there.
+        MF_CHECK(sum > 0,
+                 "Lexicon::train: pass {}: every source unit's t of target unit {} in pair {} ({} source units) "
+                 "underflowed to 0; dirichlet_alpha {} is too small for sentences this long",
+                 iteration + 1, e, i + 1, n, options.dirichlet_alpha);
         for (size_t k = 0; k < slots.size(); ++k) counts[static_cast<size_t>(slots[k])] += weights[k] / sum;
         // IBM Model 1's weights are 1 for each of its n (+ NULL) positions: its prior is 1 / their count.
         log_likelihood += std::log(diagonal ? sum : sum / static_cast<double>(slots.size()));
