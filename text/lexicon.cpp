@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -151,9 +152,15 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
   const auto repeated = std::adjacent_find(ranked.begin(), ranked.end());
   MF_CHECK(repeated == ranked.end(), "Lexicon::train: the target ranking holds the id {} more than once",
            repeated == ranked.end() ? 0 : *repeated);
-  int64_t source_rows = 0;  // one past the largest source id
+  int64_t source_rows = 0;        // one past the largest source id
+  std::vector<bool> target_held;  // by target id: whether the corpus holds it
   for (size_t i = 0; i < sources.size(); ++i) {
-    for (int64_t id : targets[i]) MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
+    for (int64_t id : targets[i]) {
+      MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
+      if (sources[i].empty()) continue;  // a pair with an empty side teaches nothing
+      if (static_cast<size_t>(id) >= target_held.size()) target_held.resize(static_cast<size_t>(id) + 1);
+      target_held[static_cast<size_t>(id)] = true;
+    }
     for (int64_t id : sources[i]) {
       MF_CHECK(id >= 0, "Lexicon::train: pair {} holds the negative id {}", i + 1, id);
       source_rows = std::max(source_rows, id + 1);
@@ -169,18 +176,14 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
   // becomes f's share of e over f's shares of all units. IBM Model 1's prior is uniform; fast_align's
   // favours the diagonal and gives NULL null_probability. Uniform t over the corpus's target units to
   // start.
-  std::vector<int64_t> target_units = pairs.targets;
-  std::sort(target_units.begin(), target_units.end());
-  const auto distinct_targets = std::unique(target_units.begin(), target_units.end()) - target_units.begin();
+  const auto distinct_targets = std::count(target_held.begin(), target_held.end(), true);
   std::vector<double> t(pairs.targets.size(), 1.0 / static_cast<double>(std::max<int64_t>(1, distinct_targets)));
   std::vector<double> counts(pairs.targets.size());
-  std::vector<double> totals(static_cast<size_t>(source_rows) + 1);
   std::vector<int64_t> slots;
-  std::vector<double> weights;
+  std::vector<double> weights, features;  // features: diagonal_feature of each source position
   double tension = options.diagonal_tension;
   for (int64_t iteration = 0; iteration < options.iterations; ++iteration) {
     std::fill(counts.begin(), counts.end(), 0.0);
-    std::fill(totals.begin(), totals.end(), 0.0);
     TensionEvidence evidence;
     double log_likelihood = 0;
     int64_t target_units_seen = 0;
@@ -198,9 +201,12 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
         weights.clear();
         for (int64_t f : sources[i]) slots.push_back(pairs.slot(f, e));
         if (diagonal) {
+          features.clear();
           double z = 0;
-          for (int64_t j = 1; j <= n; ++j)
-            z += weights.emplace_back(std::exp(tension * diagonal_feature(position + 1, m, j, n)));
+          for (int64_t j = 1; j <= n; ++j) {
+            const double h = features.emplace_back(diagonal_feature(position + 1, m, j, n));
+            z += weights.emplace_back(std::exp(tension * h));
+          }
           for (double& w : weights) w *= (1 - null_prior) / z;
         } else {
           weights.assign(slots.size(), 1.0);
@@ -222,22 +228,20 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
         log_likelihood += std::log(diagonal ? sum : sum / static_cast<double>(slots.size()));
         ++target_units_seen;
         if (aligned_mass) {
-          for (int64_t j = 1; j <= n; ++j) {
-            const double posterior = weights[static_cast<size_t>(j - 1)] / sum;
-            evidence.feature += posterior * diagonal_feature(position + 1, m, j, n);
+          for (size_t j = 0; j < features.size(); ++j) {
+            const double posterior = weights[j] / sum;
+            evidence.feature += posterior * features[j];
             (*aligned_mass)[static_cast<size_t>(position)] += posterior;
           }
         }
       }
     }
-    for (int64_t f = 0; f <= null_row; ++f)
-      for (int64_t s = pairs.row_start[static_cast<size_t>(f)]; s < pairs.row_start[static_cast<size_t>(f) + 1]; ++s)
-        totals[static_cast<size_t>(f)] += counts[static_cast<size_t>(s)];
     const double alpha = options.dirichlet_alpha;
     for (int64_t f = 0; f <= null_row; ++f) {
       const auto first = static_cast<size_t>(pairs.row_start[static_cast<size_t>(f)]);
       const auto last = static_cast<size_t>(pairs.row_start[static_cast<size_t>(f) + 1]);
-      const double total = totals[static_cast<size_t>(f)];
+      const double total = std::accumulate(counts.begin() + static_cast<ptrdiff_t>(first),
+                                           counts.begin() + static_cast<ptrdiff_t>(last), 0.0);
       if (alpha == 0) {
         for (size_t s = first; s < last; ++s) t[s] = counts[s] / total;
         continue;
@@ -249,8 +253,7 @@ Lexicon Lexicon::train(const std::vector<std::vector<int64_t>>& sources,
     if (diagonal && options.optimize_tension) tension = optimized_tension(evidence, tension);
     if (options.on_pass) {
       const double mean = target_units_seen ? log_likelihood / static_cast<double>(target_units_seen) : 0.0;
-      options.on_pass({.pass = iteration + 1, .log_likelihood = mean, .perplexity = std::exp(-mean),
-                       .diagonal_tension = tension});
+      options.on_pass({.pass = iteration + 1, .log_likelihood = mean, .diagonal_tension = tension});
     }
   }
 

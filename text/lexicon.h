@@ -11,6 +11,7 @@
 
 #include "text/codec.h"
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -28,10 +29,11 @@ struct LexiconPass {
   /// NULL; t starts uniform over the target units the corpus holds). Plain EM never lowers it from one
   /// pass to the next, re-estimating the tension included; variational Bayes may.
   double log_likelihood = 0;
-  /// exp(-log_likelihood): the perplexity of the target units.
-  double perplexity = 0;
   /// The tension the next pass starts from (re-estimated with optimize_tension); 0 for IBM Model 1.
   double diagonal_tension = 0;
+
+  /// exp(-log_likelihood): the perplexity of the target units.
+  double perplexity() const { return std::exp(-log_likelihood); }
 };
 
 struct LexiconOptions {

@@ -64,7 +64,7 @@ int run(int argc, char** argv) {
     throw mf::tools::UsageError(fmt::format("--dirichlet-alpha must be 0 or more, not {}", options.dirichlet_alpha));
 
   options.on_pass = [&](const mf::text::LexiconPass& pass) {
-    fmt::print("pass {}: perplexity {:.2f}", pass.pass, pass.perplexity);
+    fmt::print("pass {}: perplexity {:.2f}", pass.pass, pass.perplexity());
     if (options.diagonal_tension > 0) fmt::print(", diagonal tension {:.3f} next", pass.diagonal_tension);
     fmt::print("\n");
   };
