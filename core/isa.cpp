@@ -85,6 +85,11 @@ bool cpu_has_avx512_bf16() {
   return has;
 }
 
+bool cpu_has_fast_avx512_bf16() {
+  static const bool fast = cpu_has_avx512_bf16() && __builtin_cpu_is("amd");
+  return fast;
+}
+
 bool cpu_has_avx512_vnni() {
   static const bool has = cpu_isa() >= Isa::avx512 && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vnni");
@@ -92,6 +97,7 @@ bool cpu_has_avx512_vnni() {
 }
 #else
 bool cpu_has_avx512_bf16() { return false; }
+bool cpu_has_fast_avx512_bf16() { return false; }
 bool cpu_has_avx512_vnni() { return false; }
 #endif
 

@@ -36,6 +36,14 @@ std::string describe_kernel_isa();
 /// Lake, AMD Zen 4), which the bfloat16 GEMM uses.
 bool cpu_has_avx512_bf16();
 
+/// Whether the CPU has AVX512-BF16 and its cores run vdpbf16ps faster than the float32 FMA, so that the
+/// bfloat16 GEMM gains by it. AMD's do: Zen 4 and Zen 5 at twice the float32 FMA's rate. Intel's
+/// Emerald Rapids runs it at half that rate (BENCHMARKS.md; `bench_gemm --float32-matmul-precision
+/// medium` prints both), and its bfloat16-rounded operands go faster through the float32 GEMM, so
+/// Intel's CPUs take that path; its others with AVX512-BF16 (Cooper Lake, Sapphire Rapids) are not
+/// measured.
+bool cpu_has_fast_avx512_bf16();
+
 /// Whether the CPU has AVX-512 with its int8 dot product (AVX512-VNNI and AVX512-BW: Intel Cascade Lake
 /// and later, AMD Zen 4), which the int8 GEMM uses.
 bool cpu_has_avx512_vnni();

@@ -227,8 +227,9 @@ int get_num_threads();
 /// How float32 matrix products may compute (torch.set_float32_matmul_precision): "highest" (the
 /// default) in float32; "high" in float32 on the CPU and TF32 on CUDA (CUBLAS_COMPUTE_32F_FAST_TF32);
 /// "medium" with the operands rounded to bfloat16 and the products summed in float32, on CUDA
-/// (CUBLAS_COMPUTE_32F_FAST_16BF) and on CPUs whose AVX512-BF16 dot products make that faster (Intel
-/// Cooper Lake, AMD Zen 4; elsewhere, or with MINIFLOW_ISA narrower than avx512, it stays float32).
+/// (CUBLAS_COMPUTE_32F_FAST_16BF) and on CPUs whose AVX512-BF16 dot products make that faster (AMD Zen
+/// 4 and Zen 5: cpu_has_fast_avx512_bf16; elsewhere, or with MINIFLOW_ISA narrower than avx512, it
+/// stays float32).
 /// On the CPU it covers the float32 GEMMs (matmul, linear, attention's products, and their
 /// gradients) except linear layers over 32 rows or fewer, whose float32 kernel is the faster. Any
 /// other value throws mf::Error.

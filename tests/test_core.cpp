@@ -103,6 +103,24 @@ TEST_CASE("cpu_has_avx512_bf16 and cpu_has_avx512_vnni agree with the kernel's f
   MESSAGE("AVX512-BF16: ", cpu_has_avx512_bf16(), ", AVX512-VNNI: ", cpu_has_avx512_vnni());
 }
 
+TEST_CASE("cpu_has_fast_avx512_bf16 holds on AMD's CPUs with AVX512-BF16 and on no other vendor's") {
+  // The rule core/isa.h states, against the vendor /proc/cpuinfo names: AMD's cores run vdpbf16ps at
+  // twice the float32 FMA's rate, Intel's Emerald Rapids at half (BENCHMARKS.md).
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, vendor;
+  while (std::getline(cpuinfo, line))
+    if (line.starts_with("vendor_id")) {
+      vendor = line.substr(line.find(':') + 2);
+      break;
+    }
+  if (vendor.empty()) {
+    MESSAGE("skipped: /proc/cpuinfo names no vendor");
+    return;
+  }
+  CHECK(cpu_has_fast_avx512_bf16() == (cpu_has_avx512_bf16() && vendor == "AuthenticAMD"));
+  MESSAGE(vendor, ": vdpbf16ps chosen for the bfloat16 GEMM: ", cpu_has_fast_avx512_bf16());
+}
+
 TEST_CASE("cpu_model_name names the first processor with its family and model numbers") {
   // Laid out as Linux writes /proc/cpuinfo: tab-padded keys, one block per processor; "model" is not
   // "model name".

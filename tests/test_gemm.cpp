@@ -246,7 +246,7 @@ TEST_CASE("the bfloat16 GEMM sums the rounded operands' products to float32 accu
   std::mt19937 rng(20261126);
   auto rounded = [](float x) { return static_cast<double>(static_cast<float>(mf::bfloat16(x))); };
   std::vector<bool> paths{false};
-  if (mf::cpu::gemm_bf16_uses_dot_products()) paths.push_back(true);
+  if (mf::cpu::detail::gemm_bf16_can_use_dot_products()) paths.push_back(true);
   else MESSAGE("the AVX512-BF16 path is not checked: this CPU (or MINIFLOW_ISA) does not run vdpbf16ps");
   struct Shape3 {
     int64_t rows, cols, depth;

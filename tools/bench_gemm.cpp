@@ -7,9 +7,10 @@
 // miniflow's figure is its kernel path (MINIFLOW_ISA narrows it); OpenBLAS picks its own kernel by
 // CPU, so on an AVX-512 machine OPENBLAS_CORETYPE=Haswell gives the AVX2 peer of MINIFLOW_ISA=avx2.
 // --float32-matmul-precision medium times miniflow's bfloat16 GEMM instead (operands rounded to
-// bfloat16, float32 sums) where the CPU has AVX512-BF16, and prints the peak rate of its vdpbf16ps
-// dot products on one core, measured in the same run (16 independent chains in registers), so that
-// the GEMM's rate reads as a share of it. --int8 times miniflow's int8 linear on the decoding products
+// bfloat16, float32 sums) where the CPU runs it on vdpbf16ps (core/isa.h), and prints the peak rates
+// of vdpbf16ps and of the float32 FMA on one core, measured in the same run (16 independent chains in
+// registers each), so that the GEMM's rate reads as a share of the first and the choice of path
+// against the second. --int8 times miniflow's int8 linear on the decoding products
 // instead (mf::linear_int8 as decoding runs it: each call quantizes its rows, then the int8 GEMM on
 // the weight packed once) beside its float32 linear; tools/bench_onednn.sh --int8 sets oneDNN's int8
 // matmul beside it in the same run.
@@ -70,27 +71,31 @@ std::vector<Product> products(const std::string& only) {
   return list;
 }
 
-/// GFLOP/s of vdpbf16ps on one core: 16 independent accumulators (more than its latency times its
-/// throughput), each instruction 16 lanes x 2 products x 2 flops. The fastest of 5 runs.
-[[gnu::target("avx512f,avx512bf16")]] double dot_product_peak_gflops() {
+/// GFLOP/s on one core of vdpbf16ps (`dot_products`: 16 lanes x 2 products x 2 flops an instruction)
+/// or of the float32 FMA (16 lanes x 2 flops): 16 independent accumulators, more than either's latency
+/// times its throughput. The fastest of 5 runs.
+template <bool dot_products>
+[[gnu::target("avx512f,avx512bf16")]] double peak_gflops() {
   constexpr int kChains = 16;
   constexpr int64_t kIterations = 20'000'000;
+  constexpr double kFlopsPerInstruction = dot_products ? 64 : 32;
   double best = 0;
   for (int run = 0; run < 5; ++run) {
     __m512 acc[kChains];  // distinct starts, or the compiler merges identical chains into one
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
     const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x3C003C00);
+    const __m512 one = _mm512_set1_ps(1), tiny = _mm512_set1_ps(1e-9f);
     auto start = Clock::now();
     for (int64_t i = 0; i < kIterations; ++i)
 #pragma GCC unroll 16
-      for (__m512& a : acc) a = _mm512_dpbf16_ps(a, x, y);
+      for (__m512& a : acc) a = dot_products ? _mm512_dpbf16_ps(a, x, y) : _mm512_fmadd_ps(a, one, tiny);
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     alignas(64) float lanes[16];
     __m512 total = _mm512_setzero_ps();
     for (__m512& a : acc) total = _mm512_add_ps(total, a);
     _mm512_store_ps(lanes, total);
     if (lanes[0] == 42) fmt::print(" ");  // keeps the chains alive
-    best = std::max(best, 64.0 * kChains * static_cast<double>(kIterations) / seconds / 1e9);
+    best = std::max(best, kFlopsPerInstruction * kChains * static_cast<double>(kIterations) / seconds / 1e9);
   }
   return best;
 }
@@ -187,11 +192,18 @@ int main(int argc, char** argv) {
     fmt::print("CPU {}: {}; {} with its {} kernels; threads {}\n", mf::cpu_model_name(), mf::describe_kernel_isa(),
                openblas_get_config(), openblas_get_corename(), threads);
     if (precision == "medium") {
-      if (!mf::cpu_has_avx512_bf16())
+      if (!mf::cpu_has_avx512_bf16()) {
         fmt::print("this CPU has no AVX512-BF16: medium precision stays float32\n");
-      else
-        fmt::print("miniflow in bfloat16 (float32 sums); vdpbf16ps peak on one core: {:.1f} GFLOP/s\n",
-                   dot_product_peak_gflops());
+      } else {
+        const double dot_products = peak_gflops<true>(), fma = peak_gflops<false>();
+        const char* path = !mf::cpu_has_fast_avx512_bf16() ? "vdpbf16ps does not pay on this CPU (core/isa.h)"
+                           : mf::kernel_isa() != mf::Isa::avx512 ? "MINIFLOW_ISA narrows the kernels"
+                                                                 : nullptr;
+        fmt::print("peak on one core: vdpbf16ps {:.1f} GFLOP/s, float32 FMA {:.1f} ({:.2f}x); {}\n", dot_products,
+                   fma, dot_products / fma,
+                   path ? fmt::format("{}: medium precision stays float32", path)
+                        : "miniflow in bfloat16 (float32 sums) on vdpbf16ps");
+      }
     }
     if (int8) fmt::print("int8 kernel: {}\n", mf::linear_int8_kernel());
     const char* peer = int8 ? "float32" : "OpenBLAS";

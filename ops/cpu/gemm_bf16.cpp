@@ -29,21 +29,34 @@
 namespace mf::cpu {
 namespace {
 
-/// The other path: op(a) and op(b) rounded to bfloat16 values (held as floats, which they fit
-/// exactly), then the float32 GEMM.
+/// The `stored_rows` x `stored_cols` matrix at `x` (rows `ld` apart), each element rounded to a
+/// bfloat16 value (held as a float, which it fits exactly), packed densely into `buffer`: row by row
+/// in the layout it is stored in, so that every read is contiguous whether or not the GEMM transposes
+/// it.
+const float* rounded_copy(const float* x, int64_t ld, int64_t stored_rows, int64_t stored_cols,
+                          std::vector<float>& buffer) {
+  if (buffer.size() < static_cast<size_t>(stored_rows * stored_cols))
+    buffer.resize(static_cast<size_t>(stored_rows * stored_cols));
+  for (int64_t i = 0; i < stored_rows; ++i) {
+    const float* row = x + i * ld;
+    float* rounded = buffer.data() + i * stored_cols;
+    for (int64_t j = 0; j < stored_cols; ++j) rounded[j] = static_cast<float>(bfloat16(row[j]));
+  }
+  return buffer.data();
+}
+
+/// The other path: op(a) and op(b) rounded to bfloat16 values, then the float32 GEMM with the same
+/// transposes. The copies live in buffers kept by each thread between calls, as the dot products'
+/// packed operands do.
 void gemm_rounded_float32(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a,
                           int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                           const GemmEpilogue<float>& epilogue) {
-  auto rounded = [](float x) { return static_cast<float>(bfloat16(x)); };
-  std::vector<float> a_rounded(static_cast<size_t>(rows * depth)), b_rounded(static_cast<size_t>(depth * cols));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t p = 0; p < depth; ++p)
-      a_rounded[static_cast<size_t>(i * depth + p)] = rounded(trans_a ? a[p * lda + i] : a[i * lda + p]);
-  for (int64_t p = 0; p < depth; ++p)
-    for (int64_t j = 0; j < cols; ++j)
-      b_rounded[static_cast<size_t>(p * cols + j)] = rounded(trans_b ? b[j * ldb + p] : b[p * ldb + j]);
-  gemm_full_precision<float>(CblasNoTrans, CblasNoTrans, rows, cols, depth, a_rounded.data(), depth, b_rounded.data(),
-                             cols, c, ldc, epilogue);
+  thread_local std::vector<float> a_buffer, b_buffer;
+  const int64_t a_width = trans_a ? rows : depth, b_width = trans_b ? depth : cols;
+  const float* a_rounded = rounded_copy(a, lda, trans_a ? depth : rows, a_width, a_buffer);
+  const float* b_rounded = rounded_copy(b, ldb, trans_b ? cols : depth, b_width, b_buffer);
+  gemm_full_precision<float>(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows, cols,
+                             depth, a_rounded, a_width, b_rounded, b_width, c, ldc, epilogue);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -285,14 +298,16 @@ MF_END_TARGET
 
 }  // namespace
 
-bool gemm_bf16_uses_dot_products() { return kernel_isa() == Isa::avx512 && cpu_has_avx512_bf16(); }
+bool gemm_bf16_uses_dot_products() { return kernel_isa() == Isa::avx512 && cpu_has_fast_avx512_bf16(); }
+
+bool detail::gemm_bf16_can_use_dot_products() { return kernel_isa() == Isa::avx512 && cpu_has_avx512_bf16(); }
 
 void detail::gemm_bf16_on(bool dot_products, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth,
                           const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                           const GemmEpilogue<float>& epilogue) {
   if (rows == 0 || cols == 0) return;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (dot_products && gemm_bf16_uses_dot_products() && depth > 0)
+  if (dot_products && gemm_bf16_can_use_dot_products() && depth > 0)
     return gemm_dot_products(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
 #endif
   gemm_rounded_float32(trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
@@ -300,7 +315,8 @@ void detail::gemm_bf16_on(bool dot_products, bool trans_a, bool trans_b, int64_t
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t depth, const float* a, int64_t lda,
                const float* b, int64_t ldb, float* c, int64_t ldc, const GemmEpilogue<float>& epilogue) {
-  detail::gemm_bf16_on(true, trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc, epilogue);
+  detail::gemm_bf16_on(gemm_bf16_uses_dot_products(), trans_a, trans_b, rows, cols, depth, a, lda, b, ldb, c, ldc,
+                       epilogue);
 }
 
 }  // namespace mf::cpu
