@@ -77,6 +77,13 @@ std::string describe_kernel_isa() {
                      isa_name(cpu_isa()));
 }
 
+std::string_view why_no_bfloat16_dot_products() {
+  if (!cpu_has_avx512_bf16()) return "this CPU lacks AVX512-BF16";
+  if (kernel_isa() != Isa::avx512) return "MINIFLOW_ISA narrows the kernels below AVX512-BF16";
+  if (!cpu_has_fast_avx512_bf16()) return "this CPU runs vdpbf16ps slower than its float32 FMA";
+  return "";
+}
+
 // __builtin_cpu_supports takes only a literal name, so each feature asks for its own.
 #if defined(__x86_64__) && defined(__GNUC__)
 bool cpu_has_avx512_bf16() {

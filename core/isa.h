@@ -44,6 +44,11 @@ bool cpu_has_avx512_bf16();
 /// measured.
 bool cpu_has_fast_avx512_bf16();
 
+/// Why the bfloat16 GEMM does not run on vdpbf16ps here, for messages ("this CPU lacks AVX512-BF16",
+/// "MINIFLOW_ISA narrows the kernels below AVX512-BF16", "this CPU runs vdpbf16ps slower than its
+/// float32 FMA"), or empty where it does: kernel_isa() is avx512 and cpu_has_fast_avx512_bf16().
+std::string_view why_no_bfloat16_dot_products();
+
 /// Whether the CPU has AVX-512 with its int8 dot product (AVX512-VNNI and AVX512-BW: Intel Cascade Lake
 /// and later, AMD Zen 4), which the int8 GEMM uses.
 bool cpu_has_avx512_vnni();

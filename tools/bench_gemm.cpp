@@ -192,18 +192,14 @@ int main(int argc, char** argv) {
     fmt::print("CPU {}: {}; {} with its {} kernels; threads {}\n", mf::cpu_model_name(), mf::describe_kernel_isa(),
                openblas_get_config(), openblas_get_corename(), threads);
     if (precision == "medium") {
-      if (!mf::cpu_has_avx512_bf16()) {
-        fmt::print("this CPU has no AVX512-BF16: medium precision stays float32\n");
-      } else {
+      if (mf::cpu_has_avx512_bf16()) {
         const double dot_products = peak_gflops<true>(), fma = peak_gflops<false>();
-        const char* path = !mf::cpu_has_fast_avx512_bf16() ? "vdpbf16ps does not pay on this CPU (core/isa.h)"
-                           : mf::kernel_isa() != mf::Isa::avx512 ? "MINIFLOW_ISA narrows the kernels"
-                                                                 : nullptr;
-        fmt::print("peak on one core: vdpbf16ps {:.1f} GFLOP/s, float32 FMA {:.1f} ({:.2f}x); {}\n", dot_products,
-                   fma, dot_products / fma,
-                   path ? fmt::format("{}: medium precision stays float32", path)
-                        : "miniflow in bfloat16 (float32 sums) on vdpbf16ps");
+        fmt::print("peak on one core: vdpbf16ps {:.1f} GFLOP/s, float32 FMA {:.1f} ({:.2f}x)\n", dot_products, fma,
+                   dot_products / fma);
       }
+      const std::string_view why = mf::why_no_bfloat16_dot_products();
+      if (why.empty()) fmt::print("miniflow in bfloat16 (float32 sums) on vdpbf16ps\n");
+      else fmt::print("{}: medium precision stays float32\n", why);
     }
     if (int8) fmt::print("int8 kernel: {}\n", mf::linear_int8_kernel());
     const char* peer = int8 ? "float32" : "OpenBLAS";

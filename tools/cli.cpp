@@ -155,12 +155,10 @@ void set_matmul_precision_flag(const std::string& value) {
 bool autocast_from_precision_flag(const std::string& value, Device device) {
   if (value == "fp32") return false;
   if (value != "bf16") throw UsageError(fmt::format("--precision: expected fp32 or bf16, got '{}'", value));
-  if (!device.is_cpu() || (kernel_isa() == Isa::avx512 && cpu_has_fast_avx512_bf16())) return true;
-  const char* why = !cpu_has_avx512_bf16()     ? "this CPU lacks AVX512-BF16"
-                    : kernel_isa() != Isa::avx512 ? "MINIFLOW_ISA narrows the kernels below AVX512-BF16"
-                                                  : "this CPU runs vdpbf16ps slower than its float32 FMA";
-  fmt::print(stderr, "note: --precision bf16: {}, so the bfloat16-rounded operands go through the float32 GEMM, "
-             "slower than fp32\n", why);
+  const std::string_view why = why_no_bfloat16_dot_products();
+  if (device.is_cpu() && !why.empty())
+    fmt::print(stderr, "note: --precision bf16: {}, so the bfloat16-rounded operands go through the float32 GEMM, "
+               "slower than fp32\n", why);
   return true;
 }
 

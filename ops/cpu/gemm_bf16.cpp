@@ -298,7 +298,7 @@ MF_END_TARGET
 
 }  // namespace
 
-bool gemm_bf16_uses_dot_products() { return kernel_isa() == Isa::avx512 && cpu_has_fast_avx512_bf16(); }
+bool gemm_bf16_uses_dot_products() { return why_no_bfloat16_dot_products().empty(); }
 
 bool detail::gemm_bf16_can_use_dot_products() { return kernel_isa() == Isa::avx512 && cpu_has_avx512_bf16(); }
 

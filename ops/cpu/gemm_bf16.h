@@ -23,7 +23,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t d
                const float* b, int64_t ldb, float* c, int64_t ldc, const GemmEpilogue<float>& epilogue = {});
 
 /// Whether gemm_bf16 runs on vdpbf16ps here: kernel_isa() is avx512 and the CPU runs vdpbf16ps faster
-/// than the float32 FMA (cpu_has_fast_avx512_bf16).
+/// than the float32 FMA (why_no_bfloat16_dot_products() is empty).
 bool gemm_bf16_uses_dot_products();
 
 namespace detail {
