@@ -129,7 +129,8 @@ TEST_CASE("a weight packed once gives sgemm's bits, whole or split by columns or
   // sgemm_packed runs sgemm's tiles over panels packed up front: every element must come out as sgemm
   // computes it from the unpacked weight (c = a w^T), whichever share of columns (starting on a panel)
   // or rows a thread takes. Shapes cross strips, panels, the last partial panel, two blocks of k and
-  // several blocks of columns; epilogues as sgemm's test; beta = 0 starts C as NaN.
+  // several blocks of columns, with rows that fit the panel-outer order and (300 x 300) rows that do
+  // not; epilogues as sgemm's test; beta = 0 starts C as NaN.
   if (gemm_paths().empty()) {
     mf::cpu::PackedSgemmWeight w(2, 2, std::vector<float>(4, 1).data(), 2);
     CHECK_FALSE(w.usable());
@@ -141,7 +142,8 @@ TEST_CASE("a weight packed once gives sgemm's bits, whole or split by columns or
   for (mf::Isa isa : gemm_paths())
     for (auto [n, m, k] : {std::array<int64_t, 3>{1, 1, 1}, std::array<int64_t, 3>{13, 33, 17},
                            std::array<int64_t, 3>{40, 8000, 64}, std::array<int64_t, 3>{97, 70, 530},
-                           std::array<int64_t, 3>{7, 600, 1100}, std::array<int64_t, 3>{4, 5, 0}})
+                           std::array<int64_t, 3>{7, 600, 1100}, std::array<int64_t, 3>{300, 70, 300},
+                           std::array<int64_t, 3>{4, 5, 0}})
       for (auto [alpha, beta, with_bias, relu] : {std::array<float, 4>{1, 0, 0, 0}, std::array<float, 4>{1, 0, 1, 1},
                                                   std::array<float, 4>{0.5f, 1, 1, 0}}) {
         CAPTURE(mf::isa_name(isa));
