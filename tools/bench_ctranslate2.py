@@ -10,10 +10,10 @@ into SentencePiece pieces (tokenization and detokenization outside the timer); f
 figure `translate --timing` prints (model loading excluded), with --miniflow-flags added to its
 command line (say "--beam-stop finished" for CTranslate2's stopping rule). Both are timed as a user
 runs them, in a fresh process whose model is loaded but which has not translated yet: CTranslate2's
-runs are made by a child process of this script (--ct2-worker), whose first call counts. That first
-call pays for the memory a process touches the first time (the kernel clears every new page: 3-4% of
-a miniflow run on Emerald Rapids), which a second call in the same process does not; the child times
-that second, warm call too, and the ratio against it is printed beside the other.
+runs are made by a child process of this script (--ct2-worker), whose first call counts. CTranslate2's
+first call in a process ran 3-19% slower than its later ones on Emerald Rapids (part of it the kernel
+clearing the pages a process touches the first time), where miniflow's second pass was no faster than
+its first; the child times that second, warm call too, and the ratio against it is printed beside.
 At more than one thread CTranslate2 is timed both ways it can use them, splitting each batch's ops
 (intra_threads) and decoding whole batches side by side (inter_threads), and the faster counts (the
 ratio against intra_threads alone is printed beside it);
