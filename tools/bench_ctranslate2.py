@@ -425,7 +425,7 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, limits):
             lp = args.length_penalty if beam > 1 else 0.0
             if beam not in batchings:
                 batchings[beam] = choose_batching(translator, sources, beam, lp, limits)
-            best_mf, best_ct2, best_warm = None, {}, None  # best_ct2: per split, (tokens, seconds)
+            best_mf, best_ct2, best_warm = None, {}, float("inf")  # best_ct2: per split, (tokens, seconds)
             for _ in range(args.repeat):
                 mf_lines, mf_tokens, mf_seconds = miniflow.translate(input_path, threads, beam, lp)
                 if best_mf is None or mf_seconds < best_mf[1]:
@@ -436,7 +436,7 @@ def benchmark(args, miniflow, model_dir, lines, sources, target, limits):
                         args.output_dir)
                     if split not in best_ct2 or ct2_seconds < best_ct2[split][1]:
                         best_ct2[split] = (sum(len(p) for p in pieces), ct2_seconds)
-                    best_warm = min(warm_seconds, best_warm or warm_seconds)
+                    best_warm = min(best_warm, warm_seconds)
             fastest = min(best_ct2, key=lambda split: best_ct2[split][1])
             ct2_lines = [target.decode(p) for p in pieces]
             agree_lp = lp
