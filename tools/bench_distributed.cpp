@@ -4,8 +4,10 @@
 // median step time and training tokens/s of the global batch, the time the gradient reduction
 // takes with nothing to hide it (the buckets reduced after a backward that did nothing), how much
 // longer a step is than the same ranks' steps without communication, and from the two the share of
-// the reduction hidden behind backward. --sweep times all_reduce over message sizes
-// instead, with algorithm and bus bandwidth as nccl-tests reports them.
+// the reduction hidden behind backward; and how much longer a step is with the reduction made the
+// other way (after backward instead of during it, or the reverse). The three kinds of step take
+// turns in one run. --sweep times all_reduce over message sizes instead, with algorithm and bus
+// bandwidth as nccl-tests reports them.
 #include "miniflow.h"
 #include "tools/bench_configs.h"
 #include "tools/cli.h"
@@ -15,6 +17,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <optional>
+#include <span>
 
 namespace {
 
@@ -41,44 +46,61 @@ struct StepResult {
   double forward_s, backward_s, sync_s, optimizer_s;  // its phases on rank 0
 };
 
-/// `steps` timed training steps (after two warm-up ones) of this rank's share of the global batch.
-/// Each step is timed from a barrier to the slowest rank's end.
-StepResult time_steps(mf::models::Transformer& model, mf::optim::Adam& adam, dist::DistributedDataParallel& ddp,
-                      const mf::tools::BenchConfig& c, int64_t steps, dist::ProcessGroup* job = nullptr) {
-  // `job`: the ranks to time together (and whose shares to take) when ddp reduces over a local group.
-  dist::ProcessGroup& group = job ? *job : ddp.group();
-  const int64_t rows = c.batch / group.world_size(), first = rows * group.rank();
+/// Step times of one kind of step, after two warm-up steps: the slowest rank's, and rank 0's phases.
+struct StepTimes {
+  std::vector<double> step, phases[4];
+  StepResult medians() const {
+    return {median(step), median(phases[0]), median(phases[1]), median(phases[2]), median(phases[3])};
+  }
+};
+
+/// `steps` timed training steps (after two warm-up ones) of this rank's share of the global batch
+/// through each of `ddps`, the kinds taking turns step by step so that drifts in the machine's speed
+/// fall on all alike; the others' hooks are held by no_sync() meanwhile. Each step is timed from a
+/// barrier of `job` (the ranks, whose shares each takes) to the slowest rank's end.
+std::vector<StepTimes> time_steps(mf::models::Transformer& model, mf::optim::Adam& adam,
+                                  std::span<dist::DistributedDataParallel* const> ddps, dist::ProcessGroup& job,
+                                  const mf::tools::BenchConfig& c, int64_t steps) {
+  const int64_t rows = c.batch / job.world_size(), first = rows * job.rank();
   mf::Generator data(1);  // the same global batch on every rank; each takes its rows
-  auto ids = [&] { return mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data).narrow(0, first, rows); };
+  auto ids = [&] {
+    return mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data).narrow(0, first, rows);
+  };
   mf::Tensor src = ids(), tgt_in = ids(), tgt_out = ids();
-  std::vector<double> step_times, phases[4];
+  std::vector<StepTimes> times(ddps.size());
   for (int64_t step = 0; step < steps + 2; ++step) {
-    group.barrier();
-    const auto start = Clock::now();
-    auto lap = start;
-    double phase[4];
-    auto end_phase = [&](int k) {
-      auto now = Clock::now();
-      phase[k] = std::chrono::duration<double>(now - lap).count();
-      lap = now;
-    };
-    mf::Tensor loss = mf::cross_entropy(model.forward(src, tgt_in).reshape({-1, c.vocab}), tgt_out.reshape({-1}), 0);
-    end_phase(0);
-    loss.backward();
-    end_phase(1);
-    ddp.finish_gradient_sync();
-    end_phase(2);
-    adam.step();
-    adam.zero_grad();
-    end_phase(3);
-    double seconds = slowest(group, seconds_since(start));
-    if (step >= 2) {
-      step_times.push_back(seconds);
-      for (int k = 0; k < 4; ++k) phases[k].push_back(phase[k]);
+    for (size_t kind = 0; kind < ddps.size(); ++kind) {
+      dist::DistributedDataParallel& ddp = *ddps[kind];
+      using Quiet = dist::DistributedDataParallel::NoSyncGuard;
+      std::vector<std::unique_ptr<Quiet>> others_quiet;
+      for (dist::DistributedDataParallel* other : ddps)
+        if (other != &ddp) others_quiet.push_back(std::make_unique<Quiet>(*other));
+      job.barrier();
+      const auto start = Clock::now();
+      auto lap = start;
+      double phase[4];
+      auto end_phase = [&](int k) {
+        auto now = Clock::now();
+        phase[k] = std::chrono::duration<double>(now - lap).count();
+        lap = now;
+      };
+      mf::Tensor loss =
+          mf::cross_entropy(model.forward(src, tgt_in).reshape({-1, c.vocab}), tgt_out.reshape({-1}), 0);
+      end_phase(0);
+      loss.backward();
+      end_phase(1);
+      ddp.finish_gradient_sync();
+      end_phase(2);
+      adam.step();
+      adam.zero_grad();
+      end_phase(3);
+      double seconds = slowest(job, seconds_since(start));
+      if (step < 2) continue;
+      times[kind].step.push_back(seconds);
+      for (int k = 0; k < 4; ++k) times[kind].phases[k].push_back(phase[k]);
     }
   }
-  return {median(step_times), median(phases[0]), median(phases[1]), median(phases[2]),
-          median(phases[3])};
+  return times;
 }
 
 /// The gradient reduction alone: finish_gradient_sync() after no backward reduces every bucket
@@ -103,36 +125,53 @@ void bench_training(std::shared_ptr<dist::ProcessGroup> group, const mf::tools::
   mf::models::Transformer model(c.model());
   mf::optim::Adam adam(model.parameters(), {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
   const int64_t bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
-  StepResult overlapped, alone;
-  double reduction_s = 0;
-  {
-    dist::DistributedDataParallel ddp(model, group,
-                                      {.bucket_bytes = bucket_bytes, .overlap = overlap, .compression = compression});
-    overlapped = time_steps(model, adam, ddp, c, steps);
-    reduction_s = time_reduction(ddp, 5);
+  auto options = [&](bool overlapping) {
+    return dist::DataParallelOptions{.bucket_bytes = bucket_bytes, .overlap = overlapping, .compression = compression};
+  };
+  dist::DistributedDataParallel ddp(model, group, options(overlap));
+  // With several ranks each step through ddp has two twins, timed in turn with it: one reducing
+  // the other way (after backward, or while it runs), and one without communication (the same
+  // ranks computing at the same time, each over a group of its own). What a step takes longer than
+  // the quiet twin is what its reduction adds.
+  std::optional<dist::DistributedDataParallel> other_way, quiet;
+  if (group->world_size() > 1) {
+    other_way.emplace(model, group, options(!overlap));
+    quiet.emplace(model, dist::local_process_group(), options(false));
   }
-  if (group->world_size() > 1) {  // the same shares without communication: what the reduction adds
-    dist::DistributedDataParallel ddp(model, dist::local_process_group(), {.bucket_bytes = bucket_bytes});
-    alone = time_steps(model, adam, ddp, c, steps, group.get());
-  }
+  std::vector<dist::DistributedDataParallel*> kinds{&ddp};
+  if (quiet) kinds.insert(kinds.end(), {&*other_way, &*quiet});
+  const std::vector<StepTimes> times = time_steps(model, adam, kinds, *group, c, steps);
+  const StepResult result = times[0].medians();
+  // Per kind, the median over steps of how much longer it took than its quiet twin.
+  auto added = [&](size_t kind) {
+    if (!quiet) return 0.0;
+    std::vector<double> longer;
+    for (size_t i = 0; i < times[kind].step.size(); ++i) longer.push_back(times[kind].step[i] - times[2].step[i]);
+    return median(longer);
+  };
+  const double exposed = added(0), exposed_other_way = added(1);
+  const double reduction_s = time_reduction(ddp, 5);
   const double tokens = static_cast<double>(c.batch * c.length) * 2;  // source + target, the global batch
   // Of the reduction's time alone, the part the step does not take longer for.
-  const double exposed = group->world_size() > 1 ? overlapped.step_s - alone.step_s : 0.0;
   const double hidden = reduction_s > 0 ? std::clamp(1 - exposed / reduction_s, 0.0, 1.0) : 1.0;
   if (group->rank() != 0) return;
   if (json) {
-    fmt::print("{{\"config\": \"{}\", \"world_size\": {}, \"threads\": {}, \"ms_per_step\": {:.2f}, "
-               "\"tokens_per_s\": {:.1f}, \"reduction_ms\": {:.2f}, \"exposed_ms\": {:.2f}, \"hidden\": {:.3f}}}\n",
-               c.name, group->world_size(), mf::get_num_threads(), overlapped.step_s * 1e3, tokens / overlapped.step_s,
-               reduction_s * 1e3, exposed * 1e3, hidden);
+    fmt::print("{{\"config\": \"{}\", \"world_size\": {}, \"threads\": {}, \"overlap\": {}, \"ms_per_step\": {:.2f}, "
+               "\"tokens_per_s\": {:.1f}, \"reduction_ms\": {:.2f}, \"exposed_ms\": {:.2f}, \"hidden\": {:.3f}, "
+               "\"exposed_other_way_ms\": {:.2f}}}\n",
+               c.name, group->world_size(), mf::get_num_threads(), overlap, result.step_s * 1e3,
+               tokens / result.step_s, reduction_s * 1e3, exposed * 1e3, hidden, exposed_other_way * 1e3);
     return;
   }
   fmt::print("{} x {} thread(s), {}: {:.1f} ms/step, {:.0f} tokens/s; gradient reduction alone {:.1f} ms, the step "
              "{:.1f} ms longer than without it: {:.0f}% hidden behind backward\n"
              "  phases (rank 0): forward {:.1f} ms, backward {:.1f} ms, gradient sync {:.1f} ms, optimizer {:.1f} ms\n",
-             group->world_size(), mf::get_num_threads(), c.name, overlapped.step_s * 1e3, tokens / overlapped.step_s,
-             reduction_s * 1e3, exposed * 1e3, 100 * hidden, overlapped.forward_s * 1e3,
-             overlapped.backward_s * 1e3, overlapped.sync_s * 1e3, overlapped.optimizer_s * 1e3);
+             group->world_size(), mf::get_num_threads(), c.name, result.step_s * 1e3, tokens / result.step_s,
+             reduction_s * 1e3, exposed * 1e3, 100 * hidden, result.forward_s * 1e3, result.backward_s * 1e3,
+             result.sync_s * 1e3, result.optimizer_s * 1e3);
+  if (quiet)
+    fmt::print("  reducing {} instead, in the same run: {:.1f} ms longer than without communication\n",
+               overlap ? "after backward" : "while backward runs", exposed_other_way * 1e3);
 }
 
 /// all_reduce (sum, float32) over message sizes from 4 KiB to 64 MiB.
