@@ -51,11 +51,11 @@ for config in dict.fromkeys(r["config"] for r in rows if "config" in r):
     def runs(world, threads):
         return [r for r in rows if r.get("config") == config and r["world_size"] == world and r["threads"] == threads]
     tok = {k: statistics.median(r["tokens_per_s"] for r in runs(*k)) for k in [(1, 1), (1, 2), (2, 1)]}
-    def ms(key):
+    def at_w2(key):
         return statistics.median(r[key] for r in runs(2, 1))
     print(f"| {config} | {tok[1, 1]:.0f} tok/s | {tok[1, 2]:.0f} tok/s | {tok[2, 1]:.0f} tok/s | "
-          f"{tok[2, 1] / (2 * tok[1, 1]):.3f} | {tok[2, 1] / tok[1, 2]:.3f} | {ms('reduction_ms'):.1f} ms | "
-          f"{ms('exposed_ms'):.1f} ms | {ms('exposed_other_way_ms'):.1f} ms | {100 * ms('hidden'):.0f}% |")
+          f"{tok[2, 1] / (2 * tok[1, 1]):.3f} | {tok[2, 1] / tok[1, 2]:.3f} | {at_w2('reduction_ms'):.1f} ms | "
+          f"{at_w2('exposed_ms'):.1f} ms | {at_w2('exposed_other_way_ms'):.1f} ms | {100 * at_w2('hidden'):.0f}% |")
 print("\n\"Step longer\": each W=2 step's time less that of its twin without communication (the same ranks, each "
       "reducing over a group of its own), the three kinds taking turns in one run; the median over a run's steps, then "
       "over the rounds. \"Reduction hidden\": 1 - (step longer, reduced during backward) / (reduction alone).")
