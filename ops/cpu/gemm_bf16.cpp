@@ -68,6 +68,16 @@ constexpr int64_t kBlockPairs = 256;     // 512 values of k
 constexpr int64_t kBlockRows = 144;      // op(A) converted 144 rows at a time when B is one block: 144 KiB
 constexpr int64_t kBlockColumns = 512;   // a packed block of B: 256 pairs x 512 columns x 4 bytes = 512 KiB
 
+// Packing reads operands that a backward pass often finds in memory, not in cache (an activation
+// saved by the forward pass), and reads several rows side by side, which the hardware prefetchers
+// follow poorly: it asks for the lines it reads next this far ahead itself.
+constexpr int64_t kAheadRows = 4;      // reading down rows: the same columns 4 rows (two pairs) on
+constexpr int64_t kAheadColumns = 64;  // reading along rows: 256 bytes on
+
+[[gnu::always_inline]] inline void prefetch(const float* x) {
+  _mm_prefetch(reinterpret_cast<const char*>(x), _MM_HINT_T0);
+}
+
 /// A 64-byte aligned buffer of `words` words, kept between calls (one per thread).
 inline uint32_t* aligned_words(std::vector<uint32_t>& buffer, int64_t words) {
   if (buffer.size() < static_cast<size_t>(words + 16)) buffer.resize(static_cast<size_t>(words + 16));
@@ -98,9 +108,14 @@ void convert_a(bool trans_a, int64_t rows, int64_t pairs, int64_t k0, int64_t de
                uint32_t* words) {
   if (!trans_a) {
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t q = 0; q < pairs; q += 16)
+      for (int64_t q = 0; q < pairs; q += 16) {
+        if (i + 1 < rows) {  // the next row's run, a row's conversion ahead
+          prefetch(a + (i + 1) * lda + k0 + 2 * q);
+          prefetch(a + (i + 1) * lda + k0 + 2 * q + 16);
+        }
         _mm512_mask_storeu_epi32(words + i * pairs + q, Avx512Floats::first_lanes(pairs - q),
                                  row_pairs(a + i * lda + k0 + 2 * q, depth - (k0 + 2 * q)));
+      }
     return;
   }
   for (int64_t q = 0; q < pairs; q += 16) {
@@ -109,6 +124,10 @@ void convert_a(bool trans_a, int64_t rows, int64_t pairs, int64_t k0, int64_t de
       __m512 tile[16];  // tile[t]: pair q + t of rows i to i + 15; transposed, row i + t's pairs q to q + 15
       for (int64_t t = 0; t < 16; ++t) {
         const int64_t k = k0 + 2 * (q + t);
+        if (q + t < pairs && k + 1 < depth && i + kAheadColumns < rows) {
+          prefetch(a + k * lda + i + kAheadColumns);
+          prefetch(a + (k + 1) * lda + i + kAheadColumns);
+        }
         __m512 lo = q + t < pairs ? _mm512_maskz_loadu_ps(present, a + k * lda + i) : _mm512_setzero_ps();
         __m512 hi = q + t < pairs && k + 1 < depth ? _mm512_maskz_loadu_ps(present, a + (k + 1) * lda + i)
                                                    : _mm512_setzero_ps();
@@ -137,6 +156,10 @@ void pack_b(bool trans_b, int64_t width, int64_t pairs, int64_t k0, int64_t dept
     for (int64_t q = 0; q < pairs; ++q) {
       const int64_t k = k0 + 2 * q;
       for (int64_t j = 0; j < width; j += 16) {
+        if (k + kAheadRows + 1 < depth) {
+          prefetch(b + (k + kAheadRows) * ldb + j);
+          prefetch(b + (k + kAheadRows + 1) * ldb + j);
+        }
         const __mmask16 present = Avx512Floats::first_lanes(width - j);
         __m512 lo = k < depth ? _mm512_maskz_loadu_ps(present, b + k * ldb + j) : _mm512_setzero_ps();
         __m512 hi = k + 1 < depth ? _mm512_maskz_loadu_ps(present, b + (k + 1) * ldb + j) : _mm512_setzero_ps();
