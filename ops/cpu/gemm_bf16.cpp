@@ -71,8 +71,8 @@ constexpr int64_t kBlockColumns = 512;   // a packed block of B: 256 pairs x 512
 // Packing reads operands that a backward pass often finds in memory, not in cache (an activation
 // saved by the forward pass), and reads several rows side by side, which the hardware prefetchers
 // follow poorly: it asks for the lines it reads next this far ahead itself.
-constexpr int64_t kAheadRows = 4;      // reading down rows: the same columns 4 rows (two pairs) on
-constexpr int64_t kAheadColumns = 64;  // reading along rows: 256 bytes on
+constexpr int64_t kAheadRows = 4;      // down B's rows, a pair at a time: the same columns 4 rows on
+constexpr int64_t kAheadColumns = 64;  // along A^T's rows, 16 columns at a time: 64 columns (256 bytes) on
 
 [[gnu::always_inline]] inline void prefetch(const float* x) {
   _mm_prefetch(reinterpret_cast<const char*>(x), _MM_HINT_T0);
