@@ -74,9 +74,7 @@ constexpr int64_t kBlockColumns = 512;   // a packed block of B: 256 pairs x 512
 constexpr int64_t kAheadRows = 4;      // down B's rows, a pair at a time: the same columns 4 rows on
 constexpr int64_t kAheadColumns = 64;  // along A^T's rows, 16 columns at a time: 64 columns (256 bytes) on
 
-[[gnu::always_inline]] inline void prefetch(const float* x) {
-  _mm_prefetch(reinterpret_cast<const char*>(x), _MM_HINT_T0);
-}
+[[gnu::always_inline]] inline void prefetch(const float* x) { __builtin_prefetch(x, 0, 3); }
 
 /// A 64-byte aligned buffer of `words` words, kept between calls (one per thread).
 inline uint32_t* aligned_words(std::vector<uint32_t>& buffer, int64_t words) {
