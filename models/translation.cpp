@@ -2,6 +2,7 @@
 
 #include "core/graph.h"
 #include "nn/checkpoint.h"
+#include "nn/init.h"
 #include "ops/functional.h"
 
 #include <nlohmann/json.hpp>
@@ -208,7 +209,11 @@ Translator Translator::load(const std::filesystem::path& path) {
     MF_CHECK(config.parameter_count() / kMaxGrowth <= held,
              "its config describes a model of {} parameters, over {} times the {} its tensors hold",
              config.parameter_count(), kMaxGrowth, held);
-    Translator translator(config, std::move(source), std::move(target));
+    // Every parameter is about to be replaced by the file's (load_state_dict refuses a missing one).
+    Translator translator = [&] {
+      nn::init::SkipInitGuard no_draws;
+      return Translator(config, std::move(source), std::move(target));
+    }();
     if (std::any_of(weights.begin(), weights.end(), [](const nn::NamedTensor& t) { return holds_int8_scales(t.name); }))
       translator.quantize_int8();
     translator.model_->load_state_dict(weights);

@@ -28,12 +28,21 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor) {
   return {tensor.size(1) * receptive_field, tensor.size(0) * receptive_field};
 }
 
+namespace {
+thread_local bool skipping_init = false;
+}  // namespace
+
+SkipInitGuard::SkipInitGuard() : previous_(skipping_init) { skipping_init = true; }
+SkipInitGuard::~SkipInitGuard() { skipping_init = previous_; }
+
 Tensor& uniform_(Tensor& tensor, double low, double high, Generator* generator) {
+  if (skipping_init) return zeros_(tensor);
   mf::uniform_(tensor, low, high, generator);
   return tensor;
 }
 
 Tensor& normal_(Tensor& tensor, double mean, double std, Generator* generator) {
+  if (skipping_init) return zeros_(tensor);
   mf::normal_(tensor, mean, std, generator);
   return tensor;
 }

@@ -25,6 +25,22 @@ double calculate_gain(Nonlinearity nonlinearity, double param = 0.01);
 /// out * prod(k) (the receptive field counts for conv-like shapes). Needs at least 2 dims.
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor);
 
+/// While one lives (on this thread), the initialisers that draw (uniform_, normal_ and the xavier and
+/// kaiming ones built on them, so every layer's constructor) fill their tensor with zeros instead and
+/// leave the generator where it was: for a model whose parameters a checkpoint is about to replace,
+/// as PyTorch's torch.nn.utils.skip_init. Zeros, not uninitialised memory, so that nothing reads
+/// garbage before the load. Drawing is most of building a model; loading a file is a copy.
+class SkipInitGuard {
+ public:
+  SkipInitGuard();
+  ~SkipInitGuard();
+  SkipInitGuard(const SkipInitGuard&) = delete;
+  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 /// Fills with U(low, high).
 Tensor& uniform_(Tensor& tensor, double low = 0.0, double high = 1.0, Generator* generator = nullptr);
 /// Fills with N(mean, std^2).

@@ -133,6 +133,32 @@ TEST_CASE("init works in place on parameters and replays from a generator") {
   for (double v : p.to_vector<double>()) CHECK((v >= -1 && v < 1));
 }
 
+TEST_CASE("under SkipInitGuard layers start at zero and the generator is left where it was") {
+  Generator used(11), untouched(11);
+  {
+    nn::init::SkipInitGuard outer;
+    {
+      nn::init::SkipInitGuard nested;
+    }  // ending the nested guard leaves the outer one's state: still skipping
+    nn::Linear linear(nn::LinearOptions{.in_features = 6, .out_features = 4});  // kaiming_uniform_ and uniform_
+    nn::Embedding embedding(nn::EmbeddingOptions{.num_embeddings = 5, .embedding_dim = 3});  // normal_
+    check_close(linear->weight, zeros({4, 6}), 0, 0);
+    check_close(linear->bias, zeros({4}), 0, 0);
+    check_close(embedding->weight, zeros({5, 3}), 0, 0);
+    Tensor drawn = full({2, 4}, 3.0);
+    nn::init::xavier_normal_(drawn, 1.0, &used);
+    check_close(drawn, zeros({2, 4}), 0, 0);
+  }
+  // The skipped draw did not advance `used`: it gives what a fresh generator of its seed gives. Past
+  // the guard, layers draw again.
+  Tensor a = zeros({16}), b = zeros({16});
+  nn::init::normal_(a, 0, 1, &used);
+  nn::init::normal_(b, 0, 1, &untouched);
+  check_close(a, b, 0, 0);
+  nn::Linear drawn_again(nn::LinearOptions{.in_features = 256, .out_features = 256});
+  check_uniform(drawn_again->weight, 1.0 / 16.0);
+}
+
 // ---- Linear -------------------------------------------------------------------------------------
 
 TEST_CASE("Linear computes x W^T + b") {
