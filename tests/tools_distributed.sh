@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # train_transformer --distributed under `mpirun -np 2`: the toy corpus learns all 8 pairs with rank 0
 # alone printing; on a tiny corpus, --max-steps stops both ranks with one checkpoint, which resumes at
-# world size 1 (--accumulate 2) and back at 2; SIGUSR1 to mpirun (which forwards it) saves and stops every rank; an
-# error on one rank ends the job with that rank named; a build without MPI refuses --distributed.
+# world size 1 (--accumulate 2) and back at 2, and --no-overlap changes no bit of it; SIGUSR1 to mpirun
+# (which forwards it) saves and stops every rank; an error on one rank ends the job with that rank
+# named; a build without MPI refuses --distributed.
 set -u
 tool="$1"
 work=$(mktemp -d)
@@ -49,6 +50,18 @@ expect 0 "it resumes alone with --accumulate 2" "resuming from .* step 4" \
   "$tool" --accumulate 2 "${tiny[@]}" --max-steps 2 --resume
 expect 0 "and again on 2 ranks, to the end" "resuming from .* step 6" \
   "${ranks2[@]}" "$tool" --distributed "${tiny[@]}" --resume
+
+# Reduced after backward instead of while it runs, the same buckets sum to the same gradients.
+for when in during after; do
+  flags=(); [ "$when" = after ] && flags=(--no-overlap)
+  expect 0 "2 ranks reducing $when backward" "stopped after --max-steps: checkpoint saved" \
+    "${ranks2[@]}" "$tool" --distributed "${tiny[@]}" --max-steps 3 --checkpoint "$work/$when.safetensors" "${flags[@]}"
+done
+if cmp -s "$work/during.safetensors" "$work/after.safetensors"; then
+  ok "--no-overlap writes the checkpoint overlapping writes"
+else
+  fail "--no-overlap changed the checkpoint"
+fi
 
 # SIGUSR1 to mpirun, once both ranks train: every rank stops after the same step, rank 0 saves.
 "${ranks2[@]}" "$tool" --distributed --threads 1 --epochs 200 --checkpoint "$work/signal.safetensors" \

@@ -23,6 +23,7 @@ struct Flags {
   /// Both stacks' depth, unless --encoder-layers / --decoder-layers (0: this) say otherwise.
   int64_t layers = options.model.encoder_layers, encoder_layers = 0, decoder_layers = 0;
   bool no_lowercase = false, detect_anomaly = false, distributed = false, dist_deterministic = false;
+  bool no_overlap = false;
   bool separate_subwords = false, no_byte_fallback = false;
   std::string subword;  // --subword: unigram, bpe or none (words)
   std::string precision = "fp32";
@@ -232,6 +233,9 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   args.add("dist-timeout", &f.dist_timeout,
            "seconds a collective may take before the job is ended with an error naming it and the missing ranks");
   args.add("bucket-mb", &f.bucket_mb, "megabytes of gradients reduced together while backward runs");
+  args.add_switch("no-overlap", &f.no_overlap,
+                  "reduce the gradients after backward, not while it runs (faster where every core runs a rank's "
+                  "backward: the ranks of one machine)");
   args.add("grad-compression", &f.grad_compression,
            "what gradients travel as between ranks: none (float32) or bf16 (half the bytes, rounded to "
            "bfloat16 as PyTorch's bf16_compress_hook)");
@@ -325,6 +329,7 @@ int run(int argc, char** argv) {
     o.group = group;
     o.data_parallel.bucket_bytes = static_cast<int64_t>(f.bucket_mb * (1 << 20));
     o.data_parallel.deterministic = f.dist_deterministic;
+    o.data_parallel.overlap = !f.no_overlap;
     o.data_parallel.compression = f.grad_compression == "bf16" ? mf::distributed::GradientCompression::BFloat16
                                                                : mf::distributed::GradientCompression::None;
   }
