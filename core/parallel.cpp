@@ -38,8 +38,16 @@ class ThreadPool {
     start(threads);
   }
 
-  // Runs task(i) for each i in [0, count) once, on the caller and whichever workers are awake.
+  // Runs task(i) for each i in [0, count) once, on the caller and whichever workers are awake. The
+  // pool serves one caller at a time: a call from another thread meanwhile (DDP's MPI thread, a thread
+  // of the user's) runs its chunks itself, in order.
   void run(int count, const std::function<void(int)>& task) {
+    std::unique_lock turn(caller_, std::try_to_lock);
+    if (!turn.owns_lock()) {
+      SerialThreadGuard serial;
+      for (int i = 0; i < count; ++i) task(i);
+      return;
+    }
     task_.store(&task, std::memory_order_relaxed);
     finished_.store(0, std::memory_order_relaxed);
     uint64_t run = run_of(claims_.load(std::memory_order_relaxed)) + 1;
@@ -129,7 +137,8 @@ class ThreadPool {
     }
   }
 
-  std::mutex mutex_;  // guards error_ and the sleep / wake-up handshake
+  std::mutex caller_;  // held by the thread whose run the pool is serving
+  std::mutex mutex_;   // guards error_ and the sleep / wake-up handshake
   std::condition_variable wake_;
   std::vector<std::thread> workers_;
   // The current run's task, published by the store to claims_ that starts the run.

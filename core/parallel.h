@@ -17,7 +17,9 @@ void set_intra_op_threads(int n);
 
 /// Runs fn(chunk_begin, chunk_end) over [begin, end) split into at most intra_op_threads() contiguous
 /// chunks of at least `grain` items. Chunks are fixed by the range and thread count alone, so results
-/// are reproducible run after run. Calls from inside a chunk run serially. Exceptions propagate.
+/// are reproducible run after run. Calls from inside a chunk run serially. The pool serves one caller
+/// at a time: a call from another thread while it is busy runs its chunks on that thread, in order.
+/// Exceptions propagate.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 /// How kernels are asked to compute, per thread. The dispatcher sets it for an op that autocast
@@ -42,8 +44,8 @@ class KernelSettingsGuard {
 };
 
 /// While alive, parallel_for on this thread runs every range serially on the thread itself. For
-/// threads besides the one that drives the model (a DataLoader's background thread): the pool
-/// serves one caller at a time.
+/// threads besides the one that drives the model (a DataLoader's background thread, DDP's MPI
+/// thread): they then never take the pool from the model's thread.
 class SerialThreadGuard {
  public:
   SerialThreadGuard();

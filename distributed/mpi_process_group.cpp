@@ -13,6 +13,7 @@
 #include "distributed/backends.h"
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/functional.h"
 
 #include <fmt/format.h>
@@ -207,6 +208,7 @@ class MpiProcessGroup : public MpiProcessGroupBase {
 
   /// The MPI thread: runs the queued collectives in order, answering peers' questions meanwhile.
   void serve() {
+    SerialThreadGuard serial;  // its ops (an average's division) leave the intra-op pool to the model
     for (;;) {
       std::shared_ptr<Job> job;
       {
