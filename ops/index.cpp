@@ -569,27 +569,61 @@ void offer(std::pair<T, int64_t>* best, int64_t& count, int64_t k, T value, int6
   best[p] = {value, j};
 }
 
-/// Whether any of row[0, kBlock) could enter a best-k list whose k-th value is `bound`: ranks before it
-/// or is NaN (ties lose: a later index). Floats are tested in packs: written as a plain loop, the
-/// compiler keeps NaN-aware comparisons scalar, one branch-free compare per element.
-template <typename T, bool Largest, int64_t kBlock>
-bool any_beyond(const T* row, T bound) {
-  if constexpr (std::is_same_v<T, float>) {
-    using S = cpu::Simd<float, cpu::kBaselineWidth>;
-    typename S::Mask beyond{};
-    for (int64_t b = 0; b < kBlock; b += S::kLanes) {
-      typename S::V v;
-      std::memcpy(&v, row + b, sizeof v);
-      beyond |= (Largest ? v <= bound : v >= bound) == 0;  // false for NaN too
-    }
-    for (int64_t lane = 0; lane < S::kLanes; ++lane)
-      if (beyond[lane] != 0) return true;
-    return false;
+/// Whether `value` could enter a best-k list whose k-th value is `bound`, coming after it: it ranks
+/// before the bound or is NaN (ties lose: a later index).
+template <typename T, bool Largest>
+MF_INLINE bool beyond(T value, T bound) {
+  return Largest ? !(value <= bound) : !(value >= bound);
+}
+
+/// Whether any lane of a comparison's result is set: the vector folded in halves (a plain loop over
+/// the lanes extracts each).
+template <int W>
+MF_INLINE bool any_lane(typename cpu::Simd<float, W>::Mask mask) {
+  if constexpr (W <= static_cast<int>(sizeof(uint64_t))) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &mask, sizeof mask);
+    return bits != 0;
   } else {
-    bool any = false;
-    for (int64_t b = 0; b < kBlock; ++b) any |= Largest ? !(row[b] <= bound) : !(row[b] >= bound);
-    return any;
+    typename cpu::Simd<float, W / 2>::Mask low, high;
+    std::memcpy(&low, &mask, sizeof low);
+    std::memcpy(&high, reinterpret_cast<const char*>(&mask) + sizeof low, sizeof high);
+    return any_lane<W / 2>(low | high);
   }
+}
+
+/// Offers row[j, size) (contiguous) to a best-k list already holding k. Only an element beyond the
+/// k-th best's value can enter, and after the first few hundred few are: a block with none beyond
+/// it is passed over with one vector test, and in one that has, only the elements beyond the bound
+/// at their turn are offered. Floats are compared W bytes at a time (written as a plain loop, the
+/// compiler keeps NaN-aware comparisons scalar). Returns where the blocks stopped.
+template <int W, typename T, bool Largest>
+MF_INLINE int64_t offer_blocks(const T* row, int64_t j, int64_t size, std::pair<T, int64_t>* best, int64_t& count,
+                               int64_t k) {
+  constexpr int64_t kBlock = 16;
+  T bound = best[k - 1].first;
+  for (; j + kBlock <= size; j += kBlock) {
+    bool any = false;
+    if constexpr (std::is_same_v<T, float>) {
+      using S = cpu::Simd<float, W>;
+      typename S::Mask beyond_bound{};
+      for (int64_t b = 0; b < kBlock; b += S::kLanes) {
+        typename S::V v;
+        std::memcpy(&v, row + j + b, sizeof v);
+        beyond_bound |= (Largest ? v <= bound : v >= bound) == 0;  // false for NaN too
+      }
+      any = any_lane<W>(beyond_bound);
+    } else {
+      for (int64_t b = 0; b < kBlock; ++b) any |= beyond<T, Largest>(row[j + b], bound);
+    }
+    if (!any) continue;
+    for (int64_t i = j; i < j + kBlock; ++i)
+      if (beyond<T, Largest>(row[i], bound)) {
+        offer<T, Largest>(best, count, k, row[i], i);
+        bound = best[k - 1].first;
+      }
+  }
+  return j;
 }
 
 /// Fibers along dim are ranked one row of the walker at a time (n fibers side by side). A small k
@@ -624,12 +658,10 @@ void topk_fibers(const Tensor& x, int64_t dim, int64_t k, Tensor& values, Tensor
     if (streaming && n == 1) {
       int64_t j = 0;
       for (; j < size && kept[0] < k; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
-      // Once k are held, an element enters only if it ranks before the k-th best, so a contiguous
-      // block with nothing beyond that bound is skipped whole with one vector test.
-      constexpr int64_t kBlock = 16;
-      for (; stride == 1 && j + kBlock <= size; j += kBlock)
-        if (any_beyond<T, Largest, kBlock>(row + j, ranked[static_cast<size_t>(k - 1)].first))
-          for (int64_t b = 0; b < kBlock; ++b) offer<T, Largest>(ranked.data(), kept[0], k, row[j + b], j + b);
+      if (stride == 1)
+        cpu::with_widest_isa([&]<int W>() MF_LAMBDA_INLINE {
+          j = offer_blocks<W, T, Largest>(row, j, size, ranked.data(), kept[0], k);
+        });
       for (; j < size; ++j) offer<T, Largest>(ranked.data(), kept[0], k, row[j * stride], j);
       emit(0, ranked.data());
     } else if (streaming) {  // the n fibers interleave in memory: walk them side by side

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 using namespace mf;
 using mf::testing::check_close;
@@ -287,6 +288,38 @@ TEST_CASE("topk keeps its rules on long fibers, where it streams instead of sort
   }
   // Column 1 holds 3 at rows 9, 19, 30, 34: the largest two are rows 9 and 19.
   check_close(std::get<1>(topk(x, 2, 0)), i64({5, 9, 9, 19}, {2, 2}), 0, 0);
+}
+
+// The streaming scan tests blocks of 16 against the k-th best so far and offers only the elements
+// beyond it: fibers of few distinct values (ties at the bound in every block), NaNs and infinities
+// here and there, against the naive selection (repeated scans), both directions, odd lengths.
+TEST_CASE("topk's streaming scan keeps every rule where ties and NaNs fill its blocks") {
+  double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  std::mt19937 random(7);
+  for (int64_t size : {97, 1000, 4099}) {
+    std::vector<double> fiber(static_cast<size_t>(3 * size));
+    for (double& value : fiber) {
+      uint32_t draw = random() % 64;
+      value = draw == 0 ? nan : draw == 1 ? inf : draw == 2 ? -inf : static_cast<double>(draw % 9);
+    }
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      Tensor x = f64(fiber, {3, size}).to(dtype);
+      for (int64_t k : {1, 3, 6})
+        for (bool largest : {true, false}) {
+          CAPTURE(size);
+          CAPTURE(dtype);
+          CAPTURE(k);
+          CAPTURE(largest);
+          auto [values, indices] = topk(x, k, 1, largest);
+          std::vector<Tensor> expected = naive<OpId::topk>({x}, {.k = k, .dim = 1, .largest = largest});
+          check_close(indices, expected[1], 0, 0);
+          // check_close takes inf - inf for a difference: the values compared as equal or both NaN.
+          std::vector<double> got = values.to_vector<double>(), want = expected[0].to_vector<double>();
+          for (size_t i = 0; i < got.size(); ++i)
+            CHECK((got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))));
+        }
+    }
+  }
 }
 
 TEST_CASE("topk along a leading dim, k = 0, and its gradient") {
