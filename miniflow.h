@@ -11,6 +11,7 @@
 #include "core/graph.h"
 #include "core/isa.h"
 #include "core/parallel.h"
+#include "core/profiler.h"
 #include "core/safetensors.h"
 #include "core/shape.h"
 #include "core/tensor.h"

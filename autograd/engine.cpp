@@ -4,6 +4,7 @@
 #include "autograd/autograd.h"
 
 #include "core/graph.h"
+#include "core/profiler.h"
 #include "ops/anomaly.h"
 #include "ops/functional.h"
 
@@ -11,6 +12,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -225,7 +227,11 @@ void run_node(Node& node, std::vector<Tensor>& grad_outputs, bool retain_graph,
   }
   std::vector<Tensor> grad_inputs;
   try {
+    std::optional<profiler::detail::Scope> profiled;  // the name is built only while a profiler records
+    if (profiler::detail::recording())
+      profiled.emplace(profiler::EventKind::Backward, node.name(), nullptr, " backward");
     grad_inputs = node.apply(grad_outputs, sums);
+    profiled.reset();
     MF_CHECK(grad_inputs.size() == node.next_edges.size(), "returned {} gradients for {} inputs", grad_inputs.size(),
              node.next_edges.size());
     for (size_t i = 0; i < grad_inputs.size(); ++i) {

@@ -1,6 +1,7 @@
 // The registry and the dispatcher: validation, output allocation, kernel lookup and autograd recording.
 #include "core/graph.h"
 #include "core/parallel.h"
+#include "core/profiler.h"
 #include "ops/anomaly.h"
 #include "ops/families.h"
 #include "ops/functional.h"
@@ -379,6 +380,7 @@ std::vector<Tensor> call(OpId id, const std::vector<Tensor>& inputs, const Attrs
           out = call1(OpId::cast, {out}, CastParams{.dtype = DType::BFloat16}, site);
     return outputs;
   }
+  profiler::detail::Scope profiled(profiler::EventKind::Op, def.name, &inputs);
   CallDepth depth;
   std::vector<Tensor> outputs;
   bool lowered = false;
@@ -440,6 +442,7 @@ void call_inplace(OpId id, Tensor& self, const std::vector<Tensor>& inputs, cons
     self.copy_(widened, site);
     return;
   }
+  profiler::detail::Scope profiled(profiler::EventKind::Op, def.name, &inputs);
   CallDepth depth;
   try {
     check_input_count(id, inputs);

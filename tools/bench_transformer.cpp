@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 
 namespace {
 
@@ -121,7 +122,26 @@ struct StepTimes {
   double total() const { return forward + backward + optimizer; }
 };
 
-std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool decode, mf::Device device) {
+/// --profile and --profile-trace: the timed steps' ops, as a table and as a Chrome trace.
+struct ProfileRequest {
+  bool table = false;
+  std::string trace_path;
+  bool wanted() const { return table || !trace_path.empty(); }
+};
+
+/// Prints the table (to stderr: stdout may be JSON) and writes the trace.
+void report_profile(const mf::profiler::Profiler& profiler, const ProfileRequest& request, std::string_view config) {
+  if (request.table)
+    fmt::print(stderr, "{}: where the timed steps' time went (ops by self time, input shapes apart; regions "
+               "forward, backward, optimizer around them)\n{}", config, profiler.table({.row_limit = 30}));
+  if (!request.trace_path.empty()) {
+    profiler.export_chrome_trace(request.trace_path);
+    fmt::print(stderr, "{}: Chrome trace of the timed steps written to {}\n", config, request.trace_path);
+  }
+}
+
+std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool decode, mf::Device device,
+                                           const ProfileRequest& profile) {
   GemmYardstick yardstick(device);
   mf::manual_seed(0);
   mf::models::Transformer model(c.model());
@@ -134,22 +154,38 @@ std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool
   mf::Tensor tgt_out = mf::randint(1, c.vocab, {c.batch, c.length}, mf::Device::cpu(), &data).to(device);
 
   std::vector<StepTimes> times;
+  std::optional<mf::profiler::Profiler> profiler;
   for (int step = 0; step < steps + 2; ++step) {  // two warm-up steps fill the allocator's cache
+    if (step == 2 && profile.wanted()) profiler.emplace(mf::profiler::ProfilerOptions{.record_shapes = true});
     StepTimes t;
     auto start = Clock::now();
-    mf::Tensor loss = mf::cross_entropy(model.forward(src, tgt_in).reshape({-1, c.vocab}), tgt_out.reshape({-1}), 0);
-    t.forward = seconds_since(start, device);
-    start = Clock::now();
-    loss.backward();
-    t.backward = seconds_since(start, device);
-    start = Clock::now();
-    adam.step();
-    adam.zero_grad();
-    t.optimizer = seconds_since(start, device);
-    if (step >= 2) {
-      times.push_back(t);
-      yardstick.sample();
+    mf::Tensor loss;
+    {
+      auto region = mf::profiler::record_function("forward");
+      loss = mf::cross_entropy(model.forward(src, tgt_in).reshape({-1, c.vocab}), tgt_out.reshape({-1}), 0);
+      t.forward = seconds_since(start, device);
     }
+    start = Clock::now();
+    {
+      auto region = mf::profiler::record_function("backward");
+      loss.backward();
+      t.backward = seconds_since(start, device);
+    }
+    start = Clock::now();
+    {
+      auto region = mf::profiler::record_function("optimizer");
+      adam.step();
+      adam.zero_grad();
+      t.optimizer = seconds_since(start, device);
+    }
+    if (step < 2) continue;
+    times.push_back(t);
+    if (!profiler) yardstick.sample();
+  }
+  if (profiler) {  // the yardstick's products, kept out of the profile, come after the steps
+    profiler->stop();
+    for (int i = 0; i < steps; ++i) yardstick.sample();
+    report_profile(*profiler, profile, c.name);
   }
   auto pick = [&](double StepTimes::*field) {
     std::vector<double> v;
@@ -214,6 +250,11 @@ int main(int argc, char** argv) {
     args.add("precision", &autocast_precision,
              "fp32, or bf16: the steps under autocast (GEMMs on bfloat16 operands summed in float32)");
     args.add_switch("json", &json, "print one JSON object per config instead of a table");
+    ProfileRequest profile;
+    args.add_switch("profile", &profile.table,
+                    "print where the timed steps' time goes, op by op (mf::profiler), to stderr; profiling adds "
+                    "its own cost to the times");
+    args.add("profile-trace", &profile.trace_path, "write the timed steps' ops as a Chrome trace (JSON) to this file");
     if (!args.parse(argc, argv)) return 0;
     mf::tools::set_matmul_precision_flag(precision);
     if (steps < 1) throw mf::tools::UsageError("--steps must be at least 1");
@@ -230,7 +271,7 @@ int main(int argc, char** argv) {
                  mf::describe_kernel_isa(), device.str(), threads, precision, autocast_precision);
     for (const BenchConfig& c : mf::tools::kBenchConfigs) {
       if (!only.empty() && only != c.name) continue;
-      auto result = bench_config(c, static_cast<int>(steps), std::string(c.name) == "small", device);
+      auto result = bench_config(c, static_cast<int>(steps), std::string(c.name) == "small", device, profile);
       if (json) {
         std::string fields =
             fmt::format("\"config\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"kernels\": \"{}\"", c.name,
