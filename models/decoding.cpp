@@ -169,8 +169,13 @@ std::vector<std::vector<generation::Hypothesis>> decode_sources(const Ensemble& 
   // any before it, fresh pages the kernel must clear (14% of a 1-thread int8 run on Zen 3).
   std::vector<text::Batch> batches = text::sorted_batches(lengths, source_tokens, options.batch_sentences);
   std::reverse(batches.begin(), batches.end());
-  const int64_t wanted_workers = std::min<int64_t>(options.workers == 0 ? intra_op_threads() : options.workers,
-                                                   model.device().is_cpu() ? intra_op_threads() : 1);
+  // Workers share the models: a layer that records attention writes to itself, so then one decodes.
+  const bool records_attention =
+      std::any_of(models.begin(), models.end(), [](const Transformer* m) { return m->records_attention(); });
+  const int64_t wanted_workers =
+      records_attention ? 1
+                        : std::min<int64_t>(options.workers == 0 ? intra_op_threads() : options.workers,
+                                            model.device().is_cpu() ? intra_op_threads() : 1);
   // Sampled batches draw from streams by batch index, so sampling keeps one worker's batches (and the
   // samples do not depend on the workers); greedy and beam search give each sentence the same output in
   // any batch.

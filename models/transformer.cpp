@@ -161,7 +161,7 @@ EncoderLayer::EncoderLayer(const TransformerConfig& config) : Module("EncoderLay
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) {
   Tensor h = residual(x, *norm1, *dropout, pre_norm_, [&](const Tensor& in) {
     nn::AttentionOutput a = self_attn->forward(in, in, in, mask, record_attention);
-    attention = a.weights;
+    if (record_attention) attention = a.weights;
     return a.output;
   });
   return residual(h, *norm2, *dropout, pre_norm_, [&](const Tensor& in) { return ffn->forward(in); });
@@ -225,20 +225,20 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
   Tensor h = residual(y, *norm1, *dropout, pre_norm_, [&](const Tensor& in) {
     if (!cache) {
       nn::AttentionOutput a = self_attn->forward(in, in, in, self_mask, record_attention);
-      self_attention = a.weights;
+      if (record_attention) self_attention = a.weights;
       return a.output;
     }
     auto [k, v] = self_attn->project_key_value(in, in);  // [N, H, t_new, D]
     cache->append(k, v);
     nn::AttentionOutput a =
         self_attn->attend(self_attn->project_query(in), cache->keys(), cache->values(), self_mask, record_attention);
-    self_attention = a.weights;
+    if (record_attention) self_attention = a.weights;
     return a.output;
   });
   h = residual(h, *norm2, *dropout, pre_norm_, [&](const Tensor& in) {
     if (!cache) {
       nn::AttentionOutput a = cross_attn->forward(in, memory, memory, cross_mask, record_attention);
-      cross_attention = a.weights;
+      if (record_attention) cross_attention = a.weights;
       return a.output;
     }
     MF_CHECK(cache->cross_kt.defined(), "DecoderLayer: a cache needs its cross-attention keys and values");
@@ -250,7 +250,7 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
       const int64_t H = a.weights.size(1), S = a.weights.size(3);
       a.weights = a.weights.reshape({rows / g, H, g, t, S}).permute({0, 2, 1, 3, 4}).reshape({rows, H, t, S});
     }
-    cross_attention = a.weights;
+    if (record_attention) cross_attention = a.weights;
     return a.output.reshape(in.shape());  // [N, t, C]
   });
   return residual(h, *norm3, *dropout, pre_norm_, [&](const Tensor& in) { return ffn->forward(in); });
@@ -427,6 +427,11 @@ Device Transformer::device() const { return src_embed_->weight.device(); }
 void Transformer::set_record_attention(bool on) {
   for (auto& layer : encoder->layers) layer->record_attention = on;
   for (auto& layer : decoder->layers) layer->record_attention = on;
+}
+
+bool Transformer::records_attention() const {
+  return std::any_of(encoder->layers.begin(), encoder->layers.end(), [](auto& l) { return l->record_attention; }) ||
+         std::any_of(decoder->layers.begin(), decoder->layers.end(), [](auto& l) { return l->record_attention; });
 }
 
 std::vector<std::pair<std::string, Tensor>> Transformer::attention_weights() const {

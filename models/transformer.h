@@ -84,7 +84,7 @@ class EncoderLayer : public nn::Module {
   nn::PositionwiseFeedForward ffn{nullptr};
   nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   nn::Dropout dropout{nullptr};
-  Tensor attention;  // [B, H, S, S] from the last forward, when the model records attention
+  Tensor attention;  // [B, H, S, S] from the last forward that recorded attention
   bool record_attention = false;
 
  private:
@@ -134,7 +134,7 @@ class DecoderLayer : public nn::Module {
   nn::PositionwiseFeedForward ffn{nullptr};
   nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
   nn::Dropout dropout{nullptr};
-  Tensor self_attention, cross_attention;  // from the last forward, when recording
+  Tensor self_attention, cross_attention;  // from the last forward that recorded attention
   bool record_attention = false;
 
  private:
@@ -200,10 +200,14 @@ class Transformer : public nn::Module {
   /// projection do not run.
   Tensor cross_attention(const Tensor& src, const Tensor& tgt_in, int64_t layer);
   /// Keep every layer's attention probabilities after each forward (off by default: it costs memory).
+  /// A layer that does not record leaves what it last recorded as it is, so that decoding workers
+  /// sharing the model never write to it; while any layer records, decode_sources runs one worker.
   void set_record_attention(bool on);
-  /// Each attention module's probabilities from the last forward, [B, H, *, *], keyed by the module's
-  /// path in state_dict: "encoder.layers.{i}.self_attn", "decoder.layers.{i}.self_attn" and
-  /// "decoder.layers.{i}.cross_attn".
+  /// Whether any layer records its attention probabilities.
+  bool records_attention() const;
+  /// Each attention module's probabilities from the last forward that recorded them, [B, H, *, *],
+  /// keyed by the module's path in state_dict: "encoder.layers.{i}.self_attn",
+  /// "decoder.layers.{i}.self_attn" and "decoder.layers.{i}.cross_attn".
   std::vector<std::pair<std::string, Tensor>> attention_weights() const;
 
   const TransformerConfig& config() const { return config_; }

@@ -816,6 +816,34 @@ TEST_CASE("an ensemble decodes with the mean of its members' probabilities") {
   CHECK_THROWS_WITH_AS(models::score_targets(models::Ensemble{}, {}, {}), "score_targets: no model given", Error);
 }
 
+// Workers decoding side by side share the model's layers, so decoding must not write to them: two
+// workers assigning the tensor a layer holds race on its reference count (ThreadSanitizer found it).
+TEST_CASE("decode_sources' workers leave the layers' recorded attention as it is; while recording, one decodes") {
+  auto model = trained_reference_model();
+  model->eval();
+  NoGradGuard no_grad;
+  const std::vector<std::vector<int64_t>> sources = {{5, 7, 3, 9}, {12, 3}, {6, 8, 11}, {4}, {9, 9, 4, 6, 8}};
+  const models::DecodingOptions parallel{.max_new_tokens = 8, .batch_sentences = 1, .workers = 3};
+  testing::ThreadCountGuard restore;
+  set_num_threads(3);
+  // A forced pass records one layer's cross-attention, as translate --alignment does between groups.
+  const Tensor recorded = model->cross_attention(from_vector(std::vector<int64_t>{5, 7, 3, 9, 2}, {1, 5}),
+                                                 from_vector(std::vector<int64_t>{1, 4, 6}, {1, 3}), 1);
+  CHECK_FALSE(model->records_attention());
+  const auto plain = models::decode_sources(*model, sources, parallel);
+  CHECK(model->decoder->layers[0]->cross_attention.is_same(recorded));
+  model->set_record_attention(true);
+  CHECK(model->records_attention());
+  const auto recording = models::decode_sources(*model, sources, parallel);  // on one worker
+  model->set_record_attention(false);
+  for (size_t i = 0; i < sources.size(); ++i) CHECK(recording[i][0].tokens == plain[i][0].tokens);
+  // The last step of the last batch (the longest source, decoded last): one row, one query.
+  const Tensor last = model->decoder->layers[0]->cross_attention;
+  REQUIRE(last.defined());
+  CHECK(last.size(0) == 1);
+  CHECK(last.size(2) == 1);
+}
+
 TEST_CASE("decode_sources' workers compute as the calling thread would: under its autocast, rethrowing their errors") {
   auto model = trained_reference_model();
   model->to(DType::Float32);  // autocast lowers float32 products only
