@@ -64,6 +64,7 @@ std::string_view kind_name(EventKind kind) {
     case EventKind::Op: return "op";
     case EventKind::Backward: return "backward";
     case EventKind::Region: return "region";
+    case EventKind::Collective: return "collective";
   }
   return "?";
 }

@@ -35,15 +35,16 @@ struct ProfilerOptions {
   bool record_shapes = false;
 };
 
-/// What made an event: an op call, a backward step of autograd ("<op> backward"), or a region a
-/// program named.
-enum class EventKind { Op, Backward, Region };
+/// What made an event: an op call, a backward step of autograd ("<op> backward"), a region a
+/// program named, or a collective of a process group: its run on the backend's thread ("all_reduce
+/// (mpi)") and a wait for it ("wait for all_reduce").
+enum class EventKind { Op, Backward, Region, Collective };
 
 /// One timed call, in microseconds since the profiler started.
 struct Event {
   std::string name;
   EventKind kind = EventKind::Op;
-  std::string input_shapes;  // "[2, 3], [3]" with record_shapes (an op's inputs), else empty
+  std::string input_shapes;  // "[2, 3], [3]" with record_shapes (an op's or collective's inputs), else empty
   int thread = 0;            // 0 for the first thread seen, 1 for the next, ...
   double start_us = 0, duration_us = 0;
   double self_us = 0;  // duration less the events this one contains on its thread

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/profiler.h"
 #include "ops/functional.h"
 
 #include <fmt/format.h>
@@ -111,6 +112,9 @@ class MpiWork : public Work {
 
   void wait() override {
     {
+      std::optional<profiler::detail::Scope> profiled;  // named only while a profiler records
+      if (job_->task == nullptr && profiler::detail::recording())
+        profiled.emplace(profiler::EventKind::Collective, "wait for ", nullptr, job_->collective.name());
       ++waiters_;  // the MPI thread polls without pausing while a thread waits
       job_->wait_until_done();
       --waiters_;
@@ -235,6 +239,12 @@ class MpiProcessGroup : public MpiProcessGroupBase {
       return;
     }
     const Collective& c = job.collective;
+    std::optional<profiler::detail::Scope> profiled;  // named only while a profiler records
+    std::vector<Tensor> shapes_of;
+    if (profiler::detail::recording()) {
+      if (c.input.defined()) shapes_of.push_back(c.input);
+      profiled.emplace(profiler::EventKind::Collective, c.name(), &shapes_of, " (mpi)");
+    }
     current_ = {.in_collective = 1, .sequence = static_cast<int64_t>(c.sequence), .kind = static_cast<int64_t>(c.kind)};
     const Clock::time_point deadline = Clock::now() + timeout();
     int code = MPI_SUCCESS;

@@ -12,6 +12,7 @@
 #include "distributed/backends.h"
 
 #include "core/error.h"
+#include "core/profiler.h"
 #include "cuda/cuda.h"
 #include "cuda/runtime.h"
 #include "ops/functional.h"
@@ -242,7 +243,10 @@ class NcclProcessGroup : public ProcessGroup {
   cudaStream_t comm_stream_ = nullptr;
 };
 
-void NcclWork::wait() { group_.wait_for(collective_, done_); }
+void NcclWork::wait() {
+  profiler::detail::Scope profiled(profiler::EventKind::Collective, "wait for ", nullptr, collective_.name());
+  group_.wait_for(collective_, done_);
+}
 
 std::shared_ptr<ProcessGroup> make_group(const ProcessGroupOptions& options) {
   std::shared_ptr<MpiProcessGroupBase> bootstrap;

@@ -78,6 +78,8 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+std::string_view Collective::name() const { return kind_name(kind); }
+
 std::string Collective::describe() const {
   std::string text = fmt::format("{} #{}", kind_name(kind), sequence);
   if (kind == Kind::Barrier) return text;

@@ -46,6 +46,8 @@ struct Collective {
 
   /// "all_reduce #12 (sum, float32, 4096 elements)".
   std::string describe() const;
+  /// "all_reduce".
+  std::string_view name() const;
 };
 
 struct ProcessGroupOptions {

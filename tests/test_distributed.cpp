@@ -7,6 +7,7 @@
 
 #include "helpers.h"
 
+#include "core/profiler.h"
 #include "cuda/cuda.h"
 #include "distributed/backends.h"
 #include "distributed/data_parallel.h"
@@ -179,6 +180,35 @@ TEST_CASE("a large all_reduce (32 MiB) and several in flight at once") {
   // Sums of integers below 2^24 are exact in float32.
   CHECK(big.narrow(0, 0, 4).to_vector<float>() == expected_sums(4, DType::Float32).to_vector<float>());
   CHECK(big.narrow(0, (int64_t{8} << 20) - 1, 1).item<float>() == static_cast<float>(ramp_sum((8 << 20) - 1)));
+}
+
+TEST_CASE("the profiler records a collective's run on the MPI thread and the wait for it") {
+  Tensor t = ramp(1000, DType::Float32);
+  std::vector<profiler::Event> events;
+  {
+    profiler::Profiler p({.record_shapes = true});
+    world().all_reduce_async(t)->wait();
+    p.stop();
+    events = p.events();
+  }
+  const profiler::Event *run = nullptr, *wait = nullptr;
+  for (const profiler::Event& e : events) {
+    if (e.name == "all_reduce (mpi)") run = &e;
+    if (e.name == "wait for all_reduce") wait = &e;
+  }
+  if (world().backend() != "mpi") {  // the local group has nothing to run: no events
+    CHECK(run == nullptr);
+    CHECK(wait == nullptr);
+    return;
+  }
+  REQUIRE(run != nullptr);
+  REQUIRE(wait != nullptr);
+  CHECK(run->kind == profiler::EventKind::Collective);
+  CHECK(run->input_shapes == "[1000]");
+  CHECK(run->thread != wait->thread);  // the MPI thread runs it; this one waits
+  // The wait ends after the run began (the result cannot come before).
+  CHECK(wait->start_us + wait->duration_us >= run->start_us);
+  check_close(t, expected_sums(1000, DType::Float32), 0, 0);
 }
 
 TEST_CASE("broadcast, all_gather, reduce_scatter and barrier") {
