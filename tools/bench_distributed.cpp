@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -59,8 +60,10 @@ struct StepTimes {
 /// fall on all alike; the others' hooks are held by no_sync() meanwhile. Each step is timed from a
 /// barrier of `job` (the ranks, whose shares each takes) to the slowest rank's end.
 std::vector<StepTimes> time_steps(mf::models::Transformer& model, mf::optim::Adam& adam,
-                                  std::span<dist::DistributedDataParallel* const> ddps, dist::ProcessGroup& job,
-                                  const mf::tools::BenchConfig& c, int64_t steps) {
+                                  std::span<dist::DistributedDataParallel* const> ddps,
+                                  std::span<const std::string> kind_names, dist::ProcessGroup& job,
+                                  const mf::tools::BenchConfig& c, int64_t steps,
+                                  const std::function<void()>& before_timed_steps) {
   const int64_t rows = c.batch / job.world_size(), first = rows * job.rank();
   mf::Generator data(1);  // the same global batch on every rank; each takes its rows
   auto ids = [&] {
@@ -69,6 +72,7 @@ std::vector<StepTimes> time_steps(mf::models::Transformer& model, mf::optim::Ada
   mf::Tensor src = ids(), tgt_in = ids(), tgt_out = ids();
   std::vector<StepTimes> times(ddps.size());
   for (int64_t step = 0; step < steps + 2; ++step) {
+    if (step == 2) before_timed_steps();
     for (size_t kind = 0; kind < ddps.size(); ++kind) {
       dist::DistributedDataParallel& ddp = *ddps[kind];
       using Quiet = dist::DistributedDataParallel::NoSyncGuard;
@@ -76,6 +80,7 @@ std::vector<StepTimes> time_steps(mf::models::Transformer& model, mf::optim::Ada
       for (dist::DistributedDataParallel* other : ddps)
         if (other != &ddp) others_quiet.push_back(std::make_unique<Quiet>(*other));
       job.barrier();
+      auto step_region = mf::profiler::record_function(kind_names[kind]);  // for --profile and --profile-trace
       const auto start = Clock::now();
       auto lap = start;
       double phase[4];
@@ -117,8 +122,16 @@ double time_reduction(dist::DistributedDataParallel& ddp, int64_t repeats) {
   return median(times);
 }
 
+/// --profile (rank 0's table, on stderr) and --profile-trace PREFIX (each rank's Chrome trace, PREFIX.rankR.json).
+struct ProfileRequest {
+  bool table = false;
+  std::string trace_prefix;
+  bool wanted() const { return table || !trace_prefix.empty(); }
+};
+
 void bench_training(std::shared_ptr<dist::ProcessGroup> group, const mf::tools::BenchConfig& c, int64_t steps,
-                    double bucket_mb, bool overlap, dist::GradientCompression compression, bool json) {
+                    double bucket_mb, bool overlap, dist::GradientCompression compression, bool json,
+                    const ProfileRequest& profile) {
   MF_CHECK(c.batch % group->world_size() == 0, "bench_distributed: the {} config's batch of {} does not split over "
            "{} ranks", c.name, c.batch, group->world_size());
   mf::manual_seed(0);
@@ -139,8 +152,23 @@ void bench_training(std::shared_ptr<dist::ProcessGroup> group, const mf::tools::
     quiet.emplace(model, dist::local_process_group(), options(false));
   }
   std::vector<dist::DistributedDataParallel*> kinds{&ddp};
-  if (quiet) kinds.insert(kinds.end(), {&*other_way, &*quiet});
-  const std::vector<StepTimes> times = time_steps(model, adam, kinds, *group, c, steps);
+  const std::string during = "step, reduced while backward runs", after = "step, reduced after backward";
+  std::vector<std::string> kind_names{overlap ? during : after};
+  if (quiet) {
+    kinds.insert(kinds.end(), {&*other_way, &*quiet});
+    kind_names.insert(kind_names.end(), {overlap ? after : during, "step without communication"});
+  }
+  std::optional<mf::profiler::Profiler> profiler;
+  const std::vector<StepTimes> times = time_steps(model, adam, kinds, kind_names, *group, c, steps, [&] {
+    if (profile.wanted()) profiler.emplace(mf::profiler::ProfilerOptions{.record_shapes = true});
+  });
+  if (profiler) {
+    profiler->stop();
+    if (!profile.trace_prefix.empty())
+      profiler->export_chrome_trace(fmt::format("{}.rank{}.json", profile.trace_prefix, group->rank()));
+    if (profile.table && group->rank() == 0)
+      fmt::print(stderr, "rank 0's timed steps, every kind:\n{}", profiler->table({.row_limit = 30}));
+  }
   const StepResult result = times[0].medians();
   // Per kind, the median over steps of how much longer it took than its quiet twin.
   auto added = [&](size_t kind) {
@@ -224,6 +252,11 @@ int main(int argc, char** argv) {
     args.add("grad-compression", &grad_compression, "what gradients travel as: none (float32) or bf16");
     args.add_switch("sweep", &sweep, "time all_reduce over message sizes instead of training");
     args.add_switch("json", &json, "print JSON lines");
+    ProfileRequest profile;
+    args.add_switch("profile", &profile.table, "print rank 0's steps op by op (mf::profiler) to stderr");
+    args.add("profile-trace", &profile.trace_prefix,
+             "write each rank's steps as a Chrome trace, PREFIX.rankR.json: ops, backward steps, each bucket's "
+             "all_reduce on the MPI thread and the waits for them");
     if (!args.parse(argc, argv)) return 0;
     const mf::tools::BenchConfig* c = mf::tools::find_bench_config(config);
     if (c == nullptr) throw mf::tools::UsageError(fmt::format("unknown config '{}' (seed, small or base)", config));
@@ -241,7 +274,7 @@ int main(int argc, char** argv) {
     else
       bench_training(group, *c, steps, bucket_mb, !no_overlap,
                      grad_compression == "bf16" ? dist::GradientCompression::BFloat16 : dist::GradientCompression::None,
-                     json);
+                     json, profile);
     return 0;
   });
 }
