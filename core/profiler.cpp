@@ -22,9 +22,9 @@ using Clock = std::chrono::steady_clock;
 
 double microseconds(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
-/// What every thread's scopes report to: the recording profiler's generation (0: none) and its events.
+/// What every thread's scopes report to: the recording profiler's events (its number is
+/// detail::active_generation).
 struct Recorder {
-  std::atomic<uint64_t> active{0};
   std::atomic<bool> record_shapes{false};
   std::atomic<int> threads_seen{0};
   std::mutex mutex;  // guards the rest
@@ -80,12 +80,12 @@ std::string duration_text(double us) {
 
 namespace detail {
 
-bool recording() { return recorder().active.load(std::memory_order_relaxed) != 0; }
+std::atomic<uint64_t> active_generation{0};
 
-Scope::Scope(EventKind kind, std::string_view name, const std::vector<Tensor>* inputs, std::string_view suffix) {
+void Scope::open(EventKind kind, std::string_view name, const std::vector<Tensor>* inputs, std::string_view suffix) {
   Recorder& r = recorder();
-  const uint64_t generation = r.active.load(std::memory_order_acquire);
-  if (generation == 0) return;
+  const uint64_t generation = active_generation.load(std::memory_order_acquire);
+  if (generation == 0) return;  // stopped since recording() said yes
   open_ = true;
   OpenScope& scope = open_scopes.emplace_back();
   scope.generation = generation;
@@ -96,8 +96,7 @@ Scope::Scope(EventKind kind, std::string_view name, const std::vector<Tensor>* i
   scope.start = Clock::now();  // last: the bookkeeping above is its parent's time, not its own
 }
 
-Scope::~Scope() {
-  if (!open_) return;
+void Scope::close() {
   const Clock::time_point end = Clock::now();
   OpenScope scope = std::move(open_scopes.back());
   open_scopes.pop_back();
@@ -106,7 +105,7 @@ Scope::~Scope() {
   Recorder& r = recorder();
   if (thread_number < 0) thread_number = r.threads_seen++;
   std::lock_guard lock(r.mutex);
-  if (r.active.load(std::memory_order_relaxed) != scope.generation) return;  // stopped since it opened
+  if (active_generation.load(std::memory_order_relaxed) != scope.generation) return;  // stopped since it opened
   r.events.push_back({.name = std::move(scope.name),
                       .kind = scope.kind,
                       .input_shapes = std::move(scope.input_shapes),
@@ -121,12 +120,12 @@ Scope::~Scope() {
 Profiler::Profiler(ProfilerOptions options) {
   Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
-  MF_CHECK(r.active.load() == 0, "profiler: another Profiler is recording (one records at a time: stop it first)");
-  generation_ = ++r.last_generation;
+  MF_CHECK(detail::active_generation.load() == 0,
+           "profiler: another Profiler is recording (one records at a time: stop it first)");
   r.events.clear();
   r.record_shapes.store(options.record_shapes);
   r.start = Clock::now();
-  r.active.store(generation_, std::memory_order_release);
+  detail::active_generation.store(++r.last_generation, std::memory_order_release);
 }
 
 Profiler::~Profiler() { stop(); }
@@ -135,7 +134,7 @@ void Profiler::stop() {
   if (!recording_) return;
   Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
-  r.active.store(0);
+  detail::active_generation.store(0);
   wall_us_ = microseconds(Clock::now() - r.start);
   events_ = std::move(r.events);
   r.events.clear();

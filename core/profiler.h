@@ -22,6 +22,7 @@
 
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -90,7 +91,6 @@ class Profiler {
   void export_chrome_trace(const std::string& path) const;
 
  private:
-  uint64_t generation_ = 0;
   bool recording_ = true;
   double wall_us_ = 0;         // from start to stop
   std::vector<Event> events_;  // once stopped
@@ -98,8 +98,12 @@ class Profiler {
 
 namespace detail {
 
-/// Whether a Profiler records now (a relaxed load: the dispatcher asks at every op).
-bool recording();
+/// The recording Profiler's number, 0 while none records.
+extern std::atomic<uint64_t> active_generation;
+
+/// Whether a Profiler records now: the dispatcher asks at every op, so this and the checks in
+/// Scope below stay inline (a relaxed load and a branch).
+inline bool recording() { return active_generation.load(std::memory_order_relaxed) != 0; }
 
 /// An event from construction to destruction, when a Profiler records at construction: named `name`
 /// followed by `suffix`, with the shapes of `inputs` where shapes are recorded. The dispatcher opens
@@ -107,12 +111,19 @@ bool recording();
 class Scope {
  public:
   Scope(EventKind kind, std::string_view name, const std::vector<Tensor>* inputs = nullptr,
-        std::string_view suffix = {});
-  ~Scope();
+        std::string_view suffix = {}) {
+    if (recording()) open(kind, name, inputs, suffix);
+  }
+  ~Scope() {
+    if (open_) close();
+  }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
 
  private:
+  void open(EventKind kind, std::string_view name, const std::vector<Tensor>* inputs, std::string_view suffix);
+  void close();
+
   bool open_ = false;
 };
 

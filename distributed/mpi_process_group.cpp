@@ -112,8 +112,8 @@ class MpiWork : public Work {
 
   void wait() override {
     {
-      std::optional<profiler::detail::Scope> profiled;  // named only while a profiler records
-      if (job_->task == nullptr && profiler::detail::recording())
+      std::optional<profiler::detail::Scope> profiled;  // a collective's wait, not an internal task's
+      if (job_->task == nullptr)
         profiled.emplace(profiler::EventKind::Collective, "wait for ", nullptr, job_->collective.name());
       ++waiters_;  // the MPI thread polls without pausing while a thread waits
       job_->wait_until_done();
@@ -239,7 +239,7 @@ class MpiProcessGroup : public MpiProcessGroupBase {
       return;
     }
     const Collective& c = job.collective;
-    std::optional<profiler::detail::Scope> profiled;  // named only while a profiler records
+    std::optional<profiler::detail::Scope> profiled;  // the shapes' vector is built only while a profiler records
     std::vector<Tensor> shapes_of;
     if (profiler::detail::recording()) {
       if (c.input.defined()) shapes_of.push_back(c.input);

@@ -593,17 +593,17 @@ MF_INLINE bool any_lane(typename cpu::Simd<float, W>::Mask mask) {
 }
 
 /// Offers row[j, size) (contiguous) to a best-k list already holding k. Only an element beyond the
-/// k-th best's value can enter, and after the first few hundred few are: a block with none beyond
-/// it is passed over with one vector test, and in one that has, only the elements beyond the bound
-/// at their turn are offered. Floats are compared W bytes at a time (written as a plain loop, the
-/// compiler keeps NaN-aware comparisons scalar). Returns where the blocks stopped.
+/// k-th best's value can enter, and after the first few hundred few are: a block of floats with none
+/// beyond it is passed over with one vector test, W bytes at a time (written as a plain loop, the
+/// compiler keeps NaN-aware comparisons scalar), and in a block that has one, only the elements
+/// beyond the bound at their turn are offered. Returns where the blocks stopped.
 template <int W, typename T, bool Largest>
 MF_INLINE int64_t offer_blocks(const T* row, int64_t j, int64_t size, std::pair<T, int64_t>* best, int64_t& count,
                                int64_t k) {
   constexpr int64_t kBlock = 16;
   T bound = best[k - 1].first;
   for (; j + kBlock <= size; j += kBlock) {
-    bool any = false;
+    bool any = true;  // other types go straight to the elements: their test would make the same compares
     if constexpr (std::is_same_v<T, float>) {
       using S = cpu::Simd<float, W>;
       typename S::Mask beyond_bound{};
@@ -613,8 +613,6 @@ MF_INLINE int64_t offer_blocks(const T* row, int64_t j, int64_t size, std::pair<
         beyond_bound |= (Largest ? v <= bound : v >= bound) == 0;  // false for NaN too
       }
       any = any_lane<W>(beyond_bound);
-    } else {
-      for (int64_t b = 0; b < kBlock; ++b) any |= beyond<T, Largest>(row[j + b], bound);
     }
     if (!any) continue;
     for (int64_t i = j; i < j + kBlock; ++i)

@@ -21,10 +21,10 @@ using profiler::EventStats;
 
 namespace {
 
-/// The summed row of `name` (and `shapes`, when given); calls = 0 when there is none.
-EventStats row(const profiler::Profiler& p, const std::string& name, const std::string& shapes = "") {
+/// The first summed row of `name`; calls = 0 when there is none.
+EventStats row(const profiler::Profiler& p, const std::string& name) {
   for (const EventStats& s : p.key_averages())
-    if (s.name == name && (shapes.empty() || s.input_shapes == shapes)) return s;
+    if (s.name == name) return s;
   return {};
 }
 

@@ -122,16 +122,9 @@ double time_reduction(dist::DistributedDataParallel& ddp, int64_t repeats) {
   return median(times);
 }
 
-/// --profile (rank 0's table, on stderr) and --profile-trace PREFIX (each rank's Chrome trace, PREFIX.rankR.json).
-struct ProfileRequest {
-  bool table = false;
-  std::string trace_prefix;
-  bool wanted() const { return table || !trace_prefix.empty(); }
-};
-
 void bench_training(std::shared_ptr<dist::ProcessGroup> group, const mf::tools::BenchConfig& c, int64_t steps,
                     double bucket_mb, bool overlap, dist::GradientCompression compression, bool json,
-                    const ProfileRequest& profile) {
+                    const mf::tools::ProfileFlags& profile) {
   MF_CHECK(c.batch % group->world_size() == 0, "bench_distributed: the {} config's batch of {} does not split over "
            "{} ranks", c.name, c.batch, group->world_size());
   mf::manual_seed(0);
@@ -164,8 +157,8 @@ void bench_training(std::shared_ptr<dist::ProcessGroup> group, const mf::tools::
   });
   if (profiler) {
     profiler->stop();
-    if (!profile.trace_prefix.empty())
-      profiler->export_chrome_trace(fmt::format("{}.rank{}.json", profile.trace_prefix, group->rank()));
+    if (!profile.trace.empty())
+      profiler->export_chrome_trace(fmt::format("{}.rank{}.json", profile.trace, group->rank()));
     if (profile.table && group->rank() == 0)
       fmt::print(stderr, "rank 0's timed steps, every kind:\n{}", profiler->table({.row_limit = 30}));
   }
@@ -252,9 +245,9 @@ int main(int argc, char** argv) {
     args.add("grad-compression", &grad_compression, "what gradients travel as: none (float32) or bf16");
     args.add_switch("sweep", &sweep, "time all_reduce over message sizes instead of training");
     args.add_switch("json", &json, "print JSON lines");
-    ProfileRequest profile;
+    mf::tools::ProfileFlags profile;
     args.add_switch("profile", &profile.table, "print rank 0's steps op by op (mf::profiler) to stderr");
-    args.add("profile-trace", &profile.trace_prefix,
+    args.add("profile-trace", &profile.trace,
              "write each rank's steps as a Chrome trace, PREFIX.rankR.json: ops, backward steps, each bucket's "
              "all_reduce on the MPI thread and the waits for them");
     if (!args.parse(argc, argv)) return 0;

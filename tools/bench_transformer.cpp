@@ -122,26 +122,20 @@ struct StepTimes {
   double total() const { return forward + backward + optimizer; }
 };
 
-/// --profile and --profile-trace: the timed steps' ops, as a table and as a Chrome trace.
-struct ProfileRequest {
-  bool table = false;
-  std::string trace_path;
-  bool wanted() const { return table || !trace_path.empty(); }
-};
-
 /// Prints the table (to stderr: stdout may be JSON) and writes the trace.
-void report_profile(const mf::profiler::Profiler& profiler, const ProfileRequest& request, std::string_view config) {
+void report_profile(const mf::profiler::Profiler& profiler, const mf::tools::ProfileFlags& request,
+                    std::string_view config) {
   if (request.table)
     fmt::print(stderr, "{}: where the timed steps' time went (ops by self time, input shapes apart; regions "
                "forward, backward, optimizer around them)\n{}", config, profiler.table({.row_limit = 30}));
-  if (!request.trace_path.empty()) {
-    profiler.export_chrome_trace(request.trace_path);
-    fmt::print(stderr, "{}: Chrome trace of the timed steps written to {}\n", config, request.trace_path);
+  if (!request.trace.empty()) {
+    profiler.export_chrome_trace(request.trace);
+    fmt::print(stderr, "{}: Chrome trace of the timed steps written to {}\n", config, request.trace);
   }
 }
 
 std::map<std::string, double> bench_config(const BenchConfig& c, int steps, bool decode, mf::Device device,
-                                           const ProfileRequest& profile) {
+                                           const mf::tools::ProfileFlags& profile) {
   GemmYardstick yardstick(device);
   mf::manual_seed(0);
   mf::models::Transformer model(c.model());
@@ -250,11 +244,11 @@ int main(int argc, char** argv) {
     args.add("precision", &autocast_precision,
              "fp32, or bf16: the steps under autocast (GEMMs on bfloat16 operands summed in float32)");
     args.add_switch("json", &json, "print one JSON object per config instead of a table");
-    ProfileRequest profile;
+    mf::tools::ProfileFlags profile;
     args.add_switch("profile", &profile.table,
                     "print where the timed steps' time goes, op by op (mf::profiler), to stderr; profiling adds "
                     "its own cost to the times");
-    args.add("profile-trace", &profile.trace_path, "write the timed steps' ops as a Chrome trace (JSON) to this file");
+    args.add("profile-trace", &profile.trace, "write the timed steps' ops as a Chrome trace (JSON) to this file");
     if (!args.parse(argc, argv)) return 0;
     mf::tools::set_matmul_precision_flag(precision);
     if (steps < 1) throw mf::tools::UsageError("--steps must be at least 1");

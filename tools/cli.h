@@ -73,6 +73,14 @@ void set_matmul_precision_flag(const std::string& value);
 /// fp32 there.
 bool autocast_from_precision_flag(const std::string& value, Device device);
 
+/// The benchmarks' --profile (the timed work's table, mf::profiler, on stderr) and --profile-trace
+/// (a Chrome trace: a file, or one per rank).
+struct ProfileFlags {
+  bool table = false;
+  std::string trace;
+  bool wanted() const { return table || !trace.empty(); }
+};
+
 /// Runs body() and maps its outcome to an exit status, printing errors to stderr.
 int run_tool(const std::string& program, const std::function<int()>& body);
 
