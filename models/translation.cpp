@@ -146,6 +146,8 @@ std::vector<TargetScore> Translator::score(const std::vector<std::string>& sourc
 std::vector<int64_t> Translator::banned_tokens() const {
   std::vector<int64_t> banned = {text::kPadId, text::kSosId};
   if (target_.spells_everything()) banned.push_back(text::kUnkId);
+  const std::vector<int64_t> controls = target_.control_character_ids();
+  banned.insert(banned.end(), controls.begin(), controls.end());
   return banned;
 }
 

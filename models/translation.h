@@ -64,8 +64,9 @@ class Translator {
   Tensor encode_sources(const std::vector<std::string>& sentences) const;
   /// The tokens decoding must never produce (GreedyOptions::banned_ids): <pad> and <sos>, which no
   /// output holds (a <pad> generated would be masked out of the decoder's own keys once the output is
-  /// read again whole, and drop out of the printed text), and <unk> when the target side spells every
-  /// text.
+  /// read again whole, and drop out of the printed text), <unk> when the target side spells every
+  /// text, and the byte pieces of control characters (text::TextCodec::control_character_ids): a
+  /// translation is one line of text.
   std::vector<int64_t> banned_tokens() const;
   /// Target ids back to text (up to <eos>).
   std::string decode_target(std::span<const int64_t> ids) const { return target_.decode(ids); }

@@ -801,6 +801,47 @@ TEST_CASE("banned tokens are never generated: greedy and beam search take the be
                        doctest::Contains("banned token id -1 is outside"), Error);
 }
 
+TEST_CASE("many banned tokens among each row's best: the searches pass over them as over tokens of probability 0") {
+  // Six banned tokens, every row's favourites (their logits raised by 5), more than the searches first
+  // make room for among a row's best: they must rank again with room for all six. The reference is the
+  // same model with no bans and log-probabilities of -inf for those six, the others unchanged.
+  const int64_t batch = 3, vocab = 12, max_new = 4;
+  const std::vector<int64_t> banned = {3, 4, 5, 6, 7, 8};
+  const auto is_banned = [&](int64_t token) { return std::find(banned.begin(), banned.end(), token) != banned.end(); };
+  const Model base = random_model(23, vocab);
+  const Model favouring = [&](int64_t sentence, const std::vector<int64_t>& prefix) {
+    std::vector<double> logits = base(sentence, prefix);
+    for (int64_t token : banned) logits[static_cast<size_t>(token)] += 5;
+    return float_log_softmax(logits);
+  };
+  const Model ruling_out = [&](int64_t sentence, const std::vector<int64_t>& prefix) {
+    std::vector<double> log_probs = favouring(sentence, prefix);
+    for (int64_t token : banned) log_probs[static_cast<size_t>(token)] = -INFINITY;
+    return log_probs;
+  };
+  FakeDecoder greedy_decoder(favouring, iota(batch));
+  const GreedyResult greedy = greedy_decode(greedy_decoder, batch, {.max_new_tokens = max_new, .banned_ids = banned});
+  for (int64_t s = 0; s < batch; ++s) {
+    CAPTURE(s);
+    auto [want, want_log_prob] =
+        naive_greedy(favouring, s, max_new, {}, [&](const std::vector<int64_t>&, int64_t t) { return !is_banned(t); });
+    std::vector<int64_t> row = greedy.tokens.select(0, s).to_vector<int64_t>();
+    row.resize(want.size());
+    CHECK(row == want);
+    CHECK(greedy.log_probs[static_cast<size_t>(s)] == want_log_prob);
+  }
+  FakeDecoder banning(favouring, iota(batch)), without_bans(ruling_out, iota(batch));
+  const auto found =
+      beam_search(banning, batch, {.beam_size = 3, .max_new_tokens = max_new, .nbest = 3, .banned_ids = banned});
+  const auto expected = beam_search(without_bans, batch, {.beam_size = 3, .max_new_tokens = max_new, .nbest = 3});
+  for (int64_t s = 0; s < batch; ++s) {
+    CAPTURE(s);
+    check_same(found[static_cast<size_t>(s)], expected[static_cast<size_t>(s)]);
+    for (const Hypothesis& h : found[static_cast<size_t>(s)])
+      CHECK(std::none_of(h.tokens.begin(), h.tokens.end(), is_banned));
+  }
+}
+
 TEST_CASE("min_new_tokens and no_repeat_ngram_size: greedy search as a naive loop under the rules, beam search as "
           "enumeration") {
   // V = 5 and at most 4 new tokens: 341 hypotheses without rules, and a beam of 1024 is wider than any

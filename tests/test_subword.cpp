@@ -107,6 +107,22 @@ TEST_CASE("byte fallback spells unseen characters as bytes; without it they are 
   CHECK(without.decode(unk_ids).find("\xE2\x81\x87") != std::string::npos);  // SentencePiece's " ⁇ "
 }
 
+TEST_CASE("control_character_ids: the byte pieces that decode to U+0000-U+001F or U+007F, and only those") {
+  const SubwordModel model = small_model();
+  const std::vector<int64_t> controls = model.control_character_ids();
+  // Every id checked by what it decodes to: a control character has to be one byte, so a piece
+  // that decodes to one byte below 0x20 or of 0x7F is one of them, whatever its name.
+  std::vector<int64_t> expected;
+  for (int64_t id = kSpecialTokenCount; id < model.size(); ++id) {
+    const std::string text = model.decode(std::vector<int64_t>{id});
+    if (text.size() == 1 && (static_cast<unsigned char>(text[0]) < 0x20 || text[0] == 0x7F)) expected.push_back(id);
+  }
+  CHECK(expected.size() == 33);  // 32 C0 controls and DEL
+  CHECK(controls == expected);
+  CHECK(model.decode(std::vector<int64_t>{controls[10]}) == "\n");
+  CHECK(small_model(SubwordAlgorithm::Unigram, false).control_character_ids().empty());
+}
+
 TEST_CASE("ids_by_frequency: the specials, the learned pieces in SentencePiece's order, then the 256 byte pieces") {
   for (const SubwordAlgorithm algorithm : {SubwordAlgorithm::Unigram, SubwordAlgorithm::Bpe}) {
     const SubwordModel model = small_model(algorithm);

@@ -45,6 +45,21 @@ models::Translator subword_translator(uint64_t seed) {
 
 std::filesystem::path temp_file(const char* name) { return std::filesystem::temp_directory_path() / name; }
 
+/// Makes `favoured` every decoding step's first choices and <eos> its last, so that they fill the
+/// translations: the decoder's last norm (`last_norm`) gives every position the state (1, ..., 1), the
+/// output rows (`output_rows`, [V, 16]) of the favoured tokens are (5, ..., 5), logits of 80 against a
+/// few, and <eos>'s row is (-5, ..., -5).
+void favour_tokens(models::Translator& translator, const std::string& last_norm, const std::string& output_rows,
+                   const std::vector<int64_t>& favoured) {
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> parameters;
+  for (const nn::NamedTensor& p : translator.model().named_parameters()) parameters[p.name] = p.tensor;
+  parameters.at(last_norm + ".weight").fill_(0.0);
+  parameters.at(last_norm + ".bias").fill_(1.0);
+  for (int64_t token : favoured) parameters.at(output_rows).narrow(0, token, 1).fill_(5.0);
+  parameters.at(output_rows).narrow(0, text::kEosId, 1).fill_(-5.0);
+}
+
 }  // namespace
 
 TEST_CASE("a batch is source + <eos>, <sos> + target, target + <eos>, padded with 0") {
@@ -345,18 +360,7 @@ TEST_CASE("a Translator never generates <pad> or <sos>, even from a model that f
                                    .max_len = 12, .shared_embeddings = false, .tie_output = false};
   models::Translator translator(config, vocab, vocab, {});
   translator.model().eval();
-  {
-    // The decoder's last norm gives every position the state (1, ..., 1), and the output rows of <pad>
-    // and <sos> are (5, ..., 5): they are every step's favourites, by logits of 80 against a few, and
-    // <eos> (-80) the least likely, so that words fill the translations.
-    NoGradGuard no_grad;
-    std::map<std::string, Tensor> parameters;
-    for (const nn::NamedTensor& p : translator.model().named_parameters()) parameters[p.name] = p.tensor;
-    parameters.at("decoder.layers.0.norm3.weight").fill_(0.0);
-    parameters.at("decoder.layers.0.norm3.bias").fill_(1.0);
-    parameters.at("output_proj.weight").narrow(0, text::kPadId, 2).fill_(5.0);
-    parameters.at("output_proj.weight").narrow(0, text::kEosId, 1).fill_(-5.0);  // and <eos> the least likely
-  }
+  favour_tokens(translator, "decoder.layers.0.norm3", "output_proj.weight", {text::kPadId, text::kSosId});
   const std::vector<std::vector<int64_t>> sources = {translator.source().encode("i want a beer")};
   const auto unrestricted = models::decode_sources(translator.model(), sources, {.beam_size = 2, .max_new_tokens = 4});
   REQUIRE(!unrestricted.front().front().tokens.empty());
@@ -371,4 +375,27 @@ TEST_CASE("a Translator never generates <pad> or <sos>, even from a model that f
     }
   }
   CHECK(translator.banned_tokens() == std::vector<int64_t>{text::kPadId, text::kSosId});  // words: <unk> allowed
+}
+
+TEST_CASE("a Translator never generates a control character, even from a model that favours the newline byte") {
+  models::Translator translator = subword_translator(5);
+  const std::vector<int64_t> controls = translator.target().control_character_ids();
+  REQUIRE(controls.size() == 33);
+  const int64_t newline = controls[10];
+  REQUIRE(translator.decode_target(std::vector<int64_t>{newline}) == "\n");
+  favour_tokens(translator, "decoder.layers.1.norm3", "embed.weight", {newline});  // tied: the embedding's rows
+  const std::vector<std::vector<int64_t>> sources = {translator.source().encode("Ein Mann läuft.")};
+  const auto unrestricted = models::decode_sources(translator.model(), sources, {.max_new_tokens = 4});
+  REQUIRE(!unrestricted.front().front().tokens.empty());
+  CHECK(unrestricted.front().front().tokens.front() == newline);  // what banning it prevents
+  for (int64_t beam : {1, 3}) {
+    CAPTURE(beam);
+    const auto translations =
+        translator.translate({"Ein Mann läuft."}, {.beam_size = beam, .max_new_tokens = 4, .nbest = beam});
+    for (const models::Translation& t : translations.front()) {
+      CHECK(t.tokens() > 0);
+      CHECK(std::none_of(t.text.begin(), t.text.end(),
+                         [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; }));
+    }
+  }
 }

@@ -88,6 +88,11 @@ int64_t TextCodec::size() const {
 
 bool TextCodec::spells_everything() const { return subwords() != nullptr && subwords()->byte_fallback(); }
 
+std::vector<int64_t> TextCodec::control_character_ids() const {
+  if (const SubwordModel* model = subwords()) return model->control_character_ids();
+  return {};
+}
+
 std::vector<int64_t> TextCodec::ids_by_frequency() const {
   if (const SubwordModel* model = subwords()) return model->ids_by_frequency();
   std::vector<int64_t> ids(static_cast<size_t>(size()));

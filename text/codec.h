@@ -43,6 +43,9 @@ class TextCodec {
   /// Every id once, the most frequent units first: a word vocabulary's id order (Vocab::build's),
   /// SubwordModel::ids_by_frequency for subwords (byte pieces last).
   std::vector<int64_t> ids_by_frequency() const;
+  /// SubwordModel::control_character_ids; none for words, which hold no line break (the tokenizer
+  /// splits at White_Space) and only characters of the text the vocabulary was built from.
+  std::vector<int64_t> control_character_ids() const;
 
   /// The word vocabulary and tokenizer, or null for a subword codec.
   const Vocab* words() const;

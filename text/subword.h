@@ -74,6 +74,11 @@ class SubwordModel {
   /// then SentencePiece's pieces in its order (by score: a unigram model's log-probability, a BPE
   /// model's merge order), then the byte pieces, which spell only the characters no piece holds.
   std::vector<int64_t> ids_by_frequency() const;
+  /// Ids of the byte pieces that spell a control character (U+0000 to U+001F and U+007F); empty
+  /// without byte fallback. Text that SentencePiece's default normalization (nmt_nfkc)
+  /// has passed holds none, so a model learns none of them, but an undertrained one can still
+  /// produce them, and a line break inside a translation would split it over two output lines.
+  std::vector<int64_t> control_character_ids() const;
 
   /// Ids of the pieces of `text`, without <sos>/<eos>. Invalid UTF-8 never throws: SentencePiece
   /// replaces each bad byte with U+FFFD first.
