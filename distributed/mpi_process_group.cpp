@@ -257,6 +257,7 @@ class MpiProcessGroup : public MpiProcessGroupBase {
         c.kind != Collective::Kind::Broadcast && c.kind != Collective::Kind::AllGather)
       job.host_output.div_(scalar_tensor(world_size(), job.host_output.dtype()));
     current_ = {.in_collective = 0, .sequence = static_cast<int64_t>(c.sequence), .kind = 0};
+    profiled.reset();  // the run's event recorded before its waiter wakes, and maybe stops the profiler
     job.finish(code == MPI_SUCCESS ? std::string() : fmt::format("mpi: {} failed: {}", c.describe(),
                                                                  mpi_error_text(code)));
   }
