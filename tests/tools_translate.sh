@@ -97,6 +97,13 @@ expect "--precision int8 on a GPU is refused" 2 "--precision int8 runs on the CP
   "$translate" --checkpoint "$ckpt" --precision int8 --device cuda
 expect "averaging an int8 checkpoint is refused" 1 "holds int8 weights" \
   "$average" --output "$dir/avg_int8.safetensors" "$dir/toy.int8.safetensors" "$ckpt"
+"$quantize" --checkpoint "$dir/toy.int8.safetensors" --output "$dir/toy.int8.again.safetensors" >"$dir/again.txt"
+if grep -qF "holds int8 weights already" "$dir/again.txt"; then
+  same_file "quantizing an int8 checkpoint says so and copies it" "$dir/toy.int8.safetensors" \
+    "$dir/toy.int8.again.safetensors"
+else
+  fail "quantizing an int8 checkpoint does not say it was int8 already"; cat "$dir/again.txt"
+fi
 expect "quantize_checkpoint without --output" 2 "--output is required" "$quantize" --checkpoint "$ckpt"
 expect "quantize_checkpoint of a missing file" 1 "no_such.safetensors" \
   "$quantize" --checkpoint "$dir/no_such.safetensors" --output "$dir/never.safetensors"

@@ -7,9 +7,9 @@
 //   translate --checkpoint model.int8.safetensors < input.de
 //
 // The output, written atomically, translates with `translate` on the CPU but holds no optimizer
-// state, so it cannot be resumed or averaged. Exit status: 0 on success, 2 on bad usage (no
-// --checkpoint or --output), 1 on any other error (a missing or corrupt checkpoint, an unwritable
-// output).
+// state, so it cannot be resumed or averaged. A checkpoint whose weights are int8 already is copied
+// as it is, and the tool says so. Exit status: 0 on success, 2 on bad usage (no --checkpoint or
+// --output), 1 on any other error (a missing or corrupt checkpoint, an unwritable output).
 #include "miniflow.h"
 #include "tools/cli.h"
 
@@ -30,6 +30,11 @@ int run(int argc, char** argv) {
   if (input.empty()) throw mf::tools::UsageError("--checkpoint is required");
   if (output.empty()) throw mf::tools::UsageError("--output is required");
   mf::models::Translator translator = mf::models::Translator::load(input);
+  if (translator.is_quantized()) {
+    translator.save(output);
+    fmt::print("'{}' holds int8 weights already: copied to '{}'\n", input.string(), output.string());
+    return 0;
+  }
   translator.quantize_int8();
   translator.save(output);
   fmt::print("quantized '{}' to int8 in '{}' ({} -> {} bytes)\n", input.string(), output.string(),
