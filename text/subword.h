@@ -75,9 +75,9 @@ class SubwordModel {
   /// model's merge order), then the byte pieces, which spell only the characters no piece holds.
   std::vector<int64_t> ids_by_frequency() const;
   /// Ids of the byte pieces that spell a control character (U+0000 to U+001F and U+007F); empty
-  /// without byte fallback. Text that SentencePiece's default normalization (nmt_nfkc)
-  /// has passed holds none, so a model learns none of them, but an undertrained one can still
-  /// produce them, and a line break inside a translation would split it over two output lines.
+  /// without byte fallback. Text that SentencePiece's default normalization (nmt_nfkc) has passed
+  /// holds none, so no training target does, but an undertrained model can still produce them, and
+  /// a line break inside a translation would split it over two output lines.
   std::vector<int64_t> control_character_ids() const;
 
   /// Ids of the pieces of `text`, without <sos>/<eos>. Invalid UTF-8 never throws: SentencePiece
