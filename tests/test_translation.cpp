@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <map>
 
 using namespace mf;
@@ -58,6 +59,24 @@ void favour_tokens(models::Translator& translator, const std::string& last_norm,
   parameters.at(last_norm + ".bias").fill_(1.0);
   for (int64_t token : favoured) parameters.at(output_rows).narrow(0, token, 1).fill_(5.0);
   parameters.at(output_rows).narrow(0, text::kEosId, 1).fill_(-5.0);
+}
+
+/// The first token decoding `sentence` takes with no token banned.
+int64_t first_token_without_bans(models::Translator& translator, const std::string& sentence) {
+  const auto found = models::decode_sources(translator.model(), {translator.source().encode(sentence)},
+                                            {.max_new_tokens = 4});
+  REQUIRE(!found.front().front().tokens.empty());
+  return found.front().front().tokens.front();
+}
+
+/// Translator::translate's translations of `sentence` in at most 4 tokens: greedy, and beam 3's 3 best.
+std::vector<models::Translation> short_translations(models::Translator& translator, const std::string& sentence) {
+  std::vector<models::Translation> all;
+  for (int64_t beam : {1, 3}) {
+    auto found = translator.translate({sentence}, {.beam_size = beam, .max_new_tokens = 4, .nbest = beam});
+    std::move(found.at(0).begin(), found.at(0).end(), std::back_inserter(all));
+  }
+  return all;
 }
 
 }  // namespace
@@ -361,18 +380,10 @@ TEST_CASE("a Translator never generates <pad> or <sos>, even from a model that f
   models::Translator translator(config, vocab, vocab, {});
   translator.model().eval();
   favour_tokens(translator, "decoder.layers.0.norm3", "output_proj.weight", {text::kPadId, text::kSosId});
-  const std::vector<std::vector<int64_t>> sources = {translator.source().encode("i want a beer")};
-  const auto unrestricted = models::decode_sources(translator.model(), sources, {.beam_size = 2, .max_new_tokens = 4});
-  REQUIRE(!unrestricted.front().front().tokens.empty());
-  CHECK(unrestricted.front().front().tokens.front() <= text::kSosId);  // what banning them prevents
-  for (int64_t beam : {1, 3}) {
-    CAPTURE(beam);
-    const auto translations =
-        translator.translate({"i want a beer"}, {.beam_size = beam, .max_new_tokens = 4, .nbest = beam});
-    for (const models::Translation& t : translations.front()) {
-      CHECK(t.tokens() > 0);
-      for (int64_t id : t.ids) CHECK(id > text::kSosId);
-    }
+  CHECK(first_token_without_bans(translator, "i want a beer") <= text::kSosId);  // what banning them prevents
+  for (const models::Translation& t : short_translations(translator, "i want a beer")) {
+    CHECK(t.tokens() > 0);
+    for (int64_t id : t.ids) CHECK(id > text::kSosId);
   }
   CHECK(translator.banned_tokens() == std::vector<int64_t>{text::kPadId, text::kSosId});  // words: <unk> allowed
 }
@@ -384,18 +395,10 @@ TEST_CASE("a Translator never generates a control character, even from a model t
   const int64_t newline = controls[10];
   REQUIRE(translator.decode_target(std::vector<int64_t>{newline}) == "\n");
   favour_tokens(translator, "decoder.layers.1.norm3", "embed.weight", {newline});  // tied: the embedding's rows
-  const std::vector<std::vector<int64_t>> sources = {translator.source().encode("Ein Mann läuft.")};
-  const auto unrestricted = models::decode_sources(translator.model(), sources, {.max_new_tokens = 4});
-  REQUIRE(!unrestricted.front().front().tokens.empty());
-  CHECK(unrestricted.front().front().tokens.front() == newline);  // what banning it prevents
-  for (int64_t beam : {1, 3}) {
-    CAPTURE(beam);
-    const auto translations =
-        translator.translate({"Ein Mann läuft."}, {.beam_size = beam, .max_new_tokens = 4, .nbest = beam});
-    for (const models::Translation& t : translations.front()) {
-      CHECK(t.tokens() > 0);
-      CHECK(std::none_of(t.text.begin(), t.text.end(),
-                         [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; }));
-    }
+  CHECK(first_token_without_bans(translator, "Ein Mann läuft.") == newline);  // what banning it prevents
+  for (const models::Translation& t : short_translations(translator, "Ein Mann läuft.")) {
+    CHECK(t.tokens() > 0);
+    CHECK(std::none_of(t.text.begin(), t.text.end(),
+                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; }));
   }
 }
