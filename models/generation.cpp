@@ -199,27 +199,30 @@ TopTokens step_top(const char* op, IncrementalDecoder& decoder, const std::vecto
       for (double& value : ranked_values) value = std::log(value);
     ranked_ids = ids.to_vector<int64_t>();
   };
-  int64_t ranked = top.k + (pass_over ? std::min(bans, kBansRankedFirst) : 0);
-  rank(ranked);
-  auto every_row_has_k = [&] {
+  // Each row's k best it may take, as far as `ranked` reaches; false where a row runs out (only while
+  // room for fewer than all the bans was ranked).
+  auto take_best = [&](int64_t ranked) {
+    top.values.clear();
+    top.ids.clear();
     for (size_t row = 0; row < static_cast<size_t>(rows); ++row) {
-      const auto first = ranked_ids.begin() + static_cast<ptrdiff_t>(row * static_cast<size_t>(ranked));
-      if (std::count_if(first, first + ranked, [&](int64_t id) { return !is_banned(id, row, banned, row_bans); }) <
-          top.k)
-        return false;
+      const size_t end = (row + 1) * static_cast<size_t>(ranked);
+      int64_t kept = 0;
+      for (size_t at = row * static_cast<size_t>(ranked); kept < top.k; ++at) {
+        if (at == end) return false;
+        const bool ruled_out = bans > 0 && is_banned(ranked_ids[at], row, banned, row_bans);
+        if (pass_over && ruled_out) continue;
+        top.values.push_back(ruled_out ? -std::numeric_limits<double>::infinity() : ranked_values[at]);
+        top.ids.push_back(ruled_out ? -1 : ranked_ids[at]);
+        ++kept;
+      }
     }
     return true;
   };
-  if (pass_over && ranked < top.k + bans && !every_row_has_k()) rank(ranked = top.k + bans);
-  for (size_t row = 0; row < static_cast<size_t>(rows); ++row) {
-    int64_t kept = 0;
-    for (size_t at = row * static_cast<size_t>(ranked); kept < top.k; ++at) {
-      const bool ruled_out = bans > 0 && is_banned(ranked_ids[at], row, banned, row_bans);
-      if (pass_over && ruled_out) continue;
-      top.values.push_back(ruled_out ? -std::numeric_limits<double>::infinity() : ranked_values[at]);
-      top.ids.push_back(ruled_out ? -1 : ranked_ids[at]);
-      ++kept;
-    }
+  const int64_t ranked_first = top.k + (pass_over ? std::min(bans, kBansRankedFirst) : 0);
+  rank(ranked_first);
+  if (!take_best(ranked_first)) {
+    rank(top.k + bans);
+    take_best(top.k + bans);
   }
   for (double v : top.values) MF_CHECK(!std::isnan(v), "{}: decoder.step returned NaN scores", op);
   columns.to_tokens(top.ids);
