@@ -116,7 +116,13 @@ SubwordModel::SubwordModel(std::string bytes, std::string_view origin) : bytes_(
     from_sentencepiece_[static_cast<size_t>(id)] = static_cast<int64_t>(pieces_.size());
     to_sentencepiece_.push_back(id);
     pieces_.push_back(processor->IdToPiece(id));
-    byte_fallback_ = byte_fallback_ || processor->IsByte(id);
+    if (!processor->IsByte(id)) continue;
+    byte_fallback_ = true;
+    const std::string& text = pieces_.back();  // "<0x0A>"
+    int byte = -1;
+    MF_CHECK(text.size() == 6 && std::from_chars(text.data() + 3, text.data() + 5, byte, 16).ec == std::errc{},
+             "{}: byte piece {} is not written <0xHH>", origin, text);
+    if (byte < 0x20 || byte == 0x7F) control_character_ids_.push_back(static_cast<int64_t>(pieces_.size()) - 1);
   }
   processor_ = std::move(processor);
 }
@@ -133,19 +139,6 @@ std::vector<int64_t> SubwordModel::ids_by_frequency() const {
   std::stable_partition(ids.begin() + kSpecialTokenCount, ids.end(), [&](int64_t id) {
     return !processor_->IsByte(to_sentencepiece_[static_cast<size_t>(id)]);
   });
-  return ids;
-}
-
-std::vector<int64_t> SubwordModel::control_character_ids() const {
-  std::vector<int64_t> ids;
-  for (int64_t id = kSpecialTokenCount; id < size(); ++id) {
-    if (!processor_->IsByte(to_sentencepiece_[static_cast<size_t>(id)])) continue;
-    const std::string& text = pieces_[static_cast<size_t>(id)];  // "<0x0A>"
-    int byte = -1;
-    MF_CHECK(text.size() == 6 && std::from_chars(text.data() + 3, text.data() + 5, byte, 16).ec == std::errc{},
-             "subword model: byte piece {} is not written <0xHH>", text);
-    if (byte < 0x20 || byte == 0x7F) ids.push_back(id);
-  }
   return ids;
 }
 

@@ -78,7 +78,7 @@ class SubwordModel {
   /// without byte fallback. Text that SentencePiece's default normalization (nmt_nfkc) has passed
   /// holds none, so no training target does, but an undertrained model can still produce them, and
   /// a line break inside a translation would split it over two output lines.
-  std::vector<int64_t> control_character_ids() const;
+  const std::vector<int64_t>& control_character_ids() const { return control_character_ids_; }
 
   /// Ids of the pieces of `text`, without <sos>/<eos>. Invalid UTF-8 never throws: SentencePiece
   /// replaces each bad byte with U+FFFD first.
@@ -114,6 +114,7 @@ class SubwordModel {
   std::vector<int64_t> from_sentencepiece_;  // by SentencePiece id
   std::vector<std::string> pieces_;          // by miniflow id
   bool byte_fallback_ = false;
+  std::vector<int64_t> control_character_ids_;
 };
 
 }  // namespace mf::text
